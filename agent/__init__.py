@@ -1,0 +1,1 @@
+"""The in-box agent: frozen into a standalone executable, runs inside the sandbox."""

@@ -1,0 +1,1 @@
+"""api layer (see ARCHITECTURE.md §9)."""

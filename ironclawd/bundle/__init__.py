@@ -1,0 +1,1 @@
+"""bundle layer (see ARCHITECTURE.md §9)."""

@@ -1,0 +1,205 @@
+"""Daemon configuration: ``/etc/ironclaw/ironclawd.toml`` over defaults held in code.
+
+Every key is declared here with its type and bounds. An unknown table or key, a wrong type or an
+out-of-range value is a :class:`ConfigError` that names the key and what was expected; the daemon
+exits before binding anything. The reference is generated from these declarations
+(``ironclawd --print-config-reference``) into docs/config.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli
+
+from ironclawd import paths
+from ironclawd.errors import ConfigError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+PLATFORMS = ("auto", "systrap", "ptrace", "kvm")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    log_level: str = "info"
+    state_dir: Path = paths.STATE_DIR
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    socket: Path = paths.ADMIN_SOCKET
+    group: str = paths.ADMIN_GROUP
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_deadline_seconds: float = 300.0
+    max_concurrent_streams: int = 32
+    max_connections: int = 64
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    runsc: Path = Path("/usr/bin/runsc")
+    platform: str = "auto"
+    idle_timeout_seconds: int = 900
+
+
+@dataclass(frozen=True)
+class Config:
+    daemon: DaemonConfig = DaemonConfig()
+    admin: AdminConfig = AdminConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    source: str = "(defaults)"
+
+
+@dataclass(frozen=True)
+class _Key:
+    """How one key is checked: a converter that raises ValueError with 'expected ...'."""
+
+    convert: Callable[[Any], Any]
+    doc: str
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def convert(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"an integer from {lo} to {hi}")
+        return v
+
+    return convert
+
+
+def _float(lo: float, hi: float) -> Callable[[Any], float]:
+    def convert(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ValueError(f"a number from {lo:g} to {hi:g}")
+        return float(v)
+
+    return convert
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        if v not in options:
+            raise ValueError("one of " + ", ".join(repr(o) for o in options))
+        return str(v)
+
+    return convert
+
+
+def _abs_path(v: Any) -> Path:
+    if not isinstance(v, str) or not v.startswith("/") or "\0" in v or "/../" in v + "/":
+        raise ValueError("an absolute path without '..'")
+    return Path(v)
+
+
+def _group_name(v: Any) -> str:
+    if not isinstance(v, str) or not v or len(v) > 32 or not v.replace("-", "").isalnum():
+        raise ValueError("a group name (letters, digits, '-'; at most 32 characters)")
+    return v
+
+
+SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
+    "daemon": (
+        DaemonConfig,
+        {
+            "log_level": _Key(_choice(LOG_LEVELS), "Lowest level sent to the journal."),
+            "state_dir": _Key(_abs_path, "State DB, wrapped keys, bundles, queues, audit log."),
+        },
+    ),
+    "admin": (
+        AdminConfig,
+        {
+            "socket": _Key(_abs_path, "Admin gRPC socket (0660, group `admin.group`)."),
+            "group": _Key(_group_name, "Group whose members may use the admin socket."),
+            "max_message_bytes": _Key(_int(1024, 64 * 1024 * 1024), "Largest gRPC message."),
+            "max_deadline_seconds": _Key(
+                _float(0.1, 3600.0), "Longest deadline a call may run; longer ones are cut."
+            ),
+            "max_concurrent_streams": _Key(_int(1, 1024), "HTTP/2 streams per connection."),
+            "max_connections": _Key(_int(1, 4096), "Admin connections open at once."),
+        },
+    ),
+    "sandbox": (
+        SandboxConfig,
+        {
+            "runsc": _Key(_abs_path, "The runsc binary."),
+            "platform": _Key(
+                _choice(PLATFORMS), "gVisor platform; 'auto' picks systrap, else ptrace."
+            ),
+            "idle_timeout_seconds": _Key(
+                _int(0, 7 * 24 * 3600), "Stop a session idle this long (0: never)."
+            ),
+        },
+    ),
+}
+
+
+def parse_config(text: str, source: str) -> Config:
+    """Parse and validate TOML text; raise ConfigError naming the first bad key."""
+    try:
+        raw = tomli.loads(text)
+    except tomli.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    sections: dict[str, Any] = {}
+    for table, body in raw.items():
+        if table not in SCHEMA:
+            raise ConfigError(f"{source}: unknown table [{table}]{_hint(table, SCHEMA)}")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{source}: '{table}' must be a table, like [{table}]")
+        cls, keys = SCHEMA[table]
+        values: dict[str, Any] = {}
+        for key, value in body.items():
+            if key not in keys:
+                raise ConfigError(f"{source}: unknown key '{table}.{key}'{_hint(key, keys)}")
+            try:
+                values[key] = keys[key].convert(value)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{source}: bad value for '{table}.{key}': expected {exc}, got {value!r}"
+                ) from None
+        sections[table] = cls(**values)
+    return dataclasses.replace(Config(**sections), source=source)
+
+
+def load_config(path: Path) -> Config:
+    """Read the config file; a missing file means defaults, an unreadable one is an error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Config()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    return parse_config(text, str(path))
+
+
+def reference_markdown() -> str:
+    """The config reference, generated from SCHEMA so the docs cannot drift."""
+    lines = ["| key | default | expected | meaning |", "|---|---|---|---|"]
+    defaults = Config()
+    for table, (_cls, keys) in SCHEMA.items():
+        section = getattr(defaults, table)
+        for key, spec in keys.items():
+            expected = _expected(spec)
+            default = getattr(section, key)
+            lines.append(f"| `{table}.{key}` | `{default}` | {expected} | {spec.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+def _expected(spec: _Key) -> str:
+    try:
+        spec.convert(object())
+    except ValueError as exc:
+        return str(exc)
+    return "any"
+
+
+def _hint(name: str, known: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    options = ", ".join(sorted(known))
+    return f" (did you mean '{close[0]}'? expected one of: {options})" if close else (
+        f" (expected one of: {options})"
+    )

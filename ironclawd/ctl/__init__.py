@@ -1,0 +1,1 @@
+"""ctl layer (see ARCHITECTURE.md §9)."""

@@ -1,0 +1,1 @@
+"""domain layer (see ARCHITECTURE.md §9)."""

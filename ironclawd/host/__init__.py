@@ -1,0 +1,1 @@
+"""host layer (see ARCHITECTURE.md §9)."""

@@ -1,0 +1,63 @@
+"""The small Protocols behind which every host effect sits (STYLE.md §3).
+
+Services receive implementations through their constructors; only ``daemon.py`` picks the real
+adapters (``host/``, ``store/``). Fakes for the unit tier live in ``tests/fakes`` and pass the
+same contract tests as the real adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+    def time(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What a transient sandbox unit runs and the limits that bind it."""
+
+    name: str  # e.g. "ironclaw-sbx-<sid>.service"
+    argv: Sequence[str]  # never holds a secret: argv is readable over D-Bus and in ps
+    description: str
+    netns_path: Path
+    slice: str = "ironclaw.slice"
+    memory_max_bytes: int = 512 * 1024 * 1024
+    tasks_max: int = 256
+    cpu_quota_percent: int = 100
+    working_directory: Path = Path("/")
+    extra_properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    active_state: str  # active, activating, deactivating, inactive, failed
+    sub_state: str
+    main_pid: int
+    result: str  # success, oom-kill, exit-code, signal, timeout ...
+
+
+class UnitManager(Protocol):
+    """Transient systemd units for sandboxes (real adapter: host/systemd.py, pystemd)."""
+
+    def start_transient(self, spec: UnitSpec, timeout: float) -> UnitState: ...
+    def stop(self, name: str, timeout: float) -> None: ...
+    def kill(self, name: str, signal: int) -> None: ...
+    def state(self, name: str) -> UnitState | None: ...
+    def list_units(self, pattern: str) -> list[UnitState]: ...
+    def reset_failed(self, name: str) -> None: ...
+
+
+class NetnsManager(Protocol):
+    """Empty network namespaces under /run/netns (real adapter: host/netns.py, pyroute2)."""
+
+    def create(self, name: str) -> Path: ...
+    def verify(self, name: str) -> Path: ...
+    def delete(self, name: str) -> None: ...
+    def list_names(self, prefix: str) -> list[str]: ...

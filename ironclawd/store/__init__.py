@@ -1,0 +1,1 @@
+"""store layer (see ARCHITECTURE.md §9)."""
