@@ -1,0 +1,196 @@
+"""The in-box agent: connects to the session's control socket, or reports its environment.
+
+Normal mode: connect to ``$IRONCLAW_CONTROL_SOCKET`` (a Unix stream socket the host serves in the
+session's sockets directory), say ``hello <pid> <uid>``, then block reading until the host closes
+the connection. ``--probe`` prints a JSON report of the sandbox as seen from inside and exits; the
+containment tests run it with ``runsc exec``/``runsc run``.
+
+Standard library only, and nothing of ``ironclawd`` (import-linter contract): this module is
+frozen into a standalone executable that runs in a rootfs with no interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+DEFAULT_CONTROL_SOCKET = "/run/ironclaw/control.sock"
+CONTROL_SOCKET_ENV = "IRONCLAW_CONTROL_SOCKET"
+
+# The host creates the socket before starting the sandbox, but the agent must not race a host
+# that is still binding it (or restarting): retry for a bounded time, then fail loudly.
+CONNECT_FIRST_DELAY = 0.05
+CONNECT_MAX_DELAY = 1.0
+CONNECT_DEADLINE = 30.0
+# Errors that mean "not there yet": no socket file, or nobody listening on it.
+_RETRYABLE_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
+
+STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+_CAP_FIELDS = frozenset({"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"})
+
+JSON = dict[str, object]
+
+
+class AgentError(Exception):
+    """The agent cannot go on; the message says what it was doing."""
+
+
+def connect_control(
+    path: str,
+    *,
+    deadline: float = CONNECT_DEADLINE,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> socket.socket:
+    """Connect to the control socket at ``path``, retrying with capped exponential backoff."""
+    give_up_at = monotonic() + deadline
+    delay = CONNECT_FIRST_DELAY
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in _RETRYABLE_ERRNOS:
+                raise AgentError(f"connecting to control socket {path}: {exc}") from exc
+            remaining = give_up_at - monotonic()
+            if remaining <= 0:
+                raise AgentError(
+                    f"connecting to control socket {path}: gave up after {deadline:.0f} s: {exc}"
+                ) from exc
+            sleep(min(delay, remaining))
+            delay = min(delay * 2, CONNECT_MAX_DELAY)
+        else:
+            return sock
+
+
+def run_control(path: str) -> int:
+    """Say hello on the control socket, then block until the host closes it."""
+    with connect_control(path) as sock:
+        sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode("ascii"))
+        while sock.recv(65536):
+            # No commands yet: the host only holds the connection open for liveness.
+            pass
+    return 0
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _parse_status(text: str | None) -> JSON:
+    """Pick the privilege fields out of /proc/self/status (proc(5)); capability masks as ints."""
+    found: JSON = {}
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            value = value.strip()
+            found[key] = int(value, 16) if key in _CAP_FIELDS else int(value)
+    return found
+
+
+def _net_dev_interfaces(text: str | None) -> list[str] | None:
+    """Interface names from /proc/net/dev: two header lines, then ``name: counters``."""
+    if text is None:
+        return None
+    return sorted(line.split(":", 1)[0].strip() for line in text.splitlines()[2:] if ":" in line)
+
+
+def _sys_class_net() -> list[str] | None:
+    try:
+        return sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return None
+
+
+def _routes(text: str | None) -> list[str] | None:
+    """Route lines of /proc/net/route, header dropped; empty means no IPv4 route at all."""
+    if text is None:
+        return None
+    return [line.strip() for line in text.splitlines()[1:] if line.strip()]
+
+
+def _is_writable(directory: str) -> JSON:
+    """Try to create (and remove) a file in ``directory``; report errno rather than guess."""
+    probe = os.path.join(directory, f".ironclaw-probe-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        return {"writable": False, "errno": errno.errorcode.get(exc.errno or 0, str(exc.errno))}
+    os.close(fd)
+    os.unlink(probe)
+    return {"writable": True, "errno": None}
+
+
+def _list_dir(path: str) -> list[str] | None:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return None
+
+
+def probe() -> JSON:
+    """What the agent sees of its sandbox: identity, privileges, network, filesystem, kernel."""
+    uname = os.uname()
+    mounts = _read_text("/proc/self/mounts")
+    return {
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "gid": os.getgid(),
+        "egid": os.getegid(),
+        "groups": os.getgroups(),
+        "status": _parse_status(_read_text("/proc/self/status")),
+        "net_dev_interfaces": _net_dev_interfaces(_read_text("/proc/net/dev")),
+        "sys_class_net": _sys_class_net(),
+        "routes": _routes(_read_text("/proc/net/route")),
+        "root": _is_writable("/"),
+        "uname": {
+            "sysname": uname.sysname,
+            "release": uname.release,
+            "version": uname.version,
+            "machine": uname.machine,
+        },
+        "proc_version": (_read_text("/proc/version") or "").strip() or None,
+        "resolv_conf_exists": os.path.lexists("/etc/resolv.conf"),
+        "top_level": _list_dir("/"),
+        "mounts": None if mounts is None else mounts.splitlines(),
+        "executable": sys.executable,
+        "frozen": bool(getattr(sys, "frozen", False)),
+    }
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="agent", description="IronClaw in-box agent")
+    parser.add_argument(
+        "--probe", action="store_true", help="print a JSON report of the sandbox and exit"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent; returns the process exit status."""
+    args = _parse_args(argv)
+    if args.probe:
+        json.dump(probe(), sys.stdout, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
+    path = os.environ.get(CONTROL_SOCKET_ENV) or DEFAULT_CONTROL_SOCKET
+    try:
+        return run_control(path)
+    except AgentError as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"agent: control socket {path}: {exc}", file=sys.stderr)
+        return 1
