@@ -200,6 +200,8 @@ def _expected(spec: _Key) -> str:
 def _hint(name: str, known: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(name, list(known), n=1)
     options = ", ".join(sorted(known))
-    return f" (did you mean '{close[0]}'? expected one of: {options})" if close else (
-        f" (expected one of: {options})"
+    return (
+        f" (did you mean '{close[0]}'? expected one of: {options})"
+        if close
+        else (f" (expected one of: {options})")
     )

@@ -1,0 +1,177 @@
+"""Kernel-derived caller identity for the admin socket.
+
+grpcio does not expose a connection's SO_PEERCRED. So the daemon owns the public socket itself:
+for each accepted connection it reads SO_PEERCRED and SO_PEERGROUPS (socket(7)), records a
+:class:`Caller` under a fresh random nonce, and splices the bytes to the real gRPC server, which
+listens in a root-only directory. The splice's client end is bound to the abstract address
+``ironclaw-peer/<nonce>``; grpcio reports that address as the call's ``peer()``, and the
+interceptor (``api/auth.py``) maps it back to the Caller. A client cannot choose or forge the
+nonce: it never sees it, and only root can connect to the internal socket. See
+docs/admin-identity.md.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import logging
+import pwd
+import secrets
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("ironclawd.admin")
+
+_ABSTRACT_PREFIX = "ironclaw-peer/"
+# Not exported by Python's socket module; value from <asm-generic/socket.h> (Linux >= 4.13).
+_SO_PEERGROUPS = 59
+_NGROUPS_MAX = 65536
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who the kernel says is on the other end of an admin connection."""
+
+    uid: int
+    gid: int
+    pid: int
+    groups: tuple[int, ...]
+    user_name: str
+    authorized: bool
+
+    def describe(self) -> str:
+        return f"uid {self.uid} ({self.user_name}) pid {self.pid}"
+
+
+def read_peer(sock: socket.socket, admin_gid: int) -> Caller:
+    """Read the peer's credentials and supplementary groups from the kernel."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    groups = _peer_groups(sock)
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid{uid}"
+    authorized = uid == 0 or gid == admin_gid or admin_gid in groups
+    return Caller(uid, gid, pid, groups, name, authorized)
+
+
+def _peer_groups(sock: socket.socket) -> tuple[int, ...]:
+    size = 64
+    while size <= _NGROUPS_MAX:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * 4)
+        except OSError as exc:
+            if exc.errno != 34:  # ERANGE: buffer too small, retry larger
+                raise
+            size *= 4
+            continue
+        return tuple(array.array("I", raw))
+    return ()
+
+
+class PeerRegistry:
+    """Maps the nonce of each spliced connection to the Caller read when it was accepted."""
+
+    def __init__(self) -> None:
+        self._callers: dict[str, Caller] = {}
+
+    def register(self, caller: Caller) -> str:
+        nonce = secrets.token_hex(16)
+        self._callers[nonce] = caller
+        return nonce
+
+    def forget(self, nonce: str) -> None:
+        self._callers.pop(nonce, None)
+
+    def resolve(self, peer: str) -> Caller | None:
+        """Return the Caller for a grpc ``context.peer()`` string, or None if unknown."""
+        scheme, _, address = peer.partition(":")
+        if scheme != "unix-abstract" or not address.startswith(_ABSTRACT_PREFIX):
+            return None
+        return self._callers.get(address[len(_ABSTRACT_PREFIX) :])
+
+    def __len__(self) -> int:
+        return len(self._callers)
+
+
+class PeerFront:
+    """Accepts admin connections, identifies each peer, splices it to the internal server."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        internal_socket: Path,
+        registry: PeerRegistry,
+        admin_gid: int,
+        max_connections: int,
+    ) -> None:
+        self._listener = listener
+        self._internal = internal_socket
+        self._registry = registry
+        self._admin_gid = admin_gid
+        self._slots = asyncio.Semaphore(max_connections)
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._handle, sock=self._listener)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._slots.locked():
+            log.warning("admin connection refused: too many connections open")
+            writer.close()
+            return
+        async with self._slots:
+            sock: socket.socket = writer.get_extra_info("socket")
+            try:
+                caller = read_peer(sock, self._admin_gid)
+            except OSError as exc:
+                log.warning("admin connection dropped: reading peer credentials: %s", exc)
+                writer.close()
+                return
+            # Even an unauthorized caller is spliced through: the interceptor answers it with a
+            # clear PERMISSION_DENIED instead of a bare connection reset.
+            nonce = self._registry.register(caller)
+            try:
+                await self._splice(nonce, reader, writer)
+            finally:
+                self._registry.forget(nonce)
+
+    async def _splice(
+        self, nonce: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.bind("\0" + _ABSTRACT_PREFIX + nonce)
+            upstream.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(upstream, str(self._internal))
+        except OSError as exc:
+            upstream.close()
+            log.error("admin connection dropped: connecting to internal server: %s", exc)
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_unix_connection(sock=upstream)
+        await asyncio.gather(
+            _pump(reader, up_writer), _pump(up_reader, writer), return_exceptions=True
+        )
+
+
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(256 * 1024):
+            dst.write(data)
+            await dst.drain()
+    finally:
+        with contextlib.suppress(OSError, RuntimeError):
+            if dst.can_write_eof():
+                dst.write_eof()
+        dst.close()

@@ -1,0 +1,97 @@
+"""Safe creation of the daemon's Unix socket directories and socket files.
+
+The daemon is root and these paths sit in /run, so a pre-existing path is treated as hostile
+until proven otherwise: a symlink, a non-root owner, a group/other-writable directory or a
+non-socket file where a socket should be makes the daemon refuse to start rather than follow or
+reuse it.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import socket
+import stat
+from pathlib import Path
+
+from ironclawd.errors import HostError
+
+
+def ensure_private_dir(path: Path, mode: int) -> None:
+    """Create ``path`` (root-owned, ``mode``) or accept it only if it is already safe.
+
+    Every ancestor must be a real directory owned by root and not writable by group or other,
+    otherwise someone else could swap the path under us.
+    """
+    for ancestor in reversed(path.parents):
+        _check_dir(ancestor, allow_sticky=True)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise HostError(f"creating {path}: {exc.strerror}") from exc
+    _check_dir(path, allow_sticky=False)
+    os.chmod(path, mode, follow_symlinks=False)
+
+
+def _check_dir(path: Path, *, allow_sticky: bool) -> None:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise HostError(f"checking {path}: {exc.strerror}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise HostError(f"refusing {path}: it is a symlink, expected a directory owned by root")
+    if not stat.S_ISDIR(st.st_mode):
+        raise HostError(f"refusing {path}: not a directory")
+    if st.st_uid != 0:
+        raise HostError(f"refusing {path}: owned by uid {st.st_uid}, expected root")
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not (allow_sticky and st.st_mode & stat.S_ISVTX):
+        raise HostError(
+            f"refusing {path}: writable by group or other (mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove our own socket left by an earlier run; refuse anything else at that path."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != 0:
+        kind = "symlink" if stat.S_ISLNK(st.st_mode) else "non-socket or foreign file"
+        raise HostError(f"refusing to replace {path}: a {kind} is there (owner uid {st.st_uid})")
+    os.unlink(path)
+
+
+def bind_unix_socket(path: Path, *, mode: int, group: str | None) -> socket.socket:
+    """Bind a listening Unix stream socket at ``path`` with ``mode`` and ``group``.
+
+    The socket is created under a umask that already yields ``mode`` (no window where it is
+    wider), then chowned to the group.
+    """
+    gid = -1
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise HostError(
+                f"group '{group}' does not exist (install sysusers.d/ironclaw.conf and run "
+                "systemd-sysusers)"
+            ) from None
+    remove_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise HostError(f"binding {path}: {exc.strerror}") from exc
+    finally:
+        os.umask(old)
+    os.chown(path, 0, gid, follow_symlinks=False)
+    os.chmod(path, mode, follow_symlinks=False)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,43 @@
+"""ironctl exit codes (documented in ``ironctl --help`` and docs/ironctl.md)."""
+
+from __future__ import annotations
+
+import grpc
+
+OK = 0
+FAILED = 1  # a check failed, or the operation did not succeed
+USAGE = 2  # bad command line (argparse)
+UNAVAILABLE = 3  # daemon not reachable
+PERMISSION = 4  # not allowed (not in ironclaw-admin, or policy)
+NOT_FOUND = 5
+CONFLICT = 6
+INVALID = 7  # the daemon refused an argument
+TIMEOUT = 8
+INTERNAL = 9
+
+_BY_CODE = {
+    grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
+    grpc.StatusCode.PERMISSION_DENIED: PERMISSION,
+    grpc.StatusCode.UNAUTHENTICATED: PERMISSION,
+    grpc.StatusCode.NOT_FOUND: NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS: CONFLICT,
+    grpc.StatusCode.FAILED_PRECONDITION: CONFLICT,
+    grpc.StatusCode.ABORTED: CONFLICT,
+    grpc.StatusCode.INVALID_ARGUMENT: INVALID,
+    grpc.StatusCode.OUT_OF_RANGE: INVALID,
+    grpc.StatusCode.DEADLINE_EXCEEDED: TIMEOUT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: FAILED,
+}
+
+HELP = """exit codes:
+  0  success (doctor: every required check passed)
+  1  failure (doctor: a required check failed)
+  2  bad command line
+  3  daemon not reachable (is ironclawd running? systemctl status ironclawd)
+  4  permission denied (join group ironclaw-admin, then log in again)
+  5  not found      6  conflict with current state      7  invalid argument
+  8  timed out      9  internal error in the daemon"""
+
+
+def for_status(code: grpc.StatusCode) -> int:
+    return _BY_CODE.get(code, INTERNAL)

@@ -1,0 +1,139 @@
+"""ironclawd: the composition root. Loads config, wires adapters to services to the API,
+speaks sd_notify (READY, STATUS, RELOADING, STOPPING, WATCHDOG), stops on SIGTERM, reloads on
+SIGHUP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import prctl
+from pystemd.daemon import notify, watchdog_enabled
+
+from ironclawd import __version__, paths
+from ironclawd.api.admin import AdminServicer
+from ironclawd.api.server import AdminServer, start_admin_server
+from ironclawd.config import Config, load_config, reference_markdown
+from ironclawd.errors import ConfigError, IronclawError
+from ironclawd.logsetup import set_level, setup_logging
+from ironclawd.services.doctor import Doctor
+
+log = logging.getLogger("ironclawd")
+
+EX_CONFIG = 78  # sysexits.h; the unit's RestartPreventExitStatus names it
+
+
+def _notify(**states: int | str) -> None:
+    notify(False, **states)
+
+
+def harden_process() -> None:
+    """Keep key material out of core dumps and away from ptrace by other uids (prctl(2):
+    PR_SET_DUMPABLE 0 also makes /proc/<pid>/mem and ptrace root-only)."""
+    prctl.set_dumpable(False)
+
+
+class Daemon:
+    def __init__(self, config_path: Path, config: Config) -> None:
+        self._config_path = config_path
+        self._config = config
+        self._started = time.monotonic()
+        self._stop = asyncio.Event()
+        self._admin: AdminServer | None = None
+        self._servicer: AdminServicer | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.add_signal_handler(signal.SIGINT, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        doctor = Doctor(self._config_path, self._config, None)
+        self._servicer = AdminServicer(doctor, self._config.source, self._started)
+        self._admin = await start_admin_server(self._config.admin, self._servicer)
+        status = f"serving admin API on {self._config.admin.socket}"
+        log.info("ironclawd %s ready: %s", __version__, status)
+        _notify(ready=1, status=status)
+        async with asyncio.TaskGroup() as tasks:
+            watchdog = tasks.create_task(self._watchdog())
+            await self._stop.wait()
+            watchdog.cancel()
+        _notify(stopping=1, status="stopping")
+        log.info("stopping: SIGTERM received")
+        await self._admin.stop(grace=2.0)
+        log.info("stopped")
+
+    async def _watchdog(self) -> None:
+        usec = watchdog_enabled(0)
+        if not usec:
+            return
+        # Pinging from the event loop proves the loop itself is not stuck.
+        while True:
+            _notify(watchdog=1)
+            await asyncio.sleep(usec / 2e6)
+
+    def _reload(self) -> None:
+        _notify(reloading=1, status="reloading configuration")
+        try:
+            new = load_config(self._config_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            _notify(ready=1, status=f"reload refused: {exc}")
+            return
+        if new.admin != self._config.admin:
+            log.warning("reload: [admin] changes take effect on restart, not on reload")
+        set_level(new.daemon.log_level)
+        self._config = new
+        log.info("configuration reloaded from %s", new.source)
+        _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="ironclawd",
+        description="IronClaw host daemon. Normally started by systemd (ironclawd.service).",
+        epilog="Exit codes: 0 clean stop; 1 runtime error; 78 invalid configuration.",
+    )
+    parser.add_argument("--config", type=Path, default=paths.CONFIG_PATH, help="config file")
+    parser.add_argument("--check-config", action="store_true", help="validate config and exit")
+    parser.add_argument(
+        "--print-config-reference", action="store_true", help="print the config keys (Markdown)"
+    )
+    parser.add_argument("--version", action="version", version=f"ironclawd {__version__}")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if args.print_config_reference:
+        sys.stdout.write(reference_markdown())
+        return 0
+    setup_logging("info")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        # Before anything is bound: the journal names the bad key, systemd sees the failure.
+        log.error("invalid configuration: %s", exc, extra={"IRONCLAW_CONFIG_ERROR": str(exc)})
+        print(f"ironclawd: invalid configuration: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.check_config:
+        print(f"ironclawd: {config.source}: configuration is valid")
+        return 0
+    setup_logging(config.daemon.log_level)
+    harden_process()
+    try:
+        asyncio.run(Daemon(args.config, config).run())
+    except IronclawError as exc:
+        log.error("ironclawd failed: %s", exc)
+        print(f"ironclawd: {exc}", file=sys.stderr)
+        _notify(status=f"failed: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

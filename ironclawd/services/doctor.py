@@ -1,0 +1,146 @@
+"""``Doctor``: run every host check the daemon can see, concurrently, each with a time bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from ironclawd.config import Config, load_config
+from ironclawd.domain.checks import CheckResult, Status, failed, passed
+from ironclawd.errors import ConfigError, IronclawError
+from ironclawd.host import probes
+from ironclawd.ports import NetnsManager
+from ironclawd.store.probes import probe_sqlcipher
+
+CHECK_TIMEOUT = 30.0
+
+
+class Doctor:
+    def __init__(self, config_path: Path, config: Config, netns: NetnsManager | None) -> None:
+        self._config_path = config_path
+        self._config = config
+        self._netns = netns
+
+    async def run(self) -> list[CheckResult]:
+        runsc = self._config.sandbox.runsc
+        version_check, _version = await asyncio.to_thread(probes.probe_runsc_version, runsc)
+        platforms = await asyncio.to_thread(probes.list_platforms, runsc) if _version else []
+        jobs: list[tuple[str, Callable[[], CheckResult]]] = [
+            ("config.file", self._check_config),
+            ("admin.socket", self._check_admin_socket),
+            ("systemd.dbus", probes.probe_systemd),
+            ("cgroup.layout", probes.probe_cgroups),
+            ("netns.create", self._check_netns),
+            ("sqlcipher", probe_sqlcipher),
+        ]
+        configured = self._config.sandbox.platform
+        for platform in platforms:
+            if platform == "kvm" and configured != "kvm":
+                continue
+            jobs.append(
+                (f"runsc.platform.{platform}", _bind(probes.probe_platform, runsc, platform))
+            )
+        results = [version_check, *await asyncio.gather(*(_timed(n, f) for n, f in jobs))]
+        if "kvm" in platforms and configured != "kvm":
+            results.append(
+                CheckResult(
+                    "runsc.platform.kvm",
+                    Status.SKIP,
+                    "not tried: kvm hung at 100% CPU on hosts like this",
+                    "set sandbox.platform = 'kvm' to try it",
+                    required=False,
+                )
+            )
+        results.append(self._summarize_platforms(results, platforms))
+        return results
+
+    def _summarize_platforms(self, results: list[CheckResult], offered: list[str]) -> CheckResult:
+        working = [
+            r.name.rsplit(".", 1)[-1]
+            for r in results
+            if r.name.startswith("runsc.platform.") and r.status is Status.PASS
+        ]
+        configured = self._config.sandbox.platform
+        chosen = (
+            configured
+            if configured != "auto"
+            else next((p for p in ("systrap", "ptrace") if p in working), "")
+        )
+        if chosen and chosen in working:
+            return passed("runsc.platform", f"will use '{chosen}' (working: {', '.join(working)})")
+        return failed(
+            "runsc.platform",
+            f"no usable platform (offered: {', '.join(offered) or 'none'}; configured: "
+            f"{configured})",
+            "install a runsc that offers systrap or ptrace; check the platform checks above",
+        )
+
+    def _check_config(self) -> CheckResult:
+        try:
+            current = load_config(self._config_path)
+        except ConfigError as exc:
+            return failed(
+                "config.file",
+                f"{exc} (the daemon still runs the last good config)",
+                "fix the file, then systemctl reload ironclawd",
+            )
+        exists = self._config_path.exists()
+        detail = f"{self._config_path} is valid" if exists else "no config file: using defaults"
+        if current != self._config:
+            return CheckResult(
+                "config.file",
+                Status.WARN,
+                f"{detail}, but differs from the loaded config",
+                "systemctl reload ironclawd",
+            )
+        return passed("config.file", detail)
+
+    def _check_admin_socket(self) -> CheckResult:
+        path = self._config.admin.socket
+        try:
+            st = os.lstat(path)
+            group = grp.getgrgid(st.st_gid).gr_name
+        except (OSError, KeyError) as exc:
+            return failed("admin.socket", f"{path}: {exc}", "systemctl restart ironclawd")
+        mode = stat.S_IMODE(st.st_mode)
+        detail = f"{path} serving, mode {mode:04o}, group {group}"
+        if not stat.S_ISSOCK(st.st_mode) or mode & 0o007 or group != self._config.admin.group:
+            return failed("admin.socket", detail, "systemctl restart ironclawd")
+        return passed("admin.socket", detail)
+
+    def _check_netns(self) -> CheckResult:
+        if self._netns is None:
+            return CheckResult("netns.create", Status.SKIP, "no netns manager wired", "")
+        name = f"ironclaw-doctor-{secrets.token_hex(4)}"
+        try:
+            self._netns.create(name)
+            self._netns.verify(name)
+        except IronclawError as exc:
+            return failed("netns.create", str(exc), "ironclawd needs CAP_SYS_ADMIN and /run/netns")
+        finally:
+            with contextlib.suppress(IronclawError):
+                self._netns.delete(name)
+        return passed("netns.create", "created an empty network namespace (only lo) and removed it")
+
+
+def _bind(fn: Callable[[Path, str], CheckResult], a: Path, b: str) -> Callable[[], CheckResult]:
+    return lambda: fn(a, b)
+
+
+async def _timed(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
+    started = time.monotonic()
+    try:
+        result = await asyncio.wait_for(asyncio.to_thread(fn), CHECK_TIMEOUT)
+    except TimeoutError:
+        result = failed(name, f"did not finish in {CHECK_TIMEOUT:g}s", "see the journal")
+    except Exception as exc:  # a probe bug must show up as a failed check, not kill Doctor
+        result = failed(name, f"check crashed: {type(exc).__name__}: {exc}", "see the journal")
+    return replace(result, duration_seconds=time.monotonic() - started)
