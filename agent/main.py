@@ -12,6 +12,7 @@ frozen into a standalone executable that runs in a rootfs with no interpreter.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
 import json
 import os
@@ -31,6 +32,10 @@ CONNECT_MAX_DELAY = 1.0
 CONNECT_DEADLINE = 30.0
 # Errors that mean "not there yet": no socket file, or nobody listening on it.
 _RETRYABLE_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
+
+# prctl(2): PR_GET_NO_NEW_PRIVS. gVisor (runsc 20221219) leaves NoNewPrivs and CapAmb out of
+# /proc/self/status, so ask the kernel directly as well.
+PR_GET_NO_NEW_PRIVS = 39
 
 STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
 _CAP_FIELDS = frozenset({"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"})
@@ -132,6 +137,15 @@ def _is_writable(directory: str) -> JSON:
     return {"writable": True, "errno": None}
 
 
+def _prctl_no_new_privs() -> int | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = int(libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0))
+    except (OSError, AttributeError):
+        return None
+    return None if value < 0 else value
+
+
 def _list_dir(path: str) -> list[str] | None:
     try:
         return sorted(os.listdir(path))
@@ -151,6 +165,7 @@ def probe() -> JSON:
         "egid": os.getegid(),
         "groups": os.getgroups(),
         "status": _parse_status(_read_text("/proc/self/status")),
+        "no_new_privs": _prctl_no_new_privs(),
         "net_dev_interfaces": _net_dev_interfaces(_read_text("/proc/net/dev")),
         "sys_class_net": _sys_class_net(),
         "routes": _routes(_read_text("/proc/net/route")),
