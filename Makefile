@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: venv proto check-proto check lint test test-unit test-integration demo bench agent clean
+.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +37,9 @@ demo: venv
 
 bench: venv
 	$(PY) -m benchmarks.run
+
+docs: venv
+	scripts/gen-config-doc
 
 clean:
 	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache

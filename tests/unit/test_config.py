@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ironclawd.config import Config, load_config, parse_config, reference_markdown
+from ironclawd.errors import ConfigError
+
+
+def test_empty_file_means_defaults() -> None:
+    config = parse_config("", "t.toml")
+    assert config.admin == Config().admin
+    assert config.source == "t.toml"
+
+
+def test_missing_file_means_defaults(tmp_path: Path) -> None:
+    assert load_config(tmp_path / "absent.toml") == Config()
+
+
+def test_values_are_applied() -> None:
+    config = parse_config(
+        '[admin]\nmax_message_bytes = 2048\ngroup = "ops"\n[sandbox]\nplatform = "ptrace"\n',
+        "t.toml",
+    )
+    assert config.admin.max_message_bytes == 2048
+    assert config.admin.group == "ops"
+    assert config.sandbox.platform == "ptrace"
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("[admin]\nmax_mesage_bytes = 3\n", ["admin.max_mesage_bytes", "max_message_bytes"]),
+        ("[adminn]\n", ["[adminn]", "admin"]),
+        ("[sandbox]\nplatform = 'kvmx'\n", ["sandbox.platform", "'ptrace'", "'kvmx'"]),
+        ("[admin]\nmax_message_bytes = 'big'\n", ["admin.max_message_bytes", "integer"]),
+        ("[admin]\nmax_message_bytes = true\n", ["admin.max_message_bytes", "integer"]),
+        ("[admin]\nmax_message_bytes = 10\n", ["admin.max_message_bytes", "1024"]),
+        ("[admin]\nsocket = 'relative.sock'\n", ["admin.socket", "absolute path"]),
+        ("[admin]\nsocket = '/run/../etc/x'\n", ["admin.socket", ".."]),
+        ("[daemon]\nlog_level = 'loud'\n", ["daemon.log_level", "'debug'"]),
+        ("admin = 3\n", ["'admin' must be a table"]),
+        ("[admin\n", ["not valid TOML"]),
+    ],
+)
+def test_bad_config_names_key_and_expectation(text: str, names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "/etc/ironclaw/ironclawd.toml")
+    message = str(info.value)
+    assert message.startswith("/etc/ironclaw/ironclawd.toml: ")
+    for name in names:
+        assert name in message
+
+
+def test_reference_lists_every_key() -> None:
+    reference = reference_markdown()
+    for key in ("admin.socket", "admin.max_deadline_seconds", "sandbox.platform"):
+        assert f"`{key}`" in reference
+
+
+def test_docs_config_reference_is_current() -> None:
+    doc = Path(__file__).parents[2] / "docs" / "config.md"
+    assert reference_markdown() in doc.read_text(), "run: make docs (regenerates docs/config.md)"
