@@ -31,6 +31,10 @@ class UnitSpec:
     tasks_max: int = 256
     cpu_quota_percent: int = 100
     working_directory: Path = Path("/")
+    # inactive-or-failed: a dead unit vanishes at once, so a restarted session can reuse its
+    # name; its result is then only seen by wait_inactive() (which pins the unit) or the journal.
+    collect_mode: str = "inactive-or-failed"
+    stop_timeout_seconds: float = 10.0  # TimeoutStopUSec: SIGTERM to runsc, then SIGKILL to all
     extra_properties: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -52,6 +56,9 @@ class UnitManager(Protocol):
     def state(self, name: str) -> UnitState | None: ...
     def list_units(self, pattern: str) -> list[UnitState]: ...
     def reset_failed(self, name: str) -> None: ...
+    def wait_inactive(self, name: str, timeout: float) -> UnitState | None:
+        """Block until the unit is inactive or failed and return its last state (None: gone)."""
+        ...
 
 
 class NetnsManager(Protocol):

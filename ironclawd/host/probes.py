@@ -45,11 +45,16 @@ def probe_runsc_version(runsc: Path) -> tuple[CheckResult, str]:
 
 
 def list_platforms(runsc: Path) -> list[str]:
-    """Platforms this runsc was built with (``runsc platforms``)."""
+    """Platforms this runsc was built with (``runsc help platforms``)."""
     try:
-        # runsc 20221219 prints the list and then exits 128: read stdout, ignore the status.
+        # In runsc 20221219 "platforms" is a help topic, not a command: bare "runsc platforms"
+        # prints usage to stderr and exits 128.
         out = subprocess.run(
-            [str(runsc), "platforms"], capture_output=True, text=True, timeout=10, check=False
+            [str(runsc), "help", "platforms"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
