@@ -1,0 +1,84 @@
+"""The atomic bundle writer: puts a checked ``config.json`` into a session's bundle directory.
+
+The directory is made 0700 (ARCHITECTURE.md §3: bundles live under
+``/var/lib/ironclaw/bundles/<sid>/``, 0700); the file appears whole or not at all (STYLE.md §12:
+write a temp file, fsync, rename, fsync the directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ironclawd.bundle.spec import check_spec, render_spec
+from ironclawd.errors import HostError
+
+CONFIG_NAME = "config.json"
+BUNDLE_DIR_MODE = 0o700
+CONFIG_MODE = 0o600
+
+
+def write_bundle(bundle_dir: Path, spec: Mapping[str, Any]) -> Path:
+    """Check ``spec`` and write it atomically as ``bundle_dir/config.json``; return that path.
+
+    ``bundle_dir`` is created (mode 0700) if missing; its parent must exist. An existing
+    config.json is replaced atomically. Raises SandboxError for a refused spec, HostError if the
+    directory or file cannot be written (a symlink in place of the directory included).
+    """
+    check_spec(spec)
+    data = render_spec(spec).encode()
+    try:
+        dir_fd = _open_bundle_dir(bundle_dir)
+    except OSError as exc:
+        raise HostError(f"writing bundle {bundle_dir}: {exc.strerror or exc}") from exc
+    try:
+        _replace_file(dir_fd, CONFIG_NAME, data)
+    except OSError as exc:
+        raise HostError(
+            f"writing bundle {bundle_dir}: {CONFIG_NAME}: {exc.strerror or exc}"
+        ) from exc
+    finally:
+        os.close(dir_fd)
+    return bundle_dir / CONFIG_NAME
+
+
+def _open_bundle_dir(bundle_dir: Path) -> int:
+    with contextlib.suppress(FileExistsError):
+        # mkdir(2) applies the umask; the chmod below fixes the mode either way.
+        os.mkdir(bundle_dir, BUNDLE_DIR_MODE)
+    # O_NOFOLLOW: a symlink planted in place of the bundle dir must not redirect the write.
+    dir_fd = os.open(bundle_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if stat.S_IMODE(os.fstat(dir_fd).st_mode) != BUNDLE_DIR_MODE:
+            os.fchmod(dir_fd, BUNDLE_DIR_MODE)
+    except OSError:
+        os.close(dir_fd)
+        raise
+    return dir_fd
+
+
+def _replace_file(dir_fd: int, name: str, data: bytes) -> None:
+    temp = f".{name}.tmp-{secrets.token_hex(8)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, CONFIG_MODE, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, CONFIG_MODE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
+    # The rename is durable only once the directory entry is on disk (fsync(2) NOTES).
+    os.fsync(dir_fd)
