@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import grp
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import _async as health_aio  # grpc_health.v1.health.aio, typed path
@@ -27,6 +29,7 @@ class AdminServer:
     grpc_server: grpc.aio.Server
     front: PeerFront
     health: health_aio.HealthServicer
+    paths: tuple[Path, ...]
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -41,6 +44,9 @@ class AdminServer:
         await self.set_serving(False)
         await self.front.close()
         await self.grpc_server.stop(grace)
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 async def start_admin_server(config: AdminConfig, servicer: AdminServicer) -> AdminServer:
@@ -90,6 +96,6 @@ async def start_admin_server(config: AdminConfig, servicer: AdminServicer) -> Ad
     public = bind_unix_socket(config.socket, mode=0o660, group=config.group)
     front = PeerFront(public, internal_socket, registry, admin_gid, config.max_connections)
     await front.start()
-    admin = AdminServer(server, front, health)
+    admin = AdminServer(server, front, health, (config.socket, internal_socket))
     await admin.set_serving(True)
     return admin

@@ -143,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
 def _report_rpc_error(args: argparse.Namespace, err: grpc.RpcError) -> int:
     code: grpc.StatusCode = err.code()
     detail: str = err.details() or ""
+    exit_code = exitcodes.for_status(code)
     if code == grpc.StatusCode.UNAVAILABLE:
         detail = _explain_unavailable(args.socket, detail)
-    exit_code = exitcodes.for_status(code)
+        if detail.startswith("permission denied"):
+            exit_code = exitcodes.PERMISSION
     if args.json:
         print(json.dumps({"error": {"code": code.name, "message": detail, "exit": exit_code}}))
     else:
