@@ -1,0 +1,195 @@
+"""What the installed runsc offers, and the argv that runs a sandbox with it (ARCHITECTURE §3).
+
+runsc's flags differ between releases (Debian 12 ships 20221219 with ptrace and kvm; Debian 13
+ships 20240729, which adds systrap), so they are detected, never assumed. Parsing and argv
+building are pure functions; only ``detect``, ``delete_state`` and ``list_containers`` run runsc.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ironclawd.errors import ConfigError, HostError, InvalidArgument
+
+RUNSC = Path("/usr/bin/runsc")
+KNOWN_PLATFORMS = ("systrap", "ptrace", "kvm")
+# kvm is never picked by "auto": on these hosts it hung at 100% CPU although /dev/kvm exists.
+AUTO_ORDER = ("systrap", "ptrace")
+_CONTAINER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_TIMEOUT = 30.0
+
+Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+
+
+@dataclass(frozen=True)
+class RunscInfo:
+    """The facts about one runsc binary that decide how it is invoked."""
+
+    path: Path
+    version: str  # e.g. "0.0~20221219.0" (Debian) or "release-20240729.0" (upstream)
+    release_date: int | None  # e.g. 20221219, when the version carries one
+    platforms: tuple[str, ...]
+    flags: frozenset[str]  # top-level flag names, without the dash
+
+    @property
+    def host_uds(self) -> bool:
+        """Whether ``--host-uds=`` (connect to host Unix sockets) is understood."""
+        return "host-uds" in self.flags
+
+
+@dataclass(frozen=True)
+class RunscContainer:
+    id: str
+    pid: int
+    status: str  # created, running, stopped
+    bundle: str
+
+
+def parse_version(text: str) -> tuple[str, int | None]:
+    """``runsc --version`` output -> (version, release date as YYYYMMDD or None)."""
+    m = re.search(r"^runsc version (\S+)", text, re.MULTILINE)
+    if m is None:
+        raise HostError(f"reading runsc version: unexpected output {text[:80]!r}")
+    date = re.search(r"(?<!\d)(20\d{6})(?!\d)", m.group(1))
+    return m.group(1), int(date.group(1)) if date else None
+
+
+def parse_flags(text: str) -> frozenset[str]:
+    """``runsc flags`` output -> the set of top-level flag names."""
+    return frozenset(re.findall(r"^\s{1,4}-([A-Za-z0-9][A-Za-z0-9_-]*)", text, re.MULTILINE))
+
+
+def parse_platforms_help(text: str) -> tuple[str, ...]:
+    """``runsc help platforms`` output (one name per line) -> platform names."""
+    words = [line.strip() for line in text.splitlines()]
+    return tuple(w for w in words if re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", w))
+
+
+def parse_platform_flag(text: str) -> tuple[str, ...]:
+    """Fallback: the platforms named in ``runsc flags``' ``-platform`` help line."""
+    m = re.search(r"^\s*-platform string\s*\n\s*(.*)$", text, re.MULTILINE)
+    if m is None:
+        return ()
+    return tuple(p for p in KNOWN_PLATFORMS if re.search(rf"\b{p}\b", m.group(1)))
+
+
+def choose_platform(configured: str, info: RunscInfo) -> str:
+    """The platform to run with: ``auto`` is systrap if offered, else ptrace; never kvm."""
+    if configured == "auto":
+        for name in AUTO_ORDER:
+            if name in info.platforms:
+                return name
+        raise HostError(
+            f"choosing runsc platform: runsc {info.version} offers {list(info.platforms)}, "
+            f"none of {list(AUTO_ORDER)}"
+        )
+    if configured not in info.platforms:
+        raise ConfigError(
+            f"runsc platform {configured!r}: runsc {info.version} offers {list(info.platforms)}"
+        )
+    return configured
+
+
+def _check_id(container_id: str) -> str:
+    if not _CONTAINER_ID_RE.fullmatch(container_id):
+        raise InvalidArgument(f"container id {container_id!r}: expected [A-Za-z0-9_.-], <= 128")
+    return container_id
+
+
+def runsc_argv(
+    info: RunscInfo,
+    *,
+    root: Path,
+    bundle: Path,
+    container_id: str,
+    platform: str,
+    host_uds: bool,
+) -> list[str]:
+    """argv of ``runsc run`` for one sandbox; ``--network=none`` always.
+
+    ``host_uds`` allows connecting (never creating) host Unix sockets; the caller asks for it
+    only because the one socket directory mounted in is the session's own.
+    """
+    if platform not in info.platforms:
+        raise HostError(f"building runsc argv: platform {platform!r} not offered by runsc")
+    if not root.is_absolute() or not bundle.is_absolute():
+        raise InvalidArgument("building runsc argv: root and bundle must be absolute paths")
+    argv = [str(info.path), f"--root={root}", "--network=none", f"--platform={platform}"]
+    if host_uds:
+        if not info.host_uds:
+            raise HostError(f"building runsc argv: runsc {info.version} lacks --host-uds")
+        argv.append("--host-uds=open")
+    return [*argv, "run", "--bundle", str(bundle), _check_id(container_id)]
+
+
+def parse_list_json(text: str) -> list[RunscContainer]:
+    """``runsc list -format=json`` output (``null`` when there are none) -> containers."""
+    try:
+        rows: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HostError(f"listing runsc containers: bad JSON: {exc}") from exc
+    out = []
+    for row in rows or []:
+        out.append(
+            RunscContainer(
+                id=str(row["id"]),
+                pid=int(row.get("pid") or 0),
+                status=str(row.get("status", "")),
+                bundle=str(row.get("bundle", "")),
+            )
+        )
+    return out
+
+
+def _run(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _call(what: str, argv: Sequence[str], run: Runner, *, stderr: bool = False) -> str:
+    """Run runsc; its output (``stderr=True``: stdout and stderr, for Go's flag help)."""
+    try:
+        proc = run(argv, _TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostError(f"{what}: {exc}") from exc
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        raise HostError(f"{what}: runsc exited {proc.returncode}: {detail[0]}")
+    return proc.stdout + proc.stderr if stderr else proc.stdout
+
+
+def detect(path: Path = RUNSC, run: Runner = _run) -> RunscInfo:
+    """Ask the runsc at ``path`` for its version, top-level flags and platforms."""
+    version, date = parse_version(_call("reading runsc version", [str(path), "--version"], run))
+    # Go's flag package prints the flag list on stderr.
+    flags_text = _call("reading runsc flags", [str(path), "flags"], run, stderr=True)
+    try:
+        platforms = parse_platforms_help(
+            _call("reading runsc platforms", [str(path), "help", "platforms"], run)
+        )
+    except HostError:
+        platforms = ()
+    return RunscInfo(
+        path=path,
+        version=version,
+        release_date=date,
+        platforms=platforms or parse_platform_flag(flags_text),
+        flags=parse_flags(flags_text),
+    )
+
+
+def delete_state(root: Path, container_id: str, path: Path = RUNSC, run: Runner = _run) -> None:
+    """Kill and forget a container's runsc state; a container that is not there is fine."""
+    argv = [str(path), f"--root={root}", "delete", "-force", _check_id(container_id)]
+    _call(f"deleting runsc container {container_id}", argv, run)
+
+
+def list_containers(root: Path, path: Path = RUNSC, run: Runner = _run) -> list[RunscContainer]:
+    """The containers runsc has state for under ``root`` (for reconcile)."""
+    argv = [str(path), f"--root={root}", "list", "-format=json"]
+    return parse_list_json(_call(f"listing runsc containers in {root}", argv, run))
