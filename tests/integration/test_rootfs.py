@@ -156,7 +156,7 @@ def test_no_executable_but_the_agent(rootfs: Path) -> None:
 
 
 def test_no_python_source(rootfs: Path) -> None:
-    assert [p for p in _entries(rootfs) if p.suffix in {".py", ".pyw"}] == []
+    assert [p for p in _entries(rootfs) if p.suffix in {".py", ".pyw", ".pyi", ".pyx"}] == []
     assert (rootfs / "app/agent/_internal/base_library.zip").is_file()
 
 
