@@ -68,7 +68,7 @@ def connect_control(
             remaining = give_up_at - monotonic()
             if remaining <= 0:
                 raise AgentError(
-                    f"connecting to control socket {path}: gave up after {deadline:.0f} s: {exc}"
+                    f"connecting to control socket {path}: gave up after {deadline:g} s: {exc}"
                 ) from exc
             sleep(min(delay, remaining))
             delay = min(delay * 2, CONNECT_MAX_DELAY)
