@@ -1,0 +1,90 @@
+"""Fixtures for the integration tier: a real systemd (private unless the caller asks otherwise).
+
+`private_systemd` is one systemd for the whole session (booting costs well under a second, but
+tests should not each pay it); `private_systemd_factory` boots extra ones for tests about the
+harness itself. Both are torn down even when tests fail; the harness also registers an atexit
+hook and ties the namespace's life to this process, for runs that die harder than that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.harness.private_systemd import (  # noqa: E402
+    SYSTEMD,
+    HarnessError,
+    PrivateSystemd,
+    SystemdHarness,
+)
+
+RESULTS = ROOT / "results"
+
+
+def missing_prerequisite() -> str | None:
+    """Why a private systemd cannot be booted here, or None if it can."""
+    if os.environ.get("IRONCLAW_USE_HOST_SYSTEMD") == "1" and Path("/run/systemd/system").is_dir():
+        return None
+    if os.geteuid() != 0:
+        return "needs root to boot a private systemd (unshare, mounts, pivot_root)"
+    for tool in ("unshare", "nsenter", "setpriv", "mount", "pivot_root", "systemctl"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (util-linux/systemd) to boot a private systemd"
+    if not Path(SYSTEMD).exists():
+        return f"needs systemd at {SYSTEMD}"
+    if "overlay" not in Path("/proc/filesystems").read_text().split():
+        return "needs overlayfs in the kernel (/proc/filesystems lacks 'overlay')"
+    return None
+
+
+def harness_binds() -> list[Path]:
+    """What must stay writable inside: the checkout, its venv if elsewhere, results/."""
+    RESULTS.mkdir(exist_ok=True)
+    binds = [ROOT, RESULTS]
+    venv = (ROOT / ".venv").resolve()
+    if venv.is_dir() and not venv.is_relative_to(ROOT):
+        binds.append(venv)
+    return binds
+
+
+def _boot(name: str) -> SystemdHarness:
+    reason = missing_prerequisite()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        return PrivateSystemd.boot(harness_binds(), name)
+    except HarnessError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def private_systemd() -> Iterator[SystemdHarness]:
+    """One booted systemd for the session; `.run(argv, user=...)` executes inside it."""
+    sd = _boot("ironclaw-test")
+    try:
+        yield sd
+    finally:
+        sd.close()
+
+
+@pytest.fixture
+def private_systemd_factory() -> Iterator[Callable[[], SystemdHarness]]:
+    """Boot additional systemds (for tests of the harness); all closed at test end."""
+    with contextlib.ExitStack() as stack:
+
+        def boot() -> SystemdHarness:
+            sd = _boot("ironclaw-test-extra")
+            stack.callback(sd.close)
+            return sd
+
+        yield boot
