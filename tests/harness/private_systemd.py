@@ -19,6 +19,7 @@ import argparse
 import atexit
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
@@ -28,11 +29,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import TracebackType
 
 SYSTEMD = "/lib/systemd/systemd"
 TARGET = "ironclaw-harness.target"
+OWNER_FILE = "ironclaw-harness-owner.json"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BOOT_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 30.0
@@ -279,10 +281,15 @@ class PrivateSystemd(SystemdHarness):
             raise HarnessError(f"booting private systemd: bad name {name!r}")
         if os.geteuid() != 0:
             raise HarnessError("booting private systemd: needs root")
+        sweep_stale_instances()
         instance = f"{name}-{secrets.token_hex(4)}"
         state_dir = Path("/run") / instance
-        state_dir.mkdir(mode=0o700)
         cgroup_rel = _own_cgroup() + "/" + instance
+        state_dir.mkdir(mode=0o700)
+        # Visible only on the host (inside, a tmpfs covers it): lets a later boot clean up after
+        # an owner that died too hard for close() to run.
+        owner = {"pid": os.getpid(), "start": _start_time(os.getpid()), "cgroup": cgroup_rel}
+        (state_dir / OWNER_FILE).write_text(json.dumps(owner))
         env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "H_STATE": str(state_dir),
@@ -312,12 +319,12 @@ class PrivateSystemd(SystemdHarness):
         except HarnessError as exc:
             _kill_and_reap(proc)
             _remove_cgroups(cgroup_rel)
-            state_dir.rmdir()
+            _remove_state_dir(state_dir)
             raise HarnessError(f"{exc}\n{_tail(log.name)}") from None
         except BaseException:
             _kill_and_reap(proc)
             _remove_cgroups(cgroup_rel)
-            state_dir.rmdir()
+            _remove_state_dir(state_dir)
             raise
         self = cls(
             proc=proc, pid=pid, state_dir=state_dir, cgroup_rel=cgroup_rel, workdir=workdir,
@@ -370,7 +377,7 @@ class PrivateSystemd(SystemdHarness):
             problems.append(f"mounts left: {leftover}")
         else:
             try:
-                self.state_dir.rmdir()
+                _remove_state_dir(self.state_dir)
             except OSError as exc:
                 problems.append(f"removing {self.state_dir}: {exc}")
         if problems:
@@ -480,6 +487,43 @@ def _is_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _start_time(pid: int) -> str | None:
+    """proc(5) field 22: tells a process from a later one that reuses its PID."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _remove_state_dir(state_dir: Path) -> None:
+    (state_dir / OWNER_FILE).unlink(missing_ok=True)
+    state_dir.rmdir()
+
+
+def sweep_stale_instances() -> list[Path]:
+    """Remove state dirs and cgroups of instances whose owner died (SIGKILL, OOM); return them.
+
+    Their namespaces are already gone (setpriv --pdeathsig, unshare --kill-child); only the
+    host-side directory under /run and empty cgroups can be left.
+    """
+    swept = []
+    for record in Path("/run").glob(f"*/{OWNER_FILE}"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            owner = json.loads(record.read_text())
+            # Only ever the instance's own subtree: a walk from a cgroup root would rmdir every
+            # empty cgroup on the host.
+            if PurePosixPath(str(owner["cgroup"])).name != record.parent.name:
+                continue
+            if _start_time(int(owner["pid"])) == owner["start"]:
+                continue
+            if _remove_cgroups(str(owner["cgroup"]), timeout=0):
+                continue  # something still runs there: not ours to judge
+            _remove_state_dir(record.parent)
+            swept.append(record.parent)
+    return swept
+
+
 def _own_cgroup() -> str:
     """Our cgroup path in the hierarchy systemd manages (name=systemd, else the unified one)."""
     lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -582,7 +626,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.verbose and isinstance(sd, PrivateSystemd):
                 print(f"private systemd pid {sd.pid} ready in {sd.boot_seconds:.2f} s",
                       file=sys.stderr)  # fmt: skip
-            code = sd.run(args.command, capture=False, timeout=None).returncode
+            # Inside, this systemd *is* the host's: nested harnesses (the pytest fixture) use it
+            # instead of booting another one.
+            env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
+            env["IRONCLAW_USE_HOST_SYSTEMD"] = "1"
+            code = sd.run(args.command, capture=False, timeout=None, env=env).returncode
     except HarnessError as exc:
         print(f"with-systemd: {exc}", file=sys.stderr)
         return 125
