@@ -30,6 +30,8 @@ CONTROL_SOCKET_ENV = "IRONCLAW_CONTROL_SOCKET"
 CONNECT_FIRST_DELAY = 0.05
 CONNECT_MAX_DELAY = 1.0
 CONNECT_DEADLINE = 30.0
+# After the host went away: how long a daemon restart may take before the agent gives up.
+RECONNECT_DEADLINE = 600.0
 # Errors that mean "not there yet": no socket file, or nobody listening on it.
 _RETRYABLE_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
 
@@ -77,13 +79,20 @@ def connect_control(
 
 
 def run_control(path: str) -> int:
-    """Say hello on the control socket, then block until the host closes it."""
-    with connect_control(path) as sock:
-        sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode("ascii"))
-        while sock.recv(65536):
-            # No commands yet: the host only holds the connection open for liveness.
-            pass
-    return 0
+    """Say hello on the control socket and hold it open; when the host goes away (a daemon
+    restart), reconnect and say hello again so the new daemon can adopt this sandbox. Returns
+    only if the host stays away past RECONNECT_DEADLINE (raises AgentError)."""
+    deadline = CONNECT_DEADLINE
+    while True:
+        with connect_control(path, deadline=deadline) as sock:
+            try:
+                sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode("ascii"))
+                while sock.recv(65536):
+                    # No commands yet: the host holds the connection open for liveness.
+                    pass
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+        deadline = RECONNECT_DEADLINE
 
 
 def _read_text(path: str) -> str | None:
@@ -190,12 +199,30 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--probe", action="store_true", help="print a JSON report of the sandbox and exit"
     )
+    parser.add_argument(
+        "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
+    )
     return parser.parse_args(argv)
+
+
+def hog(mib: int) -> int:
+    """Touch ``mib`` MiB of memory, one page at a time (the cgroup-limit test runs this with
+    ``runsc exec``; it gives the agent nothing it could not do with a loop of its own)."""
+    chunks = []
+    for _ in range(mib):
+        chunk = bytearray(1024 * 1024)
+        for offset in range(0, len(chunk), 4096):
+            chunk[offset] = 1
+        chunks.append(chunk)
+    print(f"hog: holding {mib} MiB", flush=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent; returns the process exit status."""
     args = _parse_args(argv)
+    if args.hog_mib:
+        return hog(args.hog_mib)
     if args.probe:
         json.dump(probe(), sys.stdout, sort_keys=True)
         sys.stdout.write("\n")
