@@ -342,12 +342,16 @@ class PrivateSystemd(SystemdHarness):
         return Path(f"/proc/{self.pid}/root") / str(path).lstrip("/")
 
     def journal_tail(self, lines: int = 40) -> str:
-        """The last journal lines inside (or the boot log if journald is not up)."""
+        """The last journal lines inside, then the console output of the boot."""
+        parts = []
         with contextlib.suppress(Exception):
-            r = self.run(["journalctl", "-b", "--no-pager", "-n", str(lines)], timeout=10)
-            if r.returncode == 0 and r.stdout.strip():
-                return r.stdout.decode(errors="replace")
-        return self.boot_log()
+            r = self.run(["journalctl", "-b", "--no-pager", "-q", "-n", str(lines)], timeout=10)
+            if r.stdout.strip():
+                parts.append("journal:\n" + r.stdout.decode(errors="replace"))
+        console = self.boot_log()
+        if console.strip():
+            parts.append("console:\n" + console)
+        return "".join(parts) or "(no journal entries, no console output)"
 
     def boot_log(self) -> str:
         """What the boot script and systemd wrote to their stdout/stderr."""
@@ -398,7 +402,7 @@ class PrivateSystemd(SystemdHarness):
                 r = self.run(["systemctl", "is-system-running", "--wait"], timeout=remaining)
             except subprocess.TimeoutExpired:
                 break
-            state = r.stdout.decode().strip()
+            state = (r.stdout or r.stderr).decode(errors="replace").strip()
             if state == "running":
                 return
             if state == "degraded":
