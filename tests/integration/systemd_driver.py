@@ -6,7 +6,8 @@ through ``private_systemd.run``. Subcommands (argv after the subcommand):
 
     netns-create NAME | netns-delete NAME | netns-inode NAME
     start UNIT NETNS_PATH COLLECT_MODE MEMORY_MAX TIMEOUT -- ARGV...
-    stop UNIT TIMEOUT | state UNIT | list PATTERN | reset UNIT | wait UNIT TIMEOUT
+    stop UNIT TIMEOUT | kill UNIT SIGNAL | state UNIT | list PATTERN | reset UNIT
+    wait UNIT TIMEOUT
     bench N NETNS_PATH       start/stop N units, report each start's seconds
 """
 
@@ -66,6 +67,9 @@ def main(argv: list[str]) -> dict[str, Any]:
         t0 = time.monotonic()
         units.stop(args[0], float(args[1]))
         return {"state": _state(units.state(args[0])), "seconds": time.monotonic() - t0}
+    if cmd == "kill":
+        units.kill(args[0], int(args[1]))
+        return {"state": _state(units.state(args[0]))}
     if cmd == "state":
         return {"state": _state(units.state(args[0]))}
     if cmd == "list":
