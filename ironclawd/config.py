@@ -45,6 +45,9 @@ class SandboxConfig:
     runsc: Path = Path("/usr/bin/runsc")
     platform: str = "auto"
     idle_timeout_seconds: int = 900
+    start_timeout_seconds: float = 30.0
+    agent_dir: Path = Path("/usr/lib/ironclaw/agent")
+    rootfs_template: Path = Path("/usr/share/ironclaw/agent-rootfs")
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "idle_timeout_seconds": _Key(
                 _int(0, 7 * 24 * 3600), "Stop a session idle this long (0: never)."
             ),
+            "start_timeout_seconds": _Key(
+                _float(1.0, 600.0), "How long a sandbox may take to start and say hello."
+            ),
+            "agent_dir": _Key(_abs_path, "The frozen in-box agent (packaging/build-agent)."),
+            "rootfs_template": _Key(_abs_path, "Files of the agent rootfs besides the agent."),
         },
     ),
 }

@@ -17,11 +17,24 @@ from pystemd.daemon import notify, watchdog_enabled
 
 from ironclawd import __version__, paths
 from ironclawd.api.admin import AdminServicer
+from ironclawd.api.control import ControlServer
 from ironclawd.api.server import AdminServer, start_admin_server
+from ironclawd.api.sockets import ensure_private_dir
+from ironclawd.bundle.image import ensure_rootfs
 from ironclawd.config import Config, load_config, reference_markdown
+from ironclawd.domain.agents import BUILTIN
 from ironclawd.errors import ConfigError, IronclawError
+from ironclawd.host import runsc
+from ironclawd.host.journal import SystemdJournal
+from ironclawd.host.netns import NetnsAdapter
+from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
+from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
+from ironclawd.ports import SandboxRuntime
 from ironclawd.services.doctor import Doctor
+from ironclawd.services.reconcile import reconcile
+from ironclawd.services.sessions import SandboxLayout, SessionService
+from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd")
 
@@ -52,10 +65,16 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
-        doctor = Doctor(self._config_path, self._config, None)
-        self._servicer = AdminServicer(doctor, self._config.source, self._started)
+        netns = NetnsAdapter()
+        doctor = Doctor(self._config_path, self._config, netns)
+        sessions, control = self._wire_sessions(netns)
+        _notify(status="reconciling sandboxes left by an earlier run")
+        report = await reconcile(sessions)
+        self._servicer = AdminServicer(
+            doctor, sessions, SystemdJournal(), self._config.source, self._started
+        )
         self._admin = await start_admin_server(self._config.admin, self._servicer)
-        status = f"serving admin API on {self._config.admin.socket}"
+        status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"
         log.info("ironclawd %s ready: %s", __version__, status)
         _notify(ready=1, status=status)
         async with asyncio.TaskGroup() as tasks:
@@ -63,9 +82,45 @@ class Daemon:
             await self._stop.wait()
             watchdog.cancel()
         _notify(stopping=1, status="stopping")
-        log.info("stopping: SIGTERM received")
+        log.info("stopping: SIGTERM received; sandboxes keep running and are adopted on start")
         await self._admin.stop(grace=2.0)
+        await sessions.close()
+        await control.close_all_listeners()
+        sessions.store_close()
         log.info("stopped")
+
+    def _wire_sessions(self, netns: NetnsAdapter) -> tuple[SessionService, ControlServer]:
+        config = self._config
+        state_dir = config.daemon.state_dir
+        ensure_private_dir(state_dir, 0o700)
+        runtime = _runtime(config)
+        try:
+            rootfs = ensure_rootfs(
+                config.sandbox.agent_dir, config.sandbox.rootfs_template, state_dir / "rootfs"
+            )
+        except IronclawError as exc:
+            # The daemon still serves doctor and status; creating a session will say why not.
+            log.error("agent image unavailable: %s", exc)
+            rootfs = state_dir / "rootfs" / "unavailable"
+        bundles = state_dir / "bundles"
+        ensure_private_dir(bundles, 0o700)
+        control = ControlServer(paths.SESSIONS_RUN_DIR)
+        layout = SandboxLayout(
+            bundles_dir=bundles,
+            rootfs=rootfs,
+            start_timeout=config.sandbox.start_timeout_seconds,
+            idle_timeout=float(config.sandbox.idle_timeout_seconds),
+        )
+        service = SessionService(
+            store=StateStore(state_dir / "state.db"),
+            units=SystemdUnitManager(),
+            netns=netns,
+            control=control,
+            runtime=runtime,
+            layout=layout,
+            agents=dict(BUILTIN),
+        )
+        return service, control
 
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)
@@ -90,6 +145,17 @@ class Daemon:
         self._config = new
         log.info("configuration reloaded from %s", new.source)
         _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
+
+
+def _runtime(config: Config) -> SandboxRuntime:
+    try:
+        info = runsc.detect(config.sandbox.runsc)
+        platform = runsc.choose_platform(config.sandbox.platform, info)
+    except IronclawError as exc:
+        log.error("runsc unavailable: %s", exc)
+        return UnavailableRuntime(str(exc))
+    ensure_private_dir(paths.RUN_DIR, 0o755)
+    return RunscRuntime(info, paths.RUN_DIR / "runsc", platform)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -39,5 +39,9 @@ class Conflict(IronclawError):
     """The request conflicts with the current state (duplicate id, wrong state)."""
 
 
+class AlreadyExists(Conflict):
+    """Something with that name or id already exists."""
+
+
 class InvalidArgument(IronclawError):
     """A request field is malformed; the message names the field and what was expected."""

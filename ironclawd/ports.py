@@ -7,7 +7,8 @@ same contract tests as the real adapters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -68,3 +69,55 @@ class NetnsManager(Protocol):
     def verify(self, name: str) -> Path: ...
     def delete(self, name: str) -> None: ...
     def list_names(self, prefix: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class AgentHello:
+    """What the in-box agent said when it connected to its session's control socket."""
+
+    pid: int
+    uid: int
+
+
+class ControlPlane(Protocol):
+    """Per-session control sockets in /run/ironclaw/sessions/<sid>/ (real: api/control.py)."""
+
+    async def open(self, sid: str) -> Path:
+        """Create the session's socket directory and start listening; return the directory."""
+        ...
+
+    async def wait_hello(self, sid: str, timeout: float) -> AgentHello: ...
+    def is_connected(self, sid: str) -> bool: ...
+    async def wait_disconnect(self, sid: str) -> None:
+        """Return when the agent's connection drops (not when the daemon closes it)."""
+        ...
+
+    async def close(self, sid: str) -> None:
+        """Stop listening and remove the session's socket directory (idempotent)."""
+        ...
+
+    def list_dirs(self) -> list[str]: ...
+
+
+class SandboxRuntime(Protocol):
+    """The OCI runtime (real: host/runtime.py, runsc)."""
+
+    @property
+    def platform(self) -> str: ...
+    def run_argv(self, bundle: Path, container_id: str) -> list[str]: ...
+    def delete(self, container_id: str) -> None: ...
+    def list_ids(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class LogLine:
+    timestamp: float
+    message: str
+    source: str
+
+
+class JournalReader(Protocol):
+    """A unit's journal (real: host/journal.py)."""
+
+    def tail(self, unit: str, lines: int) -> list[LogLine]: ...
+    def follow(self, unit: str, stop: threading.Event) -> Iterator[LogLine]: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -12,7 +13,14 @@ from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.checks import CheckResult, Status
+from ironclawd.domain.session import Session, State
+from ironclawd.errors import InvalidArgument
+from ironclawd.ports import JournalReader
 from ironclawd.services.doctor import Doctor
+from ironclawd.services.logs import session_logs
+from ironclawd.services.sessions import SessionService
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 _STATUS = {
     Status.PASS: admin_pb2.CHECK_STATUS_PASS,
@@ -23,8 +31,17 @@ _STATUS = {
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, doctor: Doctor, config_source: str, started: float) -> None:
+    def __init__(
+        self,
+        doctor: Doctor,
+        sessions: SessionService,
+        journal: JournalReader,
+        config_source: str,
+        started: float,
+    ) -> None:
         self._doctor = doctor
+        self._sessions = sessions
+        self._journal = journal
         self._config_source = config_source
         self._started = started
         self.state = "running"
@@ -53,6 +70,80 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.DoctorResponse:
         results = await self._doctor.run()
         return admin_pb2.DoctorResponse(checks=[_to_proto(r) for r in results])
+
+    async def CreateSession(
+        self, request: admin_pb2.CreateSessionRequest, context: Context
+    ) -> admin_pb2.CreateSessionResponse:
+        if not request.agent:
+            raise InvalidArgument("agent: expected an agent name (see: ironctl agent list)")
+        session = await self._sessions.create(request.agent, request.sid or None)
+        return admin_pb2.CreateSessionResponse(session=session_to_proto(session))
+
+    async def ListSessions(
+        self, request: admin_pb2.ListSessionsRequest, context: Context
+    ) -> admin_pb2.ListSessionsResponse:
+        return admin_pb2.ListSessionsResponse(
+            sessions=[session_to_proto(s) for s in self._sessions.list()]
+        )
+
+    async def GetSession(
+        self, request: admin_pb2.GetSessionRequest, context: Context
+    ) -> admin_pb2.GetSessionResponse:
+        return admin_pb2.GetSessionResponse(
+            session=session_to_proto(self._sessions.get(request.sid))
+        )
+
+    async def StartSession(
+        self, request: admin_pb2.StartSessionRequest, context: Context
+    ) -> admin_pb2.StartSessionResponse:
+        session = await self._sessions.start(request.sid)
+        return admin_pb2.StartSessionResponse(session=session_to_proto(session))
+
+    async def StopSession(
+        self, request: admin_pb2.StopSessionRequest, context: Context
+    ) -> admin_pb2.StopSessionResponse:
+        session = await self._sessions.stop(request.sid)
+        return admin_pb2.StopSessionResponse(session=session_to_proto(session))
+
+    async def RemoveSession(
+        self, request: admin_pb2.RemoveSessionRequest, context: Context
+    ) -> admin_pb2.RemoveSessionResponse:
+        await self._sessions.remove(request.sid, force=request.force)
+        return admin_pb2.RemoveSessionResponse()
+
+    async def SessionLogs(
+        self, request: admin_pb2.SessionLogsRequest, context: Context
+    ) -> AsyncIterator[admin_pb2.SessionLogsResponse]:
+        session = self._sessions.get(request.sid)
+        async for line in session_logs(self._journal, session.unit, request.lines, request.follow):
+            yield admin_pb2.SessionLogsResponse(
+                timestamp=line.timestamp, message=line.message, source=line.source
+            )
+
+
+def session_to_proto(session: Session) -> admin_pb2.Session:
+    return admin_pb2.Session(
+        sid=session.sid,
+        agent=session.agent,
+        state=_SESSION_STATE[session.state],
+        error=session.error,
+        created_at=session.created_at,
+        updated_at=session.updated_at,
+        last_active_at=session.last_active_at,
+        unit=session.unit,
+        netns=session.netns,
+        platform=session.platform,
+    )
+
+
+_SESSION_STATE = {
+    State.CREATING: admin_pb2.SESSION_STATE_CREATING,
+    State.STARTING: admin_pb2.SESSION_STATE_STARTING,
+    State.RUNNING: admin_pb2.SESSION_STATE_RUNNING,
+    State.STOPPING: admin_pb2.SESSION_STATE_STOPPING,
+    State.STOPPED: admin_pb2.SESSION_STATE_STOPPED,
+    State.FAILED: admin_pb2.SESSION_STATE_FAILED,
+}
 
 
 def _to_proto(result: CheckResult) -> admin_pb2.Check:

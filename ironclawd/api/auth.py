@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ironclawd.api.peer import Caller, PeerRegistry
+from ironclawd.api.status import code_for
+from ironclawd.errors import IronclawError
 
 log = logging.getLogger("ironclawd.admin")
 
@@ -107,6 +109,8 @@ class CallerInterceptor(_Interceptor):
             try:
                 async with asyncio.timeout(self._max_seconds):
                     return await behavior(request, context)
+            except IronclawError as exc:
+                await context.abort(code_for(exc), str(exc))
             except TimeoutError:
                 await context.abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -136,6 +140,8 @@ class CallerInterceptor(_Interceptor):
                     async with asyncio.timeout(limit):
                         async for item in behavior(request, context):
                             yield item
+                except IronclawError as exc:
+                    await context.abort(code_for(exc), str(exc))
                 except TimeoutError:
                     await too_long(context)
 

@@ -22,7 +22,7 @@ _BY_CODE = {
     grpc.StatusCode.NOT_FOUND: NOT_FOUND,
     grpc.StatusCode.ALREADY_EXISTS: CONFLICT,
     grpc.StatusCode.FAILED_PRECONDITION: CONFLICT,
-    grpc.StatusCode.ABORTED: CONFLICT,
+    grpc.StatusCode.ABORTED: FAILED,
     grpc.StatusCode.INVALID_ARGUMENT: INVALID,
     grpc.StatusCode.OUT_OF_RANGE: INVALID,
     grpc.StatusCode.DEADLINE_EXCEEDED: TIMEOUT,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.markup import escape
@@ -53,3 +54,64 @@ def doctor(checks: Sequence[admin_pb2.Check], ok: bool) -> None:
         )
     console.print(table)
     console.print("all required checks passed" if ok else "[bold red]required checks failed[/]")
+
+
+def visible(text: str) -> str:
+    """Make control, escape and bidi characters visible, so log text cannot restyle the
+    terminal or reorder what the operator reads."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch == "\t" or (0x20 <= code < 0x7F) or (code >= 0xA0 and not _is_format(code)):
+            out.append(ch)
+        else:
+            out.append(f"\\u{code:04x}" if code > 0xFF else f"\\x{code:02x}")
+    return "".join(out)
+
+
+def _is_format(code: int) -> bool:
+    # Bidi embeddings/overrides/isolates and zero-width characters (Unicode category Cf).
+    return (
+        code in range(0x200B, 0x2010)
+        or code in range(0x202A, 0x202F)
+        or code in range(0x2066, 0x206A)
+        or code == 0xFEFF
+    )
+
+
+def _when(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M:%S") if stamp else "-"
+
+
+def sessions(items: Sequence[admin_pb2.Session], names: dict[int, str]) -> None:
+    table = Table()
+    for column in ("SID", "AGENT", "STATE", "CREATED", "ERROR"):
+        table.add_column(column, overflow="fold")
+    for s in items:
+        table.add_row(
+            s.sid, escape(s.agent), names.get(s.state, "?"), _when(s.created_at),
+            escape(visible(s.error)),
+        )  # fmt: skip
+    _console().print(table)
+    if not items:
+        _console().print("no sessions (create one: ironctl session create --agent demo)")
+
+
+def session(s: admin_pb2.Session, names: dict[int, str]) -> None:
+    table = Table(show_header=False, box=None)
+    rows = [
+        ("sid", s.sid),
+        ("agent", s.agent),
+        ("state", names.get(s.state, "?")),
+        ("unit", s.unit),
+        ("netns", s.netns),
+        ("platform", s.platform or "-"),
+        ("created", _when(s.created_at)),
+        ("updated", _when(s.updated_at)),
+        ("last active", _when(s.last_active_at)),
+    ]
+    if s.error:
+        rows.append(("error", visible(s.error)))
+    for key, value in rows:
+        table.add_row(key, escape(value))
+    _console().print(table)

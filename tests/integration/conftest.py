@@ -88,3 +88,25 @@ def private_systemd_factory() -> Iterator[Callable[[], SystemdHarness]]:
             return sd
 
         yield boot
+
+
+@pytest.fixture(scope="session")
+def daemon(private_systemd: SystemdHarness) -> Iterator[SystemdHarness]:
+    """ironclawd.service installed from this checkout (scripts/install-dev) and started by the
+    private systemd, with two users: ``alice`` (in ironclaw-admin) and ``outsider`` (not)."""
+    proc = private_systemd.run(["scripts/install-dev"], timeout=300)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    script = """
+        set -e
+        id outsider >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin outsider
+        id alice >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin -G ironclaw-admin alice
+        # Let them reach the checkout's virtualenv: directory modes are changed in the overlay
+        # only (the checkout itself is a bind mount and is left as it is).
+        d=$PWD; while [ "$d" != / ]; do d=$(dirname "$d"); chmod o+x "$d" 2>/dev/null || true; done
+    """
+    proc = private_systemd.run(["bash", "-c", script])
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    yield private_systemd
+    private_systemd.run(
+        ["bash", "-c", "rm -f /etc/ironclaw/ironclawd.toml; systemctl stop ironclawd"]
+    )

@@ -26,26 +26,6 @@ def out(proc: Any) -> str:
     return (proc.stdout or b"").decode() + (proc.stderr or b"").decode()
 
 
-@pytest.fixture(scope="module")
-def daemon(private_systemd: Any) -> Iterator[Any]:
-    """ironclawd.service installed from this checkout and started by systemd."""
-    proc = private_systemd.run(["scripts/install-dev"], timeout=120)
-    assert proc.returncode == 0, out(proc)
-    # Users for the identity tests; this /etc/passwd is the private systemd's overlay copy.
-    script = """
-        set -e
-        id outsider >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin outsider
-        id alice >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin -G ironclaw-admin alice
-        # Let them reach the checkout's virtualenv: directory modes are changed in the overlay
-        # only (the checkout itself is a bind mount and is left as it is).
-        d=$PWD; while [ "$d" != / ]; do d=$(dirname "$d"); chmod o+x "$d" 2>/dev/null || true; done
-    """
-    proc = sh(private_systemd, script)
-    assert proc.returncode == 0, out(proc)
-    yield private_systemd
-    sh(private_systemd, f"rm -f {CONFIG}; systemctl stop ironclawd.service")
-
-
 @pytest.fixture
 def restore(daemon: Any) -> Iterator[None]:
     """Put the daemon back to a clean, running state after a test that disturbs it."""

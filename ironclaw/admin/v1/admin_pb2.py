@@ -25,27 +25,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dironclaw/admin/v1/admin.proto\x12\x11ironclaw.admin.v1\"\x12\n\x10GetStatusRequest\"B\n\x06\x43\x61ller\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x0b\n\x03gid\x18\x02 \x01(\r\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x11\n\tuser_name\x18\x04 \x01(\t\"\xc7\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x16\n\x0euptime_seconds\x18\x02 \x01(\x01\x12)\n\x06\x63\x61ller\x18\x03 \x01(\x0b\x32\x19.ironclaw.admin.v1.Caller\x12\x13\n\x0b\x63onfig_path\x18\x04 \x01(\t\x12\x15\n\rrunsc_version\x18\x05 \x01(\t\x12\x16\n\x0erunsc_platform\x18\x06 \x01(\t\x12\x0b\n\x03pid\x18\x07 \x01(\r\x12\r\n\x05state\x18\x08 \x01(\t\"\x0f\n\rDoctorRequest\"\x93\x01\n\x05\x43heck\x12\x0c\n\x04name\x18\x01 \x01(\t\x12.\n\x06status\x18\x02 \x01(\x0e\x32\x1e.ironclaw.admin.v1.CheckStatus\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x10\n\x08\x66ix_hint\x18\x04 \x01(\t\x12\x10\n\x08required\x18\x05 \x01(\x08\x12\x18\n\x10\x64uration_seconds\x18\x06 \x01(\x01\":\n\x0e\x44octorResponse\x12(\n\x06\x63hecks\x18\x01 \x03(\x0b\x32\x18.ironclaw.admin.v1.Check*\x87\x01\n\x0b\x43heckStatus\x12\x1c\n\x18\x43HECK_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43HECK_STATUS_PASS\x10\x01\x12\x15\n\x11\x43HECK_STATUS_WARN\x10\x02\x12\x15\n\x11\x43HECK_STATUS_FAIL\x10\x03\x12\x15\n\x11\x43HECK_STATUS_SKIP\x10\x04\x32\xb5\x01\n\x0c\x41\x64minService\x12V\n\tGetStatus\x12#.ironclaw.admin.v1.GetStatusRequest\x1a$.ironclaw.admin.v1.GetStatusResponse\x12M\n\x06\x44octor\x12 .ironclaw.admin.v1.DoctorRequest\x1a!.ironclaw.admin.v1.DoctorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dironclaw/admin/v1/admin.proto\x12\x11ironclaw.admin.v1\"\xd3\x01\n\x07Session\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12.\n\x05state\x18\x03 \x01(\x0e\x32\x1f.ironclaw.admin.v1.SessionState\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x12\n\nupdated_at\x18\x06 \x01(\x01\x12\x16\n\x0elast_active_at\x18\x07 \x01(\x01\x12\x0c\n\x04unit\x18\x08 \x01(\t\x12\r\n\x05netns\x18\t \x01(\t\x12\x10\n\x08platform\x18\n \x01(\t\"2\n\x14\x43reateSessionRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0b\n\x03sid\x18\x02 \x01(\t\"D\n\x15\x43reateSessionResponse\x12+\n\x07session\x18\x01 \x01(\x0b\x32\x1a.ironclaw.admin.v1.Session\"\x15\n\x13ListSessionsRequest\"D\n\x14ListSessionsResponse\x12,\n\x08sessions\x18\x01 \x03(\x0b\x32\x1a.ironclaw.admin.v1.Session\" \n\x11GetSessionRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\"A\n\x12GetSessionResponse\x12+\n\x07session\x18\x01 \x01(\x0b\x32\x1a.ironclaw.admin.v1.Session\"\"\n\x13StartSessionRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\"C\n\x14StartSessionResponse\x12+\n\x07session\x18\x01 \x01(\x0b\x32\x1a.ironclaw.admin.v1.Session\"!\n\x12StopSessionRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\"B\n\x13StopSessionResponse\x12+\n\x07session\x18\x01 \x01(\x0b\x32\x1a.ironclaw.admin.v1.Session\"2\n\x14RemoveSessionRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x17\n\x15RemoveSessionResponse\"@\n\x12SessionLogsRequest\x12\x0b\n\x03sid\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"I\n\x13SessionLogsResponse\x12\x11\n\ttimestamp\x18\x01 \x01(\x01\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"\x12\n\x10GetStatusRequest\"B\n\x06\x43\x61ller\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x0b\n\x03gid\x18\x02 \x01(\r\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x11\n\tuser_name\x18\x04 \x01(\t\"\xc7\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x16\n\x0euptime_seconds\x18\x02 \x01(\x01\x12)\n\x06\x63\x61ller\x18\x03 \x01(\x0b\x32\x19.ironclaw.admin.v1.Caller\x12\x13\n\x0b\x63onfig_path\x18\x04 \x01(\t\x12\x15\n\rrunsc_version\x18\x05 \x01(\t\x12\x16\n\x0erunsc_platform\x18\x06 \x01(\t\x12\x0b\n\x03pid\x18\x07 \x01(\r\x12\r\n\x05state\x18\x08 \x01(\t\"\x0f\n\rDoctorRequest\"\x93\x01\n\x05\x43heck\x12\x0c\n\x04name\x18\x01 \x01(\t\x12.\n\x06status\x18\x02 \x01(\x0e\x32\x1e.ironclaw.admin.v1.CheckStatus\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x10\n\x08\x66ix_hint\x18\x04 \x01(\t\x12\x10\n\x08required\x18\x05 \x01(\x08\x12\x18\n\x10\x64uration_seconds\x18\x06 \x01(\x01\":\n\x0e\x44octorResponse\x12(\n\x06\x63hecks\x18\x01 \x03(\x0b\x32\x18.ironclaw.admin.v1.Check*\xd1\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SESSION_STATE_CREATING\x10\x01\x12\x1a\n\x16SESSION_STATE_STARTING\x10\x02\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x03\x12\x1a\n\x16SESSION_STATE_STOPPING\x10\x04\x12\x19\n\x15SESSION_STATE_STOPPED\x10\x05\x12\x18\n\x14SESSION_STATE_FAILED\x10\x06*\x87\x01\n\x0b\x43heckStatus\x12\x1c\n\x18\x43HECK_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43HECK_STATUS_PASS\x10\x01\x12\x15\n\x11\x43HECK_STATUS_WARN\x10\x02\x12\x15\n\x11\x43HECK_STATUS_FAIL\x10\x03\x12\x15\n\x11\x43HECK_STATUS_SKIP\x10\x04\x32\xd8\x06\n\x0c\x41\x64minService\x12V\n\tGetStatus\x12#.ironclaw.admin.v1.GetStatusRequest\x1a$.ironclaw.admin.v1.GetStatusResponse\x12M\n\x06\x44octor\x12 .ironclaw.admin.v1.DoctorRequest\x1a!.ironclaw.admin.v1.DoctorResponse\x12\x62\n\rCreateSession\x12\'.ironclaw.admin.v1.CreateSessionRequest\x1a(.ironclaw.admin.v1.CreateSessionResponse\x12_\n\x0cListSessions\x12&.ironclaw.admin.v1.ListSessionsRequest\x1a\'.ironclaw.admin.v1.ListSessionsResponse\x12Y\n\nGetSession\x12$.ironclaw.admin.v1.GetSessionRequest\x1a%.ironclaw.admin.v1.GetSessionResponse\x12_\n\x0cStartSession\x12&.ironclaw.admin.v1.StartSessionRequest\x1a\'.ironclaw.admin.v1.StartSessionResponse\x12\\\n\x0bStopSession\x12%.ironclaw.admin.v1.StopSessionRequest\x1a&.ironclaw.admin.v1.StopSessionResponse\x12\x62\n\rRemoveSession\x12\'.ironclaw.admin.v1.RemoveSessionRequest\x1a(.ironclaw.admin.v1.RemoveSessionResponse\x12^\n\x0bSessionLogs\x12%.ironclaw.admin.v1.SessionLogsRequest\x1a&.ironclaw.admin.v1.SessionLogsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ironclaw.admin.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKSTATUS']._serialized_start=570
-  _globals['_CHECKSTATUS']._serialized_end=705
-  _globals['_GETSTATUSREQUEST']._serialized_start=52
-  _globals['_GETSTATUSREQUEST']._serialized_end=70
-  _globals['_CALLER']._serialized_start=72
-  _globals['_CALLER']._serialized_end=138
-  _globals['_GETSTATUSRESPONSE']._serialized_start=141
-  _globals['_GETSTATUSRESPONSE']._serialized_end=340
-  _globals['_DOCTORREQUEST']._serialized_start=342
-  _globals['_DOCTORREQUEST']._serialized_end=357
-  _globals['_CHECK']._serialized_start=360
-  _globals['_CHECK']._serialized_end=507
-  _globals['_DOCTORRESPONSE']._serialized_start=509
-  _globals['_DOCTORRESPONSE']._serialized_end=567
-  _globals['_ADMINSERVICE']._serialized_start=708
-  _globals['_ADMINSERVICE']._serialized_end=889
+  _globals['_SESSIONSTATE']._serialized_start=1526
+  _globals['_SESSIONSTATE']._serialized_end=1735
+  _globals['_CHECKSTATUS']._serialized_start=1738
+  _globals['_CHECKSTATUS']._serialized_end=1873
+  _globals['_SESSION']._serialized_start=53
+  _globals['_SESSION']._serialized_end=264
+  _globals['_CREATESESSIONREQUEST']._serialized_start=266
+  _globals['_CREATESESSIONREQUEST']._serialized_end=316
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=318
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=386
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=388
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=409
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=411
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=479
+  _globals['_GETSESSIONREQUEST']._serialized_start=481
+  _globals['_GETSESSIONREQUEST']._serialized_end=513
+  _globals['_GETSESSIONRESPONSE']._serialized_start=515
+  _globals['_GETSESSIONRESPONSE']._serialized_end=580
+  _globals['_STARTSESSIONREQUEST']._serialized_start=582
+  _globals['_STARTSESSIONREQUEST']._serialized_end=616
+  _globals['_STARTSESSIONRESPONSE']._serialized_start=618
+  _globals['_STARTSESSIONRESPONSE']._serialized_end=685
+  _globals['_STOPSESSIONREQUEST']._serialized_start=687
+  _globals['_STOPSESSIONREQUEST']._serialized_end=720
+  _globals['_STOPSESSIONRESPONSE']._serialized_start=722
+  _globals['_STOPSESSIONRESPONSE']._serialized_end=788
+  _globals['_REMOVESESSIONREQUEST']._serialized_start=790
+  _globals['_REMOVESESSIONREQUEST']._serialized_end=840
+  _globals['_REMOVESESSIONRESPONSE']._serialized_start=842
+  _globals['_REMOVESESSIONRESPONSE']._serialized_end=865
+  _globals['_SESSIONLOGSREQUEST']._serialized_start=867
+  _globals['_SESSIONLOGSREQUEST']._serialized_end=931
+  _globals['_SESSIONLOGSRESPONSE']._serialized_start=933
+  _globals['_SESSIONLOGSRESPONSE']._serialized_end=1006
+  _globals['_GETSTATUSREQUEST']._serialized_start=1008
+  _globals['_GETSTATUSREQUEST']._serialized_end=1026
+  _globals['_CALLER']._serialized_start=1028
+  _globals['_CALLER']._serialized_end=1094
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1097
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1296
+  _globals['_DOCTORREQUEST']._serialized_start=1298
+  _globals['_DOCTORREQUEST']._serialized_end=1313
+  _globals['_CHECK']._serialized_start=1316
+  _globals['_CHECK']._serialized_end=1463
+  _globals['_DOCTORRESPONSE']._serialized_start=1465
+  _globals['_DOCTORRESPONSE']._serialized_end=1523
+  _globals['_ADMINSERVICE']._serialized_start=1876
+  _globals['_ADMINSERVICE']._serialized_end=2732
 # @@protoc_insertion_point(module_scope)

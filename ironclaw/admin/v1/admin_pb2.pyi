@@ -24,6 +24,31 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _SessionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_STATE_UNSPECIFIED: _SessionState.ValueType  # 0
+    SESSION_STATE_CREATING: _SessionState.ValueType  # 1
+    SESSION_STATE_STARTING: _SessionState.ValueType  # 2
+    SESSION_STATE_RUNNING: _SessionState.ValueType  # 3
+    SESSION_STATE_STOPPING: _SessionState.ValueType  # 4
+    SESSION_STATE_STOPPED: _SessionState.ValueType  # 5
+    SESSION_STATE_FAILED: _SessionState.ValueType  # 6
+
+class SessionState(_SessionState, metaclass=_SessionStateEnumTypeWrapper): ...
+
+SESSION_STATE_UNSPECIFIED: SessionState.ValueType  # 0
+SESSION_STATE_CREATING: SessionState.ValueType  # 1
+SESSION_STATE_STARTING: SessionState.ValueType  # 2
+SESSION_STATE_RUNNING: SessionState.ValueType  # 3
+SESSION_STATE_STOPPING: SessionState.ValueType  # 4
+SESSION_STATE_STOPPED: SessionState.ValueType  # 5
+SESSION_STATE_FAILED: SessionState.ValueType  # 6
+Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
+
 class _CheckStatus:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -44,6 +69,340 @@ CHECK_STATUS_WARN: CheckStatus.ValueType  # 2
 CHECK_STATUS_FAIL: CheckStatus.ValueType  # 3
 CHECK_STATUS_SKIP: CheckStatus.ValueType  # 4
 Global___CheckStatus: _TypeAlias = CheckStatus  # noqa: Y015
+
+@_typing.final
+class Session(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVE_AT_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    NETNS_FIELD_NUMBER: _builtins.int
+    PLATFORM_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    agent: _builtins.str
+    state: Global___SessionState.ValueType
+    error: _builtins.str
+    """Why the session failed, when it did."""
+    created_at: _builtins.float
+    updated_at: _builtins.float
+    last_active_at: _builtins.float
+    unit: _builtins.str
+    """The transient unit running the sandbox, e.g. "ironclaw-sbx-<sid>.service"."""
+    netns: _builtins.str
+    platform: _builtins.str
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        state: Global___SessionState.ValueType = ...,
+        error: _builtins.str = ...,
+        created_at: _builtins.float = ...,
+        updated_at: _builtins.float = ...,
+        last_active_at: _builtins.float = ...,
+        unit: _builtins.str = ...,
+        netns: _builtins.str = ...,
+        platform: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "created_at", b"created_at", "error", b"error", "last_active_at", b"last_active_at", "netns", b"netns", "platform", b"platform", "sid", b"sid", "state", b"state", "unit", b"unit", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class CreateSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    SID_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    sid: _builtins.str
+    """Optional: 8-32 characters of [a-z0-9]; a fresh id when empty."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        sid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateSessionRequest: _TypeAlias = CreateSessionRequest  # noqa: Y015
+
+@_typing.final
+class CreateSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateSessionResponse: _TypeAlias = CreateSessionResponse  # noqa: Y015
+
+@_typing.final
+class ListSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsRequest: _TypeAlias = ListSessionsRequest  # noqa: Y015
+
+@_typing.final
+class ListSessionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Session]: ...
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___Session] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsResponse: _TypeAlias = ListSessionsResponse  # noqa: Y015
+
+@_typing.final
+class GetSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionRequest: _TypeAlias = GetSessionRequest  # noqa: Y015
+
+@_typing.final
+class GetSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionResponse: _TypeAlias = GetSessionResponse  # noqa: Y015
+
+@_typing.final
+class StartSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartSessionRequest: _TypeAlias = StartSessionRequest  # noqa: Y015
+
+@_typing.final
+class StartSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartSessionResponse: _TypeAlias = StartSessionResponse  # noqa: Y015
+
+@_typing.final
+class StopSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopSessionRequest: _TypeAlias = StopSessionRequest  # noqa: Y015
+
+@_typing.final
+class StopSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopSessionResponse: _TypeAlias = StopSessionResponse  # noqa: Y015
+
+@_typing.final
+class RemoveSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    force: _builtins.bool
+    """Stop a live session first instead of refusing."""
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveSessionRequest: _TypeAlias = RemoveSessionRequest  # noqa: Y015
+
+@_typing.final
+class RemoveSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveSessionResponse: _TypeAlias = RemoveSessionResponse  # noqa: Y015
+
+@_typing.final
+class SessionLogsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    lines: _builtins.int
+    """Last N lines (default 100, at most 10000)."""
+    follow: _builtins.bool
+    """Keep streaming new lines until the client cancels."""
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+        lines: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "lines", b"lines", "sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionLogsRequest: _TypeAlias = SessionLogsRequest  # noqa: Y015
+
+@_typing.final
+class SessionLogsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIMESTAMP_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    timestamp: _builtins.float
+    message: _builtins.str
+    source: _builtins.str
+    """"runsc" for runsc's own lines, "agent" for the agent's output as journald saw it."""
+    def __init__(
+        self,
+        *,
+        timestamp: _builtins.float = ...,
+        message: _builtins.str = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "source", b"source", "timestamp", b"timestamp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionLogsResponse: _TypeAlias = SessionLogsResponse  # noqa: Y015
 
 @_typing.final
 class GetStatusRequest(_message.Message):

@@ -46,6 +46,41 @@ class AdminServiceStub:
                 request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DoctorRequest.SerializeToString,
                 response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DoctorResponse.FromString,
                 _registered_method=True)
+        self.CreateSession = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/CreateSession',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.CreateSessionResponse.FromString,
+                _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListSessions',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/GetSession',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
+        self.StartSession = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/StartSession',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StartSessionRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StartSessionResponse.FromString,
+                _registered_method=True)
+        self.StopSession = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/StopSession',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StopSessionRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StopSessionResponse.FromString,
+                _registered_method=True)
+        self.RemoveSession = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/RemoveSession',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RemoveSessionRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RemoveSessionResponse.FromString,
+                _registered_method=True)
+        self.SessionLogs = channel.unary_stream(
+                '/ironclaw.admin.v1.AdminService/SessionLogs',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -66,6 +101,53 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSession(self, request, context):
+        """CreateSession starts a sandboxed session of an agent; it returns once the agent runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartSession(self, request, context):
+        """StartSession starts a stopped or failed session again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopSession(self, request, context):
+        """StopSession stops the sandbox; the session and its data remain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveSession(self, request, context):
+        """RemoveSession deletes a stopped session (or any, with force).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionLogs(self, request, context):
+        """SessionLogs streams the sandbox unit's journal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +160,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Doctor,
                     request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DoctorRequest.FromString,
                     response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DoctorResponse.SerializeToString,
+            ),
+            'CreateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSession,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.CreateSessionRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.CreateSessionResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListSessionsRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetSessionRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'StartSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartSession,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StartSessionRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StartSessionResponse.SerializeToString,
+            ),
+            'StopSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopSession,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StopSessionRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.StopSessionResponse.SerializeToString,
+            ),
+            'RemoveSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveSession,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RemoveSessionRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RemoveSessionResponse.SerializeToString,
+            ),
+            'SessionLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.SessionLogs,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +252,195 @@ class AdminService:
             '/ironclaw.admin.v1.AdminService/Doctor',
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.DoctorRequest.SerializeToString,
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.DoctorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/CreateSession',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.CreateSessionRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.CreateSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListSessions',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListSessionsRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/GetSession',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetSessionRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/StartSession',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.StartSessionRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.StartSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/StopSession',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.StopSessionRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.StopSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/RemoveSession',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.RemoveSessionRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.RemoveSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/SessionLogs',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

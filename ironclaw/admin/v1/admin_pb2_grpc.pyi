@@ -42,6 +42,18 @@ class AdminServiceStub:
     """GetStatus reports the daemon's version, uptime and the caller as the kernel identified it."""
     Doctor: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DoctorRequest, _admin_pb2.DoctorResponse]
     """Doctor runs the host checks the daemon can see and reports each with a fix hint."""
+    CreateSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateSessionRequest, _admin_pb2.CreateSessionResponse]
+    """CreateSession starts a sandboxed session of an agent; it returns once the agent runs."""
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSessionsRequest, _admin_pb2.ListSessionsResponse]
+    GetSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetSessionRequest, _admin_pb2.GetSessionResponse]
+    StartSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.StartSessionRequest, _admin_pb2.StartSessionResponse]
+    """StartSession starts a stopped or failed session again."""
+    StopSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.StopSessionRequest, _admin_pb2.StopSessionResponse]
+    """StopSession stops the sandbox; the session and its data remain."""
+    RemoveSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RemoveSessionRequest, _admin_pb2.RemoveSessionResponse]
+    """RemoveSession deletes a stopped session (or any, with force)."""
+    SessionLogs: _grpc.UnaryStreamMultiCallable[_admin_pb2.SessionLogsRequest, _admin_pb2.SessionLogsResponse]
+    """SessionLogs streams the sandbox unit's journal."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -52,6 +64,18 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """GetStatus reports the daemon's version, uptime and the caller as the kernel identified it."""
     Doctor: _aio.UnaryUnaryMultiCallable[_admin_pb2.DoctorRequest, _admin_pb2.DoctorResponse]  # type: ignore[assignment]
     """Doctor runs the host checks the daemon can see and reports each with a fix hint."""
+    CreateSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateSessionRequest, _admin_pb2.CreateSessionResponse]  # type: ignore[assignment]
+    """CreateSession starts a sandboxed session of an agent; it returns once the agent runs."""
+    ListSessions: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSessionsRequest, _admin_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    GetSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetSessionRequest, _admin_pb2.GetSessionResponse]  # type: ignore[assignment]
+    StartSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.StartSessionRequest, _admin_pb2.StartSessionResponse]  # type: ignore[assignment]
+    """StartSession starts a stopped or failed session again."""
+    StopSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.StopSessionRequest, _admin_pb2.StopSessionResponse]  # type: ignore[assignment]
+    """StopSession stops the sandbox; the session and its data remain."""
+    RemoveSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.RemoveSessionRequest, _admin_pb2.RemoveSessionResponse]  # type: ignore[assignment]
+    """RemoveSession deletes a stopped session (or any, with force)."""
+    SessionLogs: _aio.UnaryStreamMultiCallable[_admin_pb2.SessionLogsRequest, _admin_pb2.SessionLogsResponse]  # type: ignore[assignment]
+    """SessionLogs streams the sandbox unit's journal."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService is what operators reach through `ironctl`."""
@@ -71,5 +95,59 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.DoctorResponse, _abc.Awaitable[_admin_pb2.DoctorResponse]]:
         """Doctor runs the host checks the daemon can see and reports each with a fix hint."""
+
+    @_abc_1.abstractmethod
+    def CreateSession(
+        self,
+        request: _admin_pb2.CreateSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateSessionResponse, _abc.Awaitable[_admin_pb2.CreateSessionResponse]]:
+        """CreateSession starts a sandboxed session of an agent; it returns once the agent runs."""
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _admin_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListSessionsResponse, _abc.Awaitable[_admin_pb2.ListSessionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetSession(
+        self,
+        request: _admin_pb2.GetSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetSessionResponse, _abc.Awaitable[_admin_pb2.GetSessionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StartSession(
+        self,
+        request: _admin_pb2.StartSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.StartSessionResponse, _abc.Awaitable[_admin_pb2.StartSessionResponse]]:
+        """StartSession starts a stopped or failed session again."""
+
+    @_abc_1.abstractmethod
+    def StopSession(
+        self,
+        request: _admin_pb2.StopSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.StopSessionResponse, _abc.Awaitable[_admin_pb2.StopSessionResponse]]:
+        """StopSession stops the sandbox; the session and its data remain."""
+
+    @_abc_1.abstractmethod
+    def RemoveSession(
+        self,
+        request: _admin_pb2.RemoveSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RemoveSessionResponse, _abc.Awaitable[_admin_pb2.RemoveSessionResponse]]:
+        """RemoveSession deletes a stopped session (or any, with force)."""
+
+    @_abc_1.abstractmethod
+    def SessionLogs(
+        self,
+        request: _admin_pb2.SessionLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.SessionLogsResponse], _abc.AsyncIterator[_admin_pb2.SessionLogsResponse]]:
+        """SessionLogs streams the sandbox unit's journal."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

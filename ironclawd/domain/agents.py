@@ -1,0 +1,39 @@
+"""Agent definitions: what a session of an agent may use. Pure values.
+
+Until the registry of the approval gateway lands, the catalogue is the built-in ``demo`` agent;
+a fresh install needs no set-up to run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ironclawd.errors import NotFound
+
+MIB = 1024 * 1024
+# The agent's uid/gid inside the box, and on the host for files its gofer serves (runsc 20221219
+# does not translate ids: ironclawd/bundle/spec.py). Not 65534, which host daemons share.
+AGENT_UID = 10000
+AGENT_GID = 10000
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    memory_bytes: int = 256 * MIB
+    tasks_max: int = 128
+    cpu_percent: int = 100
+    workspace_bytes: int = 32 * MIB
+    uid: int = AGENT_UID
+    gid: int = AGENT_GID
+
+
+BUILTIN: dict[str, AgentSpec] = {"demo": AgentSpec("demo")}
+
+
+def find_agent(catalog: dict[str, AgentSpec], name: str) -> AgentSpec:
+    try:
+        return catalog[name]
+    except KeyError:
+        known = ", ".join(sorted(catalog)) or "none"
+        raise NotFound(f"agent '{name}' not found (known agents: {known})") from None

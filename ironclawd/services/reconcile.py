@@ -1,0 +1,97 @@
+"""Reconcile on daemon start: adopt the sandboxes still running, settle sessions a dead daemon
+left mid-transition, and remove every orphaned unit, netns, runsc state, bundle and socket dir
+(ARCHITECTURE.md §3 Lifecycle)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from ironclawd.domain.session import (
+    LIVE,
+    State,
+    netns_name,
+    sid_from_netns,
+    sid_from_unit,
+)
+from ironclawd.errors import IronclawError
+from ironclawd.services.sessions import SessionService, remove_tree
+
+log = logging.getLogger("ironclawd.reconcile")
+
+
+@dataclass
+class ReconcileReport:
+    adopted: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # "unit ironclaw-sbx-x.service", ...
+
+    def summary(self) -> str:
+        return (
+            f"adopted {len(self.adopted)} session(s), settled {len(self.settled)}, "
+            f"removed {len(self.removed)} orphan(s)"
+        )
+
+
+async def reconcile(service: SessionService) -> ReconcileReport:
+    report = ReconcileReport()
+    units = {
+        u.name: u
+        for u in await asyncio.to_thread(service.units.list_units, "ironclaw-sbx-*.service")
+    }
+    adopt = []
+    for session in service.list():
+        if session.state not in LIVE:
+            continue
+        unit = units.get(session.unit)
+        if session.state is State.RUNNING and unit is not None and unit.active_state == "active":
+            adopt.append(session)
+        else:
+            reason = f"daemon restarted while the session was {session.state.value}"
+            await service.settle(session, reason)
+            report.settled.append(session.sid)
+    results = await asyncio.gather(*(service.adopt(s) for s in adopt))
+    kept = {s.sid for s in results if s.state is State.RUNNING}
+    report.adopted = sorted(kept)
+    report.settled += sorted(s.sid for s in results if s.state is not State.RUNNING)
+    await _remove_orphans(service, kept, units, report)
+    log.info("reconcile: %s", report.summary())
+    return report
+
+
+async def _remove_orphans(
+    service: SessionService, kept: set[str], units: Collection[str], report: ReconcileReport
+) -> None:
+    async def attempt(what: str, fn: object, *args: object) -> None:
+        try:
+            await asyncio.to_thread(fn, *args)  # type: ignore[arg-type]
+            report.removed.append(what)
+        except (IronclawError, OSError) as exc:
+            log.warning("reconcile: removing %s: %s", what, exc)
+
+    for name in units:
+        sid = sid_from_unit(name)
+        if sid is not None and sid not in kept:
+            await attempt(f"unit {name}", service.units.stop, name, service.layout.stop_timeout)
+            await attempt(f"failed state of {name}", service.units.reset_failed, name)
+    for cid in await asyncio.to_thread(service.runtime.list_ids):
+        if cid.startswith("ironclaw-") and cid.removeprefix("ironclaw-") not in kept:
+            await attempt(f"runsc state {cid}", service.runtime.delete, cid)
+    for name in await asyncio.to_thread(service.netns.list_names, "ironclaw-"):
+        sid = sid_from_netns(name)
+        if sid is not None and sid not in kept and name == netns_name(sid):
+            await attempt(f"netns {name}", service.netns.delete, name)
+    bundles = service.layout.bundles_dir
+    for entry in os.listdir(bundles) if bundles.is_dir() else []:
+        if entry not in kept:
+            await attempt(f"bundle {entry}", remove_tree, bundles / entry)
+    for sid in service.control.list_dirs():
+        if sid not in kept:
+            try:
+                await service.control.close(sid)
+                report.removed.append(f"socket dir {sid}")
+            except (IronclawError, OSError) as exc:
+                log.warning("reconcile: removing socket dir %s: %s", sid, exc)

@@ -1,0 +1,366 @@
+"""Session lifecycle: create, start, stop, remove, idle stop, and reconcile after a restart.
+
+A session's host resources (socket dir, netns, bundle, runsc state, unit) are made inside one
+AsyncExitStack and kept only if the agent says hello; any failure rolls all of them back. The
+state is persisted after every transition (STYLE.md §8, §11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ironclawd import paths
+from ironclawd.bundle.spec import SOCKETS_DIR, build_spec
+from ironclawd.bundle.writer import write_bundle
+from ironclawd.domain.agents import AgentSpec, find_agent
+from ironclawd.domain.policy import Mount, SandboxPolicy
+from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
+from ironclawd.errors import Conflict, IronclawError, SandboxError
+from ironclawd.ports import ControlPlane, NetnsManager, SandboxRuntime, UnitManager, UnitSpec
+from ironclawd.store.state import StateStore
+
+log = logging.getLogger("ironclawd.sessions")
+
+AGENT_ARGV = ("/app/agent/agent",)
+
+
+@dataclass(frozen=True)
+class SandboxLayout:
+    bundles_dir: Path
+    rootfs: Path
+    start_timeout: float = 30.0
+    stop_timeout: float = 15.0
+    adopt_timeout: float = 20.0
+    idle_timeout: float = 0.0  # 0: never stop idle sessions
+
+
+class SessionService:
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        units: UnitManager,
+        netns: NetnsManager,
+        control: ControlPlane,
+        runtime: SandboxRuntime,
+        layout: SandboxLayout,
+        agents: dict[str, AgentSpec],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self.units = units
+        self.netns = netns
+        self.control = control
+        self.runtime = runtime
+        self.layout = layout
+        self._agents = agents
+        self._clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._idle_timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def list(self) -> list[Session]:
+        return self._store.list()
+
+    def get(self, sid: str) -> Session:
+        return self._store.get(check_sid(sid))
+
+    # -- commands --------------------------------------------------------------------------
+
+    async def create(self, agent: str, sid: str | None = None) -> Session:
+        spec = find_agent(self._agents, agent)
+        sid = check_sid(sid) if sid else new_sid()
+        now = self._clock()
+        session = Session(sid, spec.name, State.CREATING, now, now, now)
+        self._store.insert(session)  # Conflict if the id is taken
+        self._audit(session, "created")
+        async with self._lock(sid):
+            return await self._start(session, spec)
+
+    async def start(self, sid: str) -> Session:
+        async with self._lock(check_sid(sid)):
+            session = self._store.get(sid)
+            if session.state is State.RUNNING:
+                return session
+            if session.state not in (State.STOPPED, State.FAILED):
+                raise Conflict(f"session {sid} is {session.state.value}: cannot start it now")
+            if session.state is State.FAILED:
+                await self._teardown(session)
+            return await self._start(session, find_agent(self._agents, session.agent))
+
+    async def stop(self, sid: str) -> Session:
+        async with self._lock(check_sid(sid)):
+            session = self._store.get(sid)
+            if session.state is State.STOPPED:
+                return session
+            return await self._stop(session, State.STOPPED)
+
+    async def remove(self, sid: str, force: bool = False) -> None:
+        async with self._lock(check_sid(sid)):
+            session = self._store.get(sid)
+            if session.state in LIVE and not force:
+                raise Conflict(
+                    f"session {sid} is {session.state.value}: stop it first (or use --force)"
+                )
+            if session.state is not State.STOPPED:
+                session = await self._stop(session, State.STOPPED)
+            await self._teardown(session)  # idempotent: nothing of it may outlive its record
+            self._store.delete(sid)
+            self._audit(session, "removed")
+        self._locks.pop(sid, None)
+
+    async def adopt(self, session: Session) -> Session:
+        """Take over a sandbox left running by an earlier daemon: listen on its control socket
+        again and wait for the agent to reconnect; tear it down if it does not."""
+        sid = session.sid
+        async with self._lock(sid):
+            try:
+                await self.control.open(sid)
+                hello = await self.control.wait_hello(sid, self.layout.adopt_timeout)
+            except (IronclawError, OSError, TimeoutError) as exc:
+                reason = _describe(exc, f"adopting session {sid}")
+                log.warning("%s", reason)
+                return await self._stop(session, State.FAILED, error=reason)
+            log.info("session %s adopted: agent pid %d", sid, hello.pid)
+            self._audit(session, "adopted")
+            self._arm_idle(sid)
+            self._watch(sid)
+            return session
+
+    async def settle(self, session: Session, reason: str) -> Session:
+        """Clean up a session a dead daemon left mid-transition; it ends stopped or failed."""
+        async with self._lock(session.sid):
+            final = State.STOPPED if session.state is State.STOPPING else State.FAILED
+            if session.state is State.CREATING:
+                session = self._move(session, State.FAILED, error=reason)
+                await self._teardown(session)
+                return session
+            return await self._stop(session, final, error="" if final is State.STOPPED else reason)
+
+    def touch(self, sid: str) -> None:
+        """Record activity (a message) so the idle timer starts over."""
+        session = self._store.get(sid)
+        self._store.save(replace(session, last_active_at=self._clock()))
+        self._arm_idle(sid)
+
+    # -- lifecycle internals ---------------------------------------------------------------
+
+    async def _start(self, session: Session, agent: AgentSpec) -> Session:
+        session = self._move(session, State.STARTING)
+        sid = session.sid
+        try:
+            async with contextlib.AsyncExitStack() as undo:
+                await self.control.open(sid)
+                undo.push_async_callback(
+                    self._quietly, "closing control socket", self.control.close, sid
+                )
+                netns = await asyncio.to_thread(self.netns.create, session.netns)
+                undo.push_async_callback(
+                    self._quietly_sync, "deleting netns", self.netns.delete, session.netns
+                )
+                bundle = self.layout.bundles_dir / sid
+                policy = self._policy(session, agent, netns)
+                await asyncio.to_thread(write_bundle, bundle, build_spec(policy))
+                undo.push_async_callback(self._quietly_sync, "removing bundle", remove_tree, bundle)
+                undo.push_async_callback(
+                    self._quietly_sync,
+                    "deleting runsc state",
+                    self.runtime.delete,
+                    session.container_id,
+                )
+                unit = self._unit_spec(session, agent, bundle, netns)
+                undo.push_async_callback(
+                    self._quietly_sync,
+                    "stopping unit",
+                    self.units.stop,
+                    session.unit,
+                    self.layout.stop_timeout,
+                )
+                await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+                hello = await self.control.wait_hello(sid, self.layout.start_timeout)
+                undo.pop_all()
+        except (IronclawError, OSError, TimeoutError) as exc:
+            reason = _describe(exc, f"starting session {sid}")
+            session = self._move(session, State.FAILED, error=reason)
+            log.error("%s", reason)
+            raise SandboxError(reason) from exc
+        session = self._move(session, State.RUNNING, platform=self.runtime.platform)
+        log.info("session %s running: agent pid %d uid %d", sid, hello.pid, hello.uid)
+        self._arm_idle(sid)
+        self._watch(sid)
+        return session
+
+    async def _stop(self, session: Session, final: State, error: str = "") -> Session:
+        self._disarm_idle(session.sid)
+        session = self._move(session, State.STOPPING)
+        await self._teardown(session)
+        return self._move(session, final, error=error)
+
+    async def _teardown(self, session: Session) -> None:
+        """Remove every host resource of a session; safe to repeat."""
+        await self._quietly_sync(
+            "stopping unit", self.units.stop, session.unit, self.layout.stop_timeout
+        )
+        # Sandbox units use CollectMode=inactive: a failed one stays loaded so its result can be
+        # read; it must be reset before the name is used again.
+        await self._quietly_sync("resetting unit", self.units.reset_failed, session.unit)
+        await self._quietly_sync("deleting runsc state", self.runtime.delete, session.container_id)
+        await self._quietly_sync("deleting netns", self.netns.delete, session.netns)
+        await self._quietly_sync(
+            "removing bundle", remove_tree, self.layout.bundles_dir / session.sid
+        )
+        await self._quietly("closing control socket", self.control.close, session.sid)
+
+    def _policy(self, session: Session, agent: AgentSpec, netns: Path) -> SandboxPolicy:
+        return SandboxPolicy(
+            sid=session.sid,
+            agent=agent.name,
+            uid=agent.uid,
+            gid=agent.gid,
+            host_uid=agent.uid,
+            host_gid=agent.gid,
+            rootfs=str(self.layout.rootfs),
+            netns=str(netns),
+            argv=AGENT_ARGV,
+            env=(("IRONCLAW_CONTROL_SOCKET", f"{SOCKETS_DIR}/control.sock"),
+                 ("IRONCLAW_SID", session.sid)),
+            memory_bytes=agent.memory_bytes,
+            tasks_max=agent.tasks_max,
+            cpu_percent=agent.cpu_percent,
+            workspace_bytes=agent.workspace_bytes,
+            mounts=(Mount(SOCKETS_DIR, str(self._control_dir(session.sid))),),
+        )  # fmt: skip
+
+    def _control_dir(self, sid: str) -> Path:
+        return paths.SESSIONS_RUN_DIR / sid
+
+    def _unit_spec(self, session: Session, agent: AgentSpec, bundle: Path, netns: Path) -> UnitSpec:
+        return UnitSpec(
+            name=session.unit,
+            argv=self.runtime.run_argv(bundle, session.container_id),
+            description=f"IronClaw sandbox {session.sid} (agent {agent.name})",
+            netns_path=netns,
+            memory_max_bytes=agent.memory_bytes,
+            tasks_max=agent.tasks_max,
+            cpu_quota_percent=agent.cpu_percent,
+            stop_timeout_seconds=self.layout.stop_timeout,
+            collect_mode="inactive",
+        )
+
+    def _move(self, session: Session, to: State, *, error: str = "", platform: str = "") -> Session:
+        moved = transition(session, to, self._clock(), error)
+        if platform:
+            moved = replace(moved, platform=platform)
+        self._store.save(moved)
+        self._audit(moved, to.value)
+        return moved
+
+    def _audit(self, session: Session, event: str) -> None:
+        log.info(
+            "session %s %s%s",
+            session.sid,
+            event,
+            f": {session.error}" if session.error else "",
+            extra={"IRONCLAW_SID": session.sid, "IRONCLAW_SESSION_EVENT": event},
+        )
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    async def _quietly(
+        self, what: str, fn: Callable[..., Awaitable[object]], *args: object
+    ) -> None:
+        try:
+            await fn(*args)
+        except (IronclawError, OSError) as exc:
+            log.warning("cleanup: %s: %s", what, exc)
+
+    async def _quietly_sync(self, what: str, fn: Callable[..., object], *args: object) -> None:
+        try:
+            await asyncio.to_thread(fn, *args)
+        except (IronclawError, OSError) as exc:
+            log.warning("cleanup: %s: %s", what, exc)
+
+    # -- watching a running sandbox --------------------------------------------------------
+
+    def _watch(self, sid: str) -> None:
+        """When the agent's control connection drops, learn why from the unit (no polling)."""
+        task = asyncio.get_running_loop().create_task(self._watch_one(sid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_one(self, sid: str) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.control.wait_disconnect(sid)
+            async with self._lock(sid):
+                with contextlib.suppress(IronclawError):
+                    session = self._store.get(sid)
+                    if session.state is not State.RUNNING:
+                        return
+                    unit = await asyncio.to_thread(
+                        self.units.wait_inactive, session.unit, self.layout.stop_timeout
+                    )
+                    result = unit.result if unit else "gone"
+                    reason = f"sandbox exited (unit result: {result})"
+                    log.warning("session %s: %s", sid, reason)
+                    await self._stop(session, State.FAILED, error=reason)
+
+    def _arm_idle(self, sid: str) -> None:
+        self._disarm_idle(sid)
+        if self.layout.idle_timeout <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_timers[sid] = loop.call_later(self.layout.idle_timeout, self._on_idle, sid)
+
+    def _disarm_idle(self, sid: str) -> None:
+        timer = self._idle_timers.pop(sid, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _on_idle(self, sid: str) -> None:
+        self._idle_timers.pop(sid, None)
+
+        async def stop_idle() -> None:
+            with contextlib.suppress(IronclawError):
+                session = self._store.get(sid)
+                idle_for = self._clock() - session.last_active_at
+                if session.state is State.RUNNING and idle_for >= self.layout.idle_timeout:
+                    log.info("session %s idle for %.0fs: stopping", sid, idle_for)
+                    await self.stop(sid)
+
+        task = asyncio.get_running_loop().create_task(stop_idle())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def store_close(self) -> None:
+        self._store.close()
+
+    async def close(self) -> None:
+        """Stop watching (the sandboxes keep running: a restarted daemon adopts them)."""
+        for sid in list(self._idle_timers):
+            self._disarm_idle(sid)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def remove_tree(path: Path) -> None:
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _describe(exc: BaseException, what: str) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"{what}: the agent did not connect to its control socket in time"
+    return f"{what}: {exc}"

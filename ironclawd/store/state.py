@@ -1,0 +1,128 @@
+"""The host state DB: sessions and their lifecycle state, persisted after every transition.
+
+SQLite through sqlcipher3 (the store layer's one database driver), WAL, synchronous=FULL so a
+transition that returned is on disk when the daemon is killed the next instant. It holds
+metadata only (ids, states, times); message data lives in the per-session encrypted queues.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import sqlcipher3
+
+from ironclawd.domain.session import Session, State
+from ironclawd.errors import AlreadyExists, HostError, NotFound
+
+SCHEMA_VERSION = 1
+_MIGRATIONS = {
+    1: """
+        CREATE TABLE sessions (
+            sid TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            last_active_at REAL NOT NULL,
+            error TEXT NOT NULL DEFAULT '',
+            platform TEXT NOT NULL DEFAULT ''
+        );
+    """,
+}
+# Interpolated into SQL text below: a constant, never input.
+_COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
+
+
+class StateStore:
+    """Thread-safe access to the state DB (calls come from the event loop and its threads)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            self._db = sqlcipher3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            self._migrate()
+        except (OSError, sqlcipher3.Error) as exc:
+            raise HostError(f"opening state DB {path}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise HostError(
+                f"state DB {self._path} has schema {version}, newer than this ironclawd "
+                f"({SCHEMA_VERSION}): refusing to downgrade"
+            )
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            # One script, one transaction: executescript() would commit a transaction opened
+            # with execute() before running, so the BEGIN belongs inside the script.
+            self._db.executescript(
+                f"BEGIN IMMEDIATE; {_MIGRATIONS[step]}; PRAGMA user_version = {step}; COMMIT;"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def insert(self, session: Session) -> None:
+        with self._lock:
+            try:
+                self._db.execute(
+                    f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                    _row(session),
+                )
+            except sqlcipher3.IntegrityError:
+                raise AlreadyExists(f"session {session.sid} already exists") from None
+
+    def save(self, session: Session) -> None:
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE sessions SET agent=?, state=?, created_at=?, updated_at=?, "
+                "last_active_at=?, error=?, platform=? WHERE sid=?",
+                (*_row(session)[1:], session.sid),
+            )
+        if cur.rowcount != 1:
+            raise NotFound(f"session {session.sid} not found")
+
+    def get(self, sid: str) -> Session:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM sessions WHERE sid=?",  # noqa: S608
+                (sid,),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"session {sid} not found")
+        return _session(row)
+
+    def list(self) -> list[Session]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLUMNS} FROM sessions ORDER BY created_at, sid"  # noqa: S608
+            ).fetchall()
+        return [_session(r) for r in rows]
+
+    def delete(self, sid: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sessions WHERE sid=?", (sid,))
+
+
+def _row(s: Session) -> tuple[object, ...]:
+    return (
+        s.sid, s.agent, s.state.value, s.created_at, s.updated_at, s.last_active_at, s.error,
+        s.platform,
+    )  # fmt: skip
+
+
+def _session(row: tuple[object, ...]) -> Session:
+    sid, agent, state, created, updated, active, error, platform = row
+    return Session(
+        sid=str(sid), agent=str(agent), state=State(state), created_at=float(created),  # type: ignore[arg-type]
+        updated_at=float(updated), last_active_at=float(active), error=str(error),  # type: ignore[arg-type]
+        platform=str(platform),
+    )  # fmt: skip
