@@ -18,8 +18,8 @@ check-proto: venv
 	scripts/gen-proto --check
 
 lint: venv
-	$(VENV)/bin/ruff format --check ironclawd agent tests scripts benchmarks
-	$(VENV)/bin/ruff check ironclawd agent tests benchmarks
+	$(VENV)/bin/ruff format --check ironclawd agent tests benchmarks packaging/build-agent
+	$(VENV)/bin/ruff check ironclawd agent tests benchmarks packaging/build-agent
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -31,6 +31,9 @@ test-unit: venv
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
 test: check
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/redteam tests/e2e
+
+agent: venv
+	packaging/build-agent
 
 demo: venv
 	scripts/demo
