@@ -115,12 +115,25 @@ def runsc_argv(
 
     ``host_uds`` allows connecting (never creating) host Unix sockets; the caller asks for it
     only because the one socket directory mounted in is the session's own.
+
+    ``--ignore-cgroups`` keeps the gofer and sandbox in the cgroup runsc was started in: the
+    transient unit's, whose limits systemd enforces and whose processes systemd stops. Without
+    it runsc moves them to ``/<container id>`` at the root of every cgroup hierarchy: outside
+    the unit (a SIGKILL of the unit left them running) and outside ironclaw.slice.
     """
     if platform not in info.platforms:
         raise HostError(f"building runsc argv: platform {platform!r} not offered by runsc")
     if not root.is_absolute() or not bundle.is_absolute():
         raise InvalidArgument("building runsc argv: root and bundle must be absolute paths")
-    argv = [str(info.path), f"--root={root}", "--network=none", f"--platform={platform}"]
+    if "ignore-cgroups" not in info.flags:
+        raise HostError(f"building runsc argv: runsc {info.version} lacks --ignore-cgroups")
+    argv = [
+        str(info.path),
+        f"--root={root}",
+        "--network=none",
+        f"--platform={platform}",
+        "--ignore-cgroups",
+    ]
     if host_uds:
         if not info.host_uds:
             raise HostError(f"building runsc argv: runsc {info.version} lacks --host-uds")

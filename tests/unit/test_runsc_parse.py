@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,9 @@ LIST_JSON = (
 
 
 def info(platforms: Sequence[str] = ("kvm", "ptrace"), host_uds: bool = True) -> RunscInfo:
-    flags = frozenset({"root", "network", "platform"} | ({"host-uds"} if host_uds else set()))
+    flags = frozenset(
+        {"root", "network", "platform", "ignore-cgroups"} | ({"host-uds"} if host_uds else set())
+    )
     return RunscInfo(Path("/usr/bin/runsc"), "0.0~20221219.0", 20221219, tuple(platforms), flags)
 
 
@@ -93,7 +96,8 @@ def test_argv_has_network_none_and_host_uds_open() -> None:
     )  # fmt: skip
     assert argv == [
         "/usr/bin/runsc", "--root=/run/ironclaw/runsc", "--network=none", "--platform=ptrace",
-        "--host-uds=open", "run", "--bundle", "/var/lib/ironclaw/bundles/ab12", "ironclaw-ab12",
+        "--ignore-cgroups", "--host-uds=open",
+        "run", "--bundle", "/var/lib/ironclaw/bundles/ab12", "ironclaw-ab12",
     ]  # fmt: skip
     plain = runsc.runsc_argv(
         info(), root=Path("/r"), bundle=Path("/b"), container_id="x", platform="ptrace",
@@ -109,6 +113,10 @@ def test_argv_refuses_what_runsc_cannot_do() -> None:
         runsc.runsc_argv(info(host_uds=False), platform="ptrace", host_uds=True, **kw)  # type: ignore[arg-type]
     with pytest.raises(HostError, match="not offered"):
         runsc.runsc_argv(info(), platform="systrap", host_uds=False, **kw)  # type: ignore[arg-type]
+    # Without --ignore-cgroups runsc would move the sandbox out of its unit's cgroup.
+    no_ignore = replace(info(), flags=info().flags - {"ignore-cgroups"})
+    with pytest.raises(HostError, match="lacks --ignore-cgroups"):
+        runsc.runsc_argv(no_ignore, platform="ptrace", host_uds=False, **kw)  # type: ignore[arg-type]
     for bad in ("", "../x", "a/b", "-rm", "x" * 200):
         with pytest.raises(InvalidArgument, match="container id"):
             runsc.runsc_argv(
