@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from agent import attacks
+
 DEFAULT_CONTROL_SOCKET = "/run/ironclaw/control.sock"
 CONTROL_SOCKET_ENV = "IRONCLAW_CONTROL_SOCKET"
 
@@ -134,6 +136,13 @@ def _routes(text: str | None) -> list[str] | None:
     return [line.strip() for line in text.splitlines()[1:] if line.strip()]
 
 
+def _routes6(text: str | None) -> list[str] | None:
+    """Lines of /proc/net/ipv6_route (no header); None if the file is absent."""
+    if text is None:
+        return None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def _is_writable(directory: str) -> JSON:
     """Try to create (and remove) a file in ``directory``; report errno rather than guess."""
     probe = os.path.join(directory, f".ironclaw-probe-{os.getpid()}")
@@ -162,8 +171,42 @@ def _list_dir(path: str) -> list[str] | None:
         return None
 
 
-def probe() -> JSON:
-    """What the agent sees of its sandbox: identity, privileges, network, filesystem, kernel."""
+# Where an attacker would look for a place to write; "/" stays in the report as "root" too.
+WRITABLE_CANDIDATES = ("/", "/tmp", "/workspace", "/run/ironclaw", "/etc", "/app", "/dev/shm")
+
+
+def _proc_pids() -> list[int] | None:
+    try:
+        return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return None
+
+
+def probe(
+    *,
+    net_targets: Sequence[str] = (),
+    unix_paths: Sequence[str] = (),
+    look_paths: Sequence[str] = (),
+) -> JSON:
+    """What the agent sees of its sandbox: identity, privileges, network, filesystem, kernel;
+    plus the attempts asked for: IP connects to ``net_targets`` (TCP and UDP), Unix connects to
+    ``unix_paths``, and a look at each of ``look_paths``."""
+    report = _passive_report()
+    report.update(
+        {
+            "net": [
+                attacks.try_connect_ip(target, kind)
+                for target in net_targets
+                for kind in ("tcp", "udp")
+            ],
+            "unix": [attacks.try_connect_unix(path) for path in unix_paths],
+            "paths": {path: attacks.look_at(path) for path in look_paths},
+        }
+    )
+    return report
+
+
+def _passive_report() -> JSON:
     uname = os.uname()
     mounts = _read_text("/proc/self/mounts")
     return {
@@ -191,6 +234,12 @@ def probe() -> JSON:
         "mounts": None if mounts is None else mounts.splitlines(),
         "executable": sys.executable,
         "frozen": bool(getattr(sys, "frozen", False)),
+        "ipv6_routes": _routes6(_read_text("/proc/net/ipv6_route")),
+        "hostname": uname.nodename,
+        "proc_pids": _proc_pids(),
+        "run_ironclaw": _list_dir("/run/ironclaw"),
+        "writable": {path: _is_writable(path) for path in WRITABLE_CANDIDATES},
+        "workspace_exec": attacks.try_exec_in("/workspace"),
     }
 
 
@@ -198,6 +247,27 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="agent", description="IronClaw in-box agent")
     parser.add_argument(
         "--probe", action="store_true", help="print a JSON report of the sandbox and exit"
+    )
+    parser.add_argument(
+        "--probe-net",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="with --probe: try TCP and UDP connects to HOST:PORT and report the errno",
+    )
+    parser.add_argument(
+        "--probe-unix",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --probe: try connecting to the Unix socket PATH and report the errno",
+    )
+    parser.add_argument(
+        "--probe-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --probe: report whether PATH exists and can be read",
     )
     parser.add_argument(
         "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
@@ -224,7 +294,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.hog_mib:
         return hog(args.hog_mib)
     if args.probe:
-        json.dump(probe(), sys.stdout, sort_keys=True)
+        for target in args.probe_net:
+            try:
+                attacks.parse_target(target)
+            except ValueError as exc:
+                print(f"agent: --probe-net: {exc}", file=sys.stderr)
+                return 2
+        report = probe(
+            net_targets=args.probe_net, unix_paths=args.probe_unix, look_paths=args.probe_path
+        )
+        json.dump(report, sys.stdout, sort_keys=True)
         sys.stdout.write("\n")
         return 0
     path = os.environ.get(CONTROL_SOCKET_ENV) or DEFAULT_CONTROL_SOCKET
