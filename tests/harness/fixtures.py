@@ -1,0 +1,111 @@
+"""Shared fixtures for the root tiers (integration, red team, e2e): a real systemd and ironclawd.
+
+Loaded once, as a plugin, by tests/conftest.py: a session-scoped fixture defined in two conftest
+files would be two fixtures and boot two systemds when tiers run together.
+
+`private_systemd` is one systemd for the whole session (booting costs well under a second, but
+tests should not each pay it); `private_systemd_factory` boots extra ones for tests about the
+harness itself. Both are torn down even when tests fail; the harness also registers an atexit
+hook and ties the namespace's life to this process, for runs that die harder than that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.private_systemd import (
+    SYSTEMD,
+    HarnessError,
+    PrivateSystemd,
+    SystemdHarness,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "results"
+
+
+def missing_prerequisite() -> str | None:
+    """Why a private systemd cannot be booted here, or None if it can."""
+    if os.environ.get("IRONCLAW_USE_HOST_SYSTEMD") == "1" and Path("/run/systemd/system").is_dir():
+        return None
+    if os.geteuid() != 0:
+        return "needs root to boot a private systemd (unshare, mounts, pivot_root)"
+    for tool in ("unshare", "nsenter", "setpriv", "mount", "pivot_root", "systemctl"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (util-linux/systemd) to boot a private systemd"
+    if not Path(SYSTEMD).exists():
+        return f"needs systemd at {SYSTEMD}"
+    if "overlay" not in Path("/proc/filesystems").read_text().split():
+        return "needs overlayfs in the kernel (/proc/filesystems lacks 'overlay')"
+    return None
+
+
+def harness_binds() -> list[Path]:
+    """What must stay writable inside: the checkout, its venv if elsewhere, results/."""
+    RESULTS.mkdir(exist_ok=True)
+    binds = [ROOT, RESULTS]
+    venv = (ROOT / ".venv").resolve()
+    if venv.is_dir() and not venv.is_relative_to(ROOT):
+        binds.append(venv)
+    return binds
+
+
+def _boot(name: str) -> SystemdHarness:
+    reason = missing_prerequisite()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        return PrivateSystemd.boot(harness_binds(), name)
+    except HarnessError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def private_systemd() -> Iterator[SystemdHarness]:
+    """One booted systemd for the session; `.run(argv, user=...)` executes inside it."""
+    sd = _boot("ironclaw-test")
+    try:
+        yield sd
+    finally:
+        sd.close()
+
+
+@pytest.fixture
+def private_systemd_factory() -> Iterator[Callable[[], SystemdHarness]]:
+    """Boot additional systemds (for tests of the harness); all closed at test end."""
+    with contextlib.ExitStack() as stack:
+
+        def boot() -> SystemdHarness:
+            sd = _boot("ironclaw-test-extra")
+            stack.callback(sd.close)
+            return sd
+
+        yield boot
+
+
+@pytest.fixture(scope="session")
+def daemon(private_systemd: SystemdHarness) -> Iterator[SystemdHarness]:
+    """ironclawd.service installed from this checkout (scripts/install-dev) and started by the
+    private systemd, with two users: ``alice`` (in ironclaw-admin) and ``outsider`` (not)."""
+    proc = private_systemd.run(["scripts/install-dev"], timeout=300)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    script = """
+        set -e
+        id outsider >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin outsider
+        id alice >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin -G ironclaw-admin alice
+        # Let them reach the checkout's virtualenv: directory modes are changed in the overlay
+        # only (the checkout itself is a bind mount and is left as it is).
+        d=$PWD; while [ "$d" != / ]; do d=$(dirname "$d"); chmod o+x "$d" 2>/dev/null || true; done
+    """
+    proc = private_systemd.run(["bash", "-c", script])
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    yield private_systemd
+    private_systemd.run(
+        ["bash", "-c", "rm -f /etc/ironclaw/ironclawd.toml; systemctl stop ironclawd"]
+    )
