@@ -11,6 +11,7 @@ Standard library only (see agent/main.py).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import socket
@@ -133,4 +134,26 @@ def try_exec_in(directory: str) -> JSON:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    return result
+
+
+# syslog(2): SYSLOG_ACTION_READ_ALL. Read-only; gVisor answers with its own boot messages.
+_SYSLOG_ACTION_READ_ALL = 3
+_KERNEL_LOG_BYTES = 4096
+
+
+def read_kernel_log() -> JSON:
+    """The kernel log as dmesg(1) would read it (klogctl(3)), or the errno it failed with."""
+    result: JSON = {"text": None, "errno": None}
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(_KERNEL_LOG_BYTES)
+        size = int(libc.klogctl(_SYSLOG_ACTION_READ_ALL, buf, _KERNEL_LOG_BYTES))
+    except (OSError, AttributeError) as exc:
+        result["errno"] = str(exc)
+        return result
+    if size < 0:
+        result["errno"] = errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+    else:
+        result["text"] = buf.raw[:size].decode("utf-8", "replace")
     return result

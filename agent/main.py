@@ -172,7 +172,34 @@ def _list_dir(path: str) -> list[str] | None:
 
 
 # Where an attacker would look for a place to write; "/" stays in the report as "root" too.
-WRITABLE_CANDIDATES = ("/", "/tmp", "/workspace", "/run/ironclaw", "/etc", "/app", "/dev/shm")
+WRITABLE_CANDIDATES = (
+    "/", "/tmp", "/workspace", "/run", "/run/ironclaw", "/etc", "/app", "/lib", "/dev", "/dev/shm",
+    "/sys", "/proc",
+)  # fmt: skip
+
+
+def _processes(pids: list[int] | None) -> list[JSON]:
+    """Each visible process: pid, argv[0] and the IRONCLAW_SID in its environment, if readable."""
+    found: list[JSON] = []
+    for pid in pids or []:
+        cmdline = _read_bytes(f"/proc/{pid}/cmdline")
+        environ = _read_bytes(f"/proc/{pid}/environ")
+        sid = None
+        for item in (environ or b"").split(b"\0"):
+            if item.startswith(b"IRONCLAW_SID="):
+                sid = item.partition(b"=")[2].decode("utf-8", "replace")
+        argv0 = (cmdline or b"").split(b"\0", 1)[0].decode("utf-8", "replace")
+        found.append(
+            {"pid": pid, "argv0": argv0, "sid": sid, "environ_readable": environ is not None}
+        )
+    return found
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None
 
 
 def _proc_pids() -> list[int] | None:
@@ -237,6 +264,8 @@ def _passive_report() -> JSON:
         "ipv6_routes": _routes6(_read_text("/proc/net/ipv6_route")),
         "hostname": uname.nodename,
         "proc_pids": _proc_pids(),
+        "processes": _processes(_proc_pids()),
+        "kernel_log": attacks.read_kernel_log(),
         "run_ironclaw": _list_dir("/run/ironclaw"),
         "writable": {path: _is_writable(path) for path in WRITABLE_CANDIDATES},
         "workspace_exec": attacks.try_exec_in("/workspace"),
