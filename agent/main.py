@@ -12,6 +12,7 @@ frozen into a standalone executable that runs in a rootfs with no interpreter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
 import json
@@ -22,7 +23,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import sqlcipher3
+
 from agent import attacks
+from agent.loop import Agent
+from agent.queues import QueueError
 
 DEFAULT_CONTROL_SOCKET = "/run/ironclaw/control.sock"
 CONTROL_SOCKET_ENV = "IRONCLAW_CONTROL_SOCKET"
@@ -84,16 +89,17 @@ def run_control(path: str) -> int:
     """Say hello on the control socket and hold it open; when the host goes away (a daemon
     restart), reconnect and say hello again so the new daemon can adopt this sandbox. Returns
     only if the host stays away past RECONNECT_DEADLINE (raises AgentError)."""
+    try:
+        worker = Agent()
+    except (OSError, ValueError, QueueError, sqlcipher3.Error) as exc:
+        raise AgentError(f"opening the session's key and queues: {exc}") from exc
     deadline = CONNECT_DEADLINE
     while True:
-        with connect_control(path, deadline=deadline) as sock:
-            try:
-                sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode("ascii"))
-                while sock.recv(65536):
-                    # No commands yet: the host holds the connection open for liveness.
-                    pass
-            except (ConnectionResetError, BrokenPipeError):
-                pass
+        with (
+            connect_control(path, deadline=deadline) as sock,
+            contextlib.suppress(ConnectionResetError, BrokenPipeError),
+        ):
+            worker.serve(sock)
         deadline = RECONNECT_DEADLINE
 
 

@@ -28,6 +28,7 @@ PLATFORMS = ("auto", "systrap", "ptrace", "kvm")
 class DaemonConfig:
     log_level: str = "info"
     state_dir: Path = paths.STATE_DIR
+    master_key_file: Path = Path("/etc/ironclaw/credentials/master.key")
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
         {
             "log_level": _Key(_choice(LOG_LEVELS), "Lowest level sent to the journal."),
             "state_dir": _Key(_abs_path, "State DB, wrapped keys, bundles, queues, audit log."),
+            "master_key_file": _Key(
+                _abs_path,
+                "Master key (0600 root, made on first start) when no systemd credential "
+                "'master.key' is passed; kept apart from the data it protects.",
+            ),
         },
     ),
     "admin": (

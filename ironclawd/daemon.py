@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import prctl
@@ -21,8 +22,9 @@ from ironclawd.api.control import ControlServer
 from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.bundle.image import ensure_rootfs
+from ironclawd.bundle.spec import QUEUES_DIR
 from ironclawd.config import Config, load_config, reference_markdown
-from ironclawd.domain.agents import BUILTIN
+from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host import runsc
 from ironclawd.host.journal import SystemdJournal
@@ -32,8 +34,11 @@ from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
 from ironclawd.ports import SandboxRuntime
 from ironclawd.services.doctor import Doctor
+from ironclawd.services.messaging import MessageService
 from ironclawd.services.reconcile import reconcile
+from ironclawd.services.session_data import DataLayout, SessionData
 from ironclawd.services.sessions import SandboxLayout, SessionService
+from ironclawd.store.keys import MasterKey, load_master_key
 from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd")
@@ -49,6 +54,15 @@ def harden_process() -> None:
     """Keep key material out of core dumps and away from ptrace by other uids (prctl(2):
     PR_SET_DUMPABLE 0 also makes /proc/<pid>/mem and ptrace root-only)."""
     prctl.set_dumpable(False)
+
+
+@dataclass(frozen=True)
+class _Wired:
+    master: MasterKey
+    store: StateStore
+    sessions: SessionService
+    control: ControlServer
+    messages: MessageService
 
 
 class Daemon:
@@ -67,11 +81,17 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         netns = NetnsAdapter()
         doctor = Doctor(self._config_path, self._config, netns)
-        sessions, control = self._wire_sessions(netns)
+        wired = self._wire(netns)
+        sessions, control = wired.sessions, wired.control
         _notify(status="reconciling sandboxes left by an earlier run")
         report = await reconcile(sessions)
         self._servicer = AdminServicer(
-            doctor, sessions, SystemdJournal(), self._config.source, self._started
+            doctor=doctor,
+            sessions=sessions,
+            messages=wired.messages,
+            journal=SystemdJournal(),
+            config_source=self._config.source,
+            started=self._started,
         )
         self._admin = await start_admin_server(self._config.admin, self._servicer)
         status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"
@@ -86,13 +106,17 @@ class Daemon:
         await self._admin.stop(grace=2.0)
         await sessions.close()
         await control.close_all_listeners()
-        sessions.store_close()
+        wired.store.close()
+        wired.master.zero()
         log.info("stopped")
 
-    def _wire_sessions(self, netns: NetnsAdapter) -> tuple[SessionService, ControlServer]:
+    def _wire(self, netns: NetnsAdapter) -> _Wired:
         config = self._config
         state_dir = config.daemon.state_dir
         ensure_private_dir(state_dir, 0o700)
+        master = load_master_key(config.daemon.master_key_file)
+        log.info("master key from %s (fingerprint %s)", master.source, master.fingerprint())
+        store = StateStore(state_dir / "state.db", master.derive("ironclaw state db v1"))
         runtime = _runtime(config)
         try:
             rootfs = ensure_rootfs(
@@ -111,16 +135,27 @@ class Daemon:
             start_timeout=config.sandbox.start_timeout_seconds,
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
         )
+        data = SessionData(store, master, DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR))
         service = SessionService(
-            store=StateStore(state_dir / "state.db"),
+            store=store,
             units=SystemdUnitManager(),
             netns=netns,
             control=control,
             runtime=runtime,
             layout=layout,
+            data=data,
             agents=dict(BUILTIN),
         )
-        return service, control
+        messages = MessageService(
+            store=store,
+            sessions=service,
+            data=data,
+            control=control,
+            agent_uid=AGENT_UID,
+            agent_gid=AGENT_GID,
+        )
+        service.on_remove(messages.forget)
+        return _Wired(master, store, service, control, messages)
 
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)

@@ -8,7 +8,7 @@ same contract tests as the real adapters.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -77,6 +77,11 @@ class AgentHello:
 
     pid: int
     uid: int
+    outbound_seq: int = 0  # the newest outbound row the agent has committed
+
+
+# Called with (sid, event, value) for what an agent announces: ("outbound", seq).
+ControlListener = Callable[[str, str, int], Awaitable[None]]
 
 
 class ControlPlane(Protocol):
@@ -97,6 +102,10 @@ class ControlPlane(Protocol):
         ...
 
     def list_dirs(self) -> list[str]: ...
+    def set_listener(self, listener: ControlListener) -> None: ...
+    async def send(self, sid: str, event: str, value: int) -> bool:
+        """Tell the agent something ("inbound", seq); False if it is not connected."""
+        ...
 
 
 class SandboxRuntime(Protocol):

@@ -18,6 +18,7 @@ from ironclawd.errors import InvalidArgument
 from ironclawd.ports import JournalReader
 from ironclawd.services.doctor import Doctor
 from ironclawd.services.logs import session_logs
+from ironclawd.services.messaging import MessageService, verify_record
 from ironclawd.services.sessions import SessionService
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -33,14 +34,17 @@ _STATUS = {
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
+        *,
         doctor: Doctor,
         sessions: SessionService,
+        messages: MessageService,
         journal: JournalReader,
         config_source: str,
         started: float,
     ) -> None:
         self._doctor = doctor
         self._sessions = sessions
+        self._messages = messages
         self._journal = journal
         self._config_source = config_source
         self._started = started
@@ -119,6 +123,40 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             yield admin_pb2.SessionLogsResponse(
                 timestamp=line.timestamp, message=line.message, source=line.source
             )
+
+    async def SendMessage(
+        self, request: admin_pb2.SendMessageRequest, context: Context
+    ) -> admin_pb2.SendMessageResponse:
+        sent = await self._messages.send(request.sid, request.text, request.client_id)
+        return admin_pb2.SendMessageResponse(
+            seq=sent.seq, duplicate=not sent.new, replies_before=sent.replies_before
+        )
+
+    async def WatchReplies(
+        self, request: admin_pb2.WatchRepliesRequest, context: Context
+    ) -> AsyncIterator[admin_pb2.WatchRepliesResponse]:
+        async for reply in self._messages.watch(request.sid, request.after_seq, request.follow):
+            yield admin_pb2.WatchRepliesResponse(
+                reply=admin_pb2.Reply(
+                    seq=reply.seq,
+                    in_reply_to=reply.in_reply_to,
+                    created_at=reply.created_at,
+                    text=reply.body,
+                    chain=reply.chain.hex(),
+                )
+            )
+
+    async def VerifySession(
+        self, request: admin_pb2.VerifySessionRequest, context: Context
+    ) -> admin_pb2.VerifySessionResponse:
+        record = verify_record(self._messages.store, request.sid)
+        report = record if not record.ok else await self._messages.verify(request.sid)
+        return admin_pb2.VerifySessionResponse(
+            checked=report.checked,
+            ok=report.ok,
+            first_bad_seq=report.first_bad_seq,
+            problem=report.problem,
+        )
 
 
 def session_to_proto(session: Session) -> admin_pb2.Session:

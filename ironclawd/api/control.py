@@ -3,7 +3,10 @@
 The directory is the only host directory mounted into the session's sandbox (read-only), so the
 agent can connect but never create or replace a socket there. A connection is accepted only from
 a process in that session's own unit (its cgroup, read from /proc/<peer pid>/cgroup via
-SO_PEERCRED): another session, or a host user who guessed the path, is turned away.
+SO_PEERCRED): another session, or a host user who guessed the path, is turned away. The whole
+cgroup path must match, not just its last component: systemd delegates cgroup subtrees to
+unprivileged users (user@<uid>.service has Delegate=yes), and a user may name a cgroup in theirs
+"ironclaw-sbx-<sid>.service".
 
 The directory is reused across daemon restarts, never recreated: the sandbox's bind mount refers
 to the directory itself, so a new directory would be invisible to a running sandbox.
@@ -15,15 +18,17 @@ import asyncio
 import contextlib
 import logging
 import os
+import posixpath
 import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ironclawd import paths
 from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir
 from ironclawd.domain.session import check_sid, unit_name
 from ironclawd.errors import HostError
-from ironclawd.ports import AgentHello
+from ironclawd.ports import AgentHello, ControlListener
 
 log = logging.getLogger("ironclawd.control")
 
@@ -45,6 +50,30 @@ class ControlServer:
     def __init__(self, sessions_dir: Path) -> None:
         self._dir = sessions_dir
         self._channels: dict[str, _Channel] = {}
+        self._listener: ControlListener | None = None
+
+    def set_listener(self, listener: ControlListener) -> None:
+        self._listener = listener
+
+    async def send(self, sid: str, event: str, value: int) -> bool:
+        channel = self._channels.get(sid)
+        if channel is None or not channel.writers:
+            return False
+        line = f"{event} {value}\n".encode("ascii")
+        for writer in list(channel.writers):
+            try:
+                writer.write(line)
+                await writer.drain()
+            except OSError:
+                channel.writers.discard(writer)
+        return bool(channel.writers)
+
+    async def _announce(self, sid: str, event: str, value: int) -> None:
+        if self._listener is not None:
+            try:
+                await self._listener(sid, event, value)
+            except Exception:  # a listener bug must not kill the agent's connection
+                log.exception("session %s: handling %s %d", sid, event, value)
 
     def _session_dir(self, sid: str) -> Path:
         return self._dir / check_sid(sid)
@@ -91,11 +120,18 @@ class ControlServer:
         channel.writers.add(writer)
         if not channel.hello.done():
             channel.hello.set_result(hello)
+        if hello.outbound_seq:
+            await self._announce(sid, "outbound", hello.outbound_seq)
         try:
-            while await reader.read(4096):
-                pass  # no agent-to-host commands yet; reading keeps the liveness signal
-        except OSError:
-            pass
+            while line := await reader.readline():
+                try:
+                    event, value = _parse_event(line)
+                except ValueError as exc:
+                    log.warning("session %s: ignoring control line: %s", sid, exc)
+                    continue
+                await self._announce(sid, event, value)
+        except (OSError, ValueError):
+            pass  # ValueError: a line over MAX_LINE; the connection is dropped
         finally:
             channel.writers.discard(writer)
             writer.close()
@@ -156,20 +192,59 @@ class ControlServer:
 
 def _parse_hello(line: bytes) -> AgentHello:
     words = line.decode("ascii", "strict").split()
-    if len(words) != 3 or words[0] != "hello":
-        raise ValueError(f"expected 'hello <pid> <uid>', got {line[:60]!r}")
-    return AgentHello(pid=int(words[1]), uid=int(words[2]))
+    if len(words) not in (3, 4) or words[0] != "hello":
+        raise ValueError(f"expected 'hello <pid> <uid> [<outbound seq>]', got {line[:60]!r}")
+    outbound = int(words[3]) if len(words) == 4 else 0
+    return AgentHello(pid=int(words[1]), uid=int(words[2]), outbound_seq=outbound)
+
+
+AGENT_EVENTS = frozenset({"outbound"})
+
+
+def _parse_event(line: bytes) -> tuple[str, int]:
+    words = line.decode("ascii", "strict").split()
+    if len(words) != 2 or words[0] not in AGENT_EVENTS or not words[1].isdigit():
+        raise ValueError(f"expected 'outbound <seq>', got {line[:60]!r}")
+    return words[0], int(words[1])
 
 
 def _peer_in_unit(sock: socket.socket, unit: str) -> bool:
-    """Whether the connecting process belongs to ``unit`` (proc(5) /proc/<pid>/cgroup)."""
+    """Whether the connecting process is in ``unit``'s own cgroup (proc(5) /proc/<pid>/cgroup)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid = struct.unpack("3i", raw)[0]
     if pid <= 0:
         return False
     try:
+        root = systemd_root(Path("/proc/1/cgroup").read_text())
         text = Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
+    except (OSError, HostError) as exc:
+        log.warning("checking a control peer (pid %d): %s", pid, exc)
         return False
-    suffix = f"/{unit}"
-    return any(line.rstrip().endswith(suffix) for line in text.splitlines())
+    return unit_cgroup(root, unit) in cgroup_paths(text)
+
+
+def cgroup_paths(text: str) -> set[str]:
+    """The paths of a /proc/<pid>/cgroup text, one per hierarchy ("id:controllers:path")."""
+    found = set()
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[2].startswith("/"):
+            found.add(parts[2])
+    return found
+
+
+def systemd_root(pid1_cgroup: str) -> str:
+    """The cgroup systemd manages, from PID 1's /proc/1/cgroup: the parent of its init.scope
+    ("" on a host; a subtree when systemd runs in a container or the test harness)."""
+    for line in pid1_cgroup.splitlines():
+        hierarchy_id, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if (hierarchy_id == "0" and controllers == "") or controllers == "name=systemd":
+            return posixpath.dirname(path).rstrip("/")
+    raise HostError("reading /proc/1/cgroup: no systemd hierarchy (is PID 1 systemd?)")
+
+
+def unit_cgroup(root: str, unit: str) -> str:
+    """Where systemd puts a sandbox unit: ``<root>/ironclaw.slice/<unit>`` (systemd.slice(5);
+    ironclaw.slice is a top-level slice)."""
+    return f"{root}/{paths.SLICE}/{unit}"

@@ -24,7 +24,11 @@ from ironclawd.errors import SandboxError
 APP_DIR = Path("app/agent")
 AGENT_EXECUTABLE = "agent"
 # Mount targets must exist in a read-only root: runsc cannot create them there.
-MOUNTPOINTS: tuple[str, ...] = ("proc", "dev", "tmp", "run/ironclaw", "workspace")
+MOUNTPOINTS: tuple[str, ...] = (
+    "proc", "dev", "tmp", "run/ironclaw", "workspace", "queue/inbound", "queue/outbound",
+)  # fmt: skip
+# Single-file bind mounts need a file, not a directory, to land on (the session key).
+FILE_MOUNTPOINTS: tuple[str, ...] = ("run/ironclaw-key",)
 # PyInstaller's bootloader re-executes itself with LD_LIBRARY_PATH pointing here; everything it
 # loads after that (libpython, extension modules) resolves against this directory first.
 PYINSTALLER_LIBDIR = "_internal"
@@ -61,6 +65,10 @@ def assemble_rootfs(
             _copy_file(library, target, EXEC_MODE if _is_executable(library) else FILE_MODE)
         for mountpoint in mountpoints:
             _make_dirs(staging / _relative(mountpoint), staging)
+        for mountpoint in FILE_MOUNTPOINTS:
+            target = staging / _relative(mountpoint)
+            _make_dirs(target.parent, staging)
+            target.touch(mode=FILE_MODE)
         _seal_dirs(staging)
         # rename(2) onto an existing *empty* directory succeeds; the check above covers that
         # case except for a race with another assembler, which the caller's lock excludes.

@@ -56,13 +56,18 @@ def doctor(checks: Sequence[admin_pb2.Check], ok: bool) -> None:
     console.print("all required checks passed" if ok else "[bold red]required checks failed[/]")
 
 
-def visible(text: str) -> str:
+def visible(text: str, *, newlines: bool = False) -> str:
     """Make control, escape and bidi characters visible, so log text cannot restyle the
     terminal or reorder what the operator reads."""
     out = []
     for ch in text:
         code = ord(ch)
-        if ch == "\t" or (0x20 <= code < 0x7F) or (code >= 0xA0 and not _is_format(code)):
+        if (
+            ch == "\t"
+            or (newlines and ch == "\n")
+            or (0x20 <= code < 0x7F)
+            or (code >= 0xA0 and not _is_format(code))
+        ):
             out.append(ch)
         else:
             out.append(f"\\u{code:04x}" if code > 0xFF else f"\\x{code:02x}")

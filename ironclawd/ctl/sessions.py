@@ -85,7 +85,7 @@ def _show(args: argparse.Namespace, session: Any) -> None:
         render.session(session, STATE_NAMES)
 
 
-def register(sub: Any) -> None:
+def register(sub: Any) -> Any:
     session = sub.add_parser(
         "session",
         help="sandboxed agent sessions",
@@ -126,3 +126,4 @@ def register(sub: Any) -> None:
     logs.add_argument("sid", metavar="SID", help="session id")
     logs.add_argument("-n", "--lines", type=int, default=100, help="last N lines (default 100)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    return verbs

@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ironclawd import paths
-from ironclawd.bundle.spec import SOCKETS_DIR, build_spec
+from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, session_mounts
 from ironclawd.bundle.writer import write_bundle
 from ironclawd.domain.agents import AgentSpec, find_agent
-from ironclawd.domain.policy import Mount, SandboxPolicy
+from ironclawd.domain.policy import SandboxPolicy
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, SandboxError
 from ironclawd.ports import ControlPlane, NetnsManager, SandboxRuntime, UnitManager, UnitSpec
+from ironclawd.services.session_data import SessionData
 from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.sessions")
@@ -51,6 +51,7 @@ class SessionService:
         control: ControlPlane,
         runtime: SandboxRuntime,
         layout: SandboxLayout,
+        data: SessionData,
         agents: dict[str, AgentSpec],
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -60,6 +61,8 @@ class SessionService:
         self.control = control
         self.runtime = runtime
         self.layout = layout
+        self.data = data
+        self._remove_hooks: list[Callable[[str], None]] = []
         self._agents = agents
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
@@ -69,7 +72,7 @@ class SessionService:
     # -- queries ---------------------------------------------------------------------------
 
     def list(self) -> list[Session]:
-        return self._store.list()
+        return self._store.list_sessions()
 
     def get(self, sid: str) -> Session:
         return self._store.get(check_sid(sid))
@@ -114,9 +117,17 @@ class SessionService:
             if session.state is not State.STOPPED:
                 session = await self._stop(session, State.STOPPED)
             await self._teardown(session)  # idempotent: nothing of it may outlive its record
+            for hook in self._remove_hooks:
+                hook(sid)
+            # The key goes first: from then on the queue files are unreadable, even copies.
+            await asyncio.to_thread(self.data.destroy, sid)
             self._store.delete(sid)
             self._audit(session, "removed")
         self._locks.pop(sid, None)
+
+    def on_remove(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(sid)`` when a session is removed, before its data is destroyed."""
+        self._remove_hooks.append(hook)
 
     async def adopt(self, session: Session) -> Session:
         """Take over a sandbox left running by an earlier daemon: listen on its control socket
@@ -166,6 +177,10 @@ class SessionService:
                 netns = await asyncio.to_thread(self.netns.create, session.netns)
                 undo.push_async_callback(
                     self._quietly_sync, "deleting netns", self.netns.delete, session.netns
+                )
+                await asyncio.to_thread(self.data.prepare, sid, agent.uid, agent.gid)
+                undo.push_async_callback(
+                    self._quietly_sync, "removing session key", self.data.release, sid
                 )
                 bundle = self.layout.bundles_dir / sid
                 policy = self._policy(session, agent, netns)
@@ -219,6 +234,7 @@ class SessionService:
             "removing bundle", remove_tree, self.layout.bundles_dir / session.sid
         )
         await self._quietly("closing control socket", self.control.close, session.sid)
+        await self._quietly_sync("removing session key", self.data.release, session.sid)
 
     def _policy(self, session: Session, agent: AgentSpec, netns: Path) -> SandboxPolicy:
         return SandboxPolicy(
@@ -237,11 +253,8 @@ class SessionService:
             tasks_max=agent.tasks_max,
             cpu_percent=agent.cpu_percent,
             workspace_bytes=agent.workspace_bytes,
-            mounts=(Mount(SOCKETS_DIR, str(self._control_dir(session.sid))),),
+            mounts=session_mounts(session.sid),
         )  # fmt: skip
-
-    def _control_dir(self, sid: str) -> Path:
-        return paths.SESSIONS_RUN_DIR / sid
 
     def _unit_spec(self, session: Session, agent: AgentSpec, bundle: Path, netns: Path) -> UnitSpec:
         return UnitSpec(

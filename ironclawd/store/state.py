@@ -13,10 +13,11 @@ from pathlib import Path
 
 import sqlcipher3
 
+from ironclawd.domain.messages import GENESIS, Reply
 from ironclawd.domain.session import Session, State
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _MIGRATIONS = {
     1: """
         CREATE TABLE sessions (
@@ -30,6 +31,18 @@ _MIGRATIONS = {
             platform TEXT NOT NULL DEFAULT ''
         );
     """,
+    2: """
+        CREATE TABLE session_keys (sid TEXT PRIMARY KEY, wrapped BLOB NOT NULL);
+        CREATE TABLE replies (
+            sid TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            in_reply_to INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            body TEXT NOT NULL,
+            chain BLOB NOT NULL,
+            PRIMARY KEY (sid, seq)
+        );
+    """,
 }
 # Interpolated into SQL text below: a constant, never input.
 _COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
@@ -38,7 +51,7 @@ _COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, pl
 class StateStore:
     """Thread-safe access to the state DB (calls come from the event loop and its threads)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, key: bytes) -> None:
         self._path = path
         self._lock = threading.Lock()
         try:
@@ -46,6 +59,10 @@ class StateStore:
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             os.close(fd)
             self._db = sqlcipher3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+            self._db.execute("PRAGMA cipher_memory_security = ON")
+            # Deleted session keys must not linger in free pages.
+            self._db.execute("PRAGMA secure_delete = ON")
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             self._migrate()
@@ -100,7 +117,7 @@ class StateStore:
             raise NotFound(f"session {sid} not found")
         return _session(row)
 
-    def list(self) -> list[Session]:
+    def list_sessions(self) -> list[Session]:
         with self._lock:
             rows = self._db.execute(
                 f"SELECT {_COLUMNS} FROM sessions ORDER BY created_at, sid"  # noqa: S608
@@ -110,6 +127,61 @@ class StateStore:
     def delete(self, sid: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM sessions WHERE sid=?", (sid,))
+
+    # -- session keys (wrapped) and ingested replies ------------------------------------
+
+    def put_wrapped_key(self, sid: str, wrapped: bytes) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO session_keys (sid, wrapped) VALUES (?, ?)", (sid, wrapped)
+            )
+
+    def wrapped_key(self, sid: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT wrapped FROM session_keys WHERE sid = ?", (sid,)
+            ).fetchone()
+        return bytes(row[0]) if row else None
+
+    def destroy_session_data(self, sid: str) -> None:
+        """Forget a session's key and ingested replies (secure_delete scrubs the pages)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM session_keys WHERE sid = ?", (sid,))
+            self._db.execute("DELETE FROM replies WHERE sid = ?", (sid,))
+            self._db.execute("COMMIT")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def add_replies(self, sid: str, replies: list[Reply]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO replies (sid, seq, in_reply_to, created_at, body, chain) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(sid, r.seq, r.in_reply_to, r.created_at, r.body, r.chain) for r in replies],
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def last_reply(self, sid: str) -> tuple[int, bytes]:
+        """(seq, chain) of the newest ingested reply; (0, GENESIS) if none."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq, chain FROM replies WHERE sid = ? ORDER BY seq DESC LIMIT 1", (sid,)
+            ).fetchone()
+        return (int(row[0]), bytes(row[1])) if row else (0, GENESIS)
+
+    def replies_after(self, sid: str, after: int, limit: int = 1000) -> list[Reply]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, in_reply_to, created_at, body, chain FROM replies "
+                "WHERE sid = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (sid, after, limit),
+            ).fetchall()
+        return [Reply(int(a), int(b), float(c), str(d), bytes(e)) for a, b, c, d, e in rows]
 
 
 def _row(s: Session) -> tuple[object, ...]:

@@ -9,6 +9,8 @@ from ironclawd.domain.session import Session, State, transition
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 from ironclawd.store.state import StateStore
 
+KEY = bytes(range(32))
+
 
 def _session(sid: str = "abcd1234") -> Session:
     return Session(sid, "demo", State.CREATING, 1.0, 1.0, 1.0)
@@ -16,18 +18,18 @@ def _session(sid: str = "abcd1234") -> Session:
 
 def test_transitions_persist_across_reopen(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    store = StateStore(path)
+    store = StateStore(path, KEY)
     store.insert(_session())
     store.save(transition(_session(), State.FAILED, 5.0, "why"))
     store.close()
-    again = StateStore(path)
+    again = StateStore(path, KEY)
     got = again.get("abcd1234")
     assert (got.state, got.error, got.updated_at) == (State.FAILED, "why", 5.0)
     assert (path.stat().st_mode & 0o777) == 0o600
 
 
 def test_duplicate_and_missing(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
+    store = StateStore(tmp_path / "state.db", KEY)
     store.insert(_session())
     with pytest.raises(AlreadyExists):
         store.insert(_session())
@@ -36,15 +38,16 @@ def test_duplicate_and_missing(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         store.save(_session("zzzz9999"))
     store.delete("abcd1234")
-    assert store.list() == []
+    assert store.list_sessions() == []
 
 
 def test_refuses_a_newer_schema(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    StateStore(path).close()
+    StateStore(path, KEY).close()
     db = sqlcipher3.connect(str(path))
+    db.execute(f"PRAGMA key = \"x'{KEY.hex()}'\"")
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
     with pytest.raises(HostError, match="newer than this ironclawd"):
-        StateStore(path)
+        StateStore(path, KEY)

@@ -71,6 +71,186 @@ CHECK_STATUS_SKIP: CheckStatus.ValueType  # 4
 Global___CheckStatus: _TypeAlias = CheckStatus  # noqa: Y015
 
 @_typing.final
+class SendMessageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    text: _builtins.str
+    client_id: _builtins.str
+    """Optional idempotency key: [A-Za-z0-9._:-]{1,64}."""
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+        text: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "sid", b"sid", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendMessageRequest: _TypeAlias = SendMessageRequest  # noqa: Y015
+
+@_typing.final
+class SendMessageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    REPLIES_BEFORE_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    duplicate: _builtins.bool
+    """True when client_id was seen before and nothing new was queued."""
+    replies_before: _builtins.int
+    """The newest reply seq when the message was queued: its answer comes after this one
+    (WatchReplies with after_seq = replies_before).
+    """
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        duplicate: _builtins.bool = ...,
+        replies_before: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "replies_before", b"replies_before", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendMessageResponse: _TypeAlias = SendMessageResponse  # noqa: Y015
+
+@_typing.final
+class Reply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    IN_REPLY_TO_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    CHAIN_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    in_reply_to: _builtins.int
+    created_at: _builtins.float
+    text: _builtins.str
+    chain: _builtins.str
+    """Hex of this reply's link in the session's ingest hash chain."""
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        in_reply_to: _builtins.int = ...,
+        created_at: _builtins.float = ...,
+        text: _builtins.str = ...,
+        chain: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chain", b"chain", "created_at", b"created_at", "in_reply_to", b"in_reply_to", "seq", b"seq", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reply: _TypeAlias = Reply  # noqa: Y015
+
+@_typing.final
+class WatchRepliesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    after_seq: _builtins.int
+    follow: _builtins.bool
+    """Keep the stream open for new replies."""
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "follow", b"follow", "sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRepliesRequest: _TypeAlias = WatchRepliesRequest  # noqa: Y015
+
+@_typing.final
+class WatchRepliesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reply(self) -> Global___Reply: ...
+    def __init__(
+        self,
+        *,
+        reply: Global___Reply | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRepliesResponse: _TypeAlias = WatchRepliesResponse  # noqa: Y015
+
+@_typing.final
+class VerifySessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SID_FIELD_NUMBER: _builtins.int
+    sid: _builtins.str
+    def __init__(
+        self,
+        *,
+        sid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifySessionRequest: _TypeAlias = VerifySessionRequest  # noqa: Y015
+
+@_typing.final
+class VerifySessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKED_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    FIRST_BAD_SEQ_FIELD_NUMBER: _builtins.int
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    checked: _builtins.int
+    ok: _builtins.bool
+    first_bad_seq: _builtins.int
+    problem: _builtins.str
+    def __init__(
+        self,
+        *,
+        checked: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+        first_bad_seq: _builtins.int = ...,
+        problem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "first_bad_seq", b"first_bad_seq", "ok", b"ok", "problem", b"problem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifySessionResponse: _TypeAlias = VerifySessionResponse  # noqa: Y015
+
+@_typing.final
 class Session(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

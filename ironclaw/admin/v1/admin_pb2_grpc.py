@@ -81,6 +81,21 @@ class AdminServiceStub:
                 request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsRequest.SerializeToString,
                 response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsResponse.FromString,
                 _registered_method=True)
+        self.SendMessage = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/SendMessage',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.FromString,
+                _registered_method=True)
+        self.WatchReplies = channel.unary_stream(
+                '/ironclaw.admin.v1.AdminService/WatchReplies',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.WatchRepliesRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.WatchRepliesResponse.FromString,
+                _registered_method=True)
+        self.VerifySession = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/VerifySession',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -148,6 +163,29 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendMessage(self, request, context):
+        """SendMessage appends a message to the session's inbound queue (starting the session if it
+        was stopped) and tells the agent. Repeating a client_id returns the first send's seq.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchReplies(self, request, context):
+        """WatchReplies streams the agent's replies with seq > after_seq, in order, each once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifySession(self, request, context):
+        """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
+        hash chain; the first rewritten, deleted or reordered row is named.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +233,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.SessionLogs,
                     request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsRequest.FromString,
                     response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsResponse.SerializeToString,
+            ),
+            'SendMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendMessage,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.SerializeToString,
+            ),
+            'WatchReplies': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchReplies,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.WatchRepliesRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.WatchRepliesResponse.SerializeToString,
+            ),
+            'VerifySession': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifySession,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +494,87 @@ class AdminService:
             '/ironclaw.admin.v1.AdminService/SessionLogs',
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsRequest.SerializeToString,
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.SessionLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/SendMessage',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchReplies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/WatchReplies',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.WatchRepliesRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.WatchRepliesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifySession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/VerifySession',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

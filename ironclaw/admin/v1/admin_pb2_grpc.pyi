@@ -54,6 +54,16 @@ class AdminServiceStub:
     """RemoveSession deletes a stopped session (or any, with force)."""
     SessionLogs: _grpc.UnaryStreamMultiCallable[_admin_pb2.SessionLogsRequest, _admin_pb2.SessionLogsResponse]
     """SessionLogs streams the sandbox unit's journal."""
+    SendMessage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SendMessageRequest, _admin_pb2.SendMessageResponse]
+    """SendMessage appends a message to the session's inbound queue (starting the session if it
+    was stopped) and tells the agent. Repeating a client_id returns the first send's seq.
+    """
+    WatchReplies: _grpc.UnaryStreamMultiCallable[_admin_pb2.WatchRepliesRequest, _admin_pb2.WatchRepliesResponse]
+    """WatchReplies streams the agent's replies with seq > after_seq, in order, each once."""
+    VerifySession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.VerifySessionRequest, _admin_pb2.VerifySessionResponse]
+    """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
+    hash chain; the first rewritten, deleted or reordered row is named.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -76,6 +86,16 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """RemoveSession deletes a stopped session (or any, with force)."""
     SessionLogs: _aio.UnaryStreamMultiCallable[_admin_pb2.SessionLogsRequest, _admin_pb2.SessionLogsResponse]  # type: ignore[assignment]
     """SessionLogs streams the sandbox unit's journal."""
+    SendMessage: _aio.UnaryUnaryMultiCallable[_admin_pb2.SendMessageRequest, _admin_pb2.SendMessageResponse]  # type: ignore[assignment]
+    """SendMessage appends a message to the session's inbound queue (starting the session if it
+    was stopped) and tells the agent. Repeating a client_id returns the first send's seq.
+    """
+    WatchReplies: _aio.UnaryStreamMultiCallable[_admin_pb2.WatchRepliesRequest, _admin_pb2.WatchRepliesResponse]  # type: ignore[assignment]
+    """WatchReplies streams the agent's replies with seq > after_seq, in order, each once."""
+    VerifySession: _aio.UnaryUnaryMultiCallable[_admin_pb2.VerifySessionRequest, _admin_pb2.VerifySessionResponse]  # type: ignore[assignment]
+    """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
+    hash chain; the first rewritten, deleted or reordered row is named.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService is what operators reach through `ironctl`."""
@@ -149,5 +169,33 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_admin_pb2.SessionLogsResponse], _abc.AsyncIterator[_admin_pb2.SessionLogsResponse]]:
         """SessionLogs streams the sandbox unit's journal."""
+
+    @_abc_1.abstractmethod
+    def SendMessage(
+        self,
+        request: _admin_pb2.SendMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SendMessageResponse, _abc.Awaitable[_admin_pb2.SendMessageResponse]]:
+        """SendMessage appends a message to the session's inbound queue (starting the session if it
+        was stopped) and tells the agent. Repeating a client_id returns the first send's seq.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchReplies(
+        self,
+        request: _admin_pb2.WatchRepliesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.WatchRepliesResponse], _abc.AsyncIterator[_admin_pb2.WatchRepliesResponse]]:
+        """WatchReplies streams the agent's replies with seq > after_seq, in order, each once."""
+
+    @_abc_1.abstractmethod
+    def VerifySession(
+        self,
+        request: _admin_pb2.VerifySessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.VerifySessionResponse, _abc.Awaitable[_admin_pb2.VerifySessionResponse]]:
+        """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
+        hash chain; the first rewritten, deleted or reordered row is named.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

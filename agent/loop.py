@@ -1,0 +1,62 @@
+"""The agent's main loop: answer every inbound message once, in order, and announce each reply.
+
+Events come from the control socket ("inbound <seq>"); nothing polls. A restart resumes after
+the newest inbound seq already answered (recorded in outbound.db in the same transaction as the
+reply), so no message is answered twice or skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.queues import Inbound, Outbound, read_key
+
+KEY_FILE = Path("/run/ironclaw-key")
+INBOUND_DB = Path("/queue/inbound/inbound.db")
+OUTBOUND_DB = Path("/queue/outbound/outbound.db")
+
+Responder = Callable[[str], str]
+
+
+def echo(text: str) -> str:
+    """The deterministic stand-in for a model until the model proxy exists."""
+    return f"echo: {text}"
+
+
+class Agent:
+    def __init__(self, respond: Responder = echo) -> None:
+        key = read_key(KEY_FILE)
+        self.inbound = Inbound(INBOUND_DB, key)
+        self.outbound = Outbound(OUTBOUND_DB, key)
+        self.answered = self.outbound.last_answered()
+        self._respond = respond
+
+    def hello(self) -> bytes:
+        return f"hello {os.getpid()} {os.getuid()} {self.outbound.last_seq()}\n".encode("ascii")
+
+    def catch_up(self, sock: socket.socket, up_to: int | None) -> None:
+        """Answer every message after the last answered one (up to ``up_to`` if given)."""
+        for seq, body in self.inbound.read_after(self.answered, up_to):
+            reply = self._respond(body)
+            out = self.outbound.append(seq, reply)
+            self.answered = seq
+            sock.sendall(f"outbound {out}\n".encode("ascii"))
+
+    def serve(self, sock: socket.socket) -> None:
+        """Run until the host closes the connection."""
+        sock.sendall(self.hello())
+        self.catch_up(sock, None)
+        pending = b""
+        while chunk := sock.recv(65536):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            announced = 0
+            for line in lines:
+                words = line.split()
+                if len(words) == 2 and words[0] == b"inbound" and words[1].isdigit():
+                    announced = max(announced, int(words[1]))
+            if announced > self.answered:
+                self.catch_up(sock, announced)

@@ -1,0 +1,115 @@
+"""The agent's side of its session queues (the host's side: ironclawd/store/queues.py).
+
+inbound.db is mounted read-only and opened read-only and query-only; outbound.db is this
+process's own, and it is its only writer. File locks do not cross the gVisor boundary, so a read
+of inbound.db that meets the host mid-commit fails (hot journal on a read-only file, or a page
+that does not decrypt) and is retried; the rows read must run without a gap up to the seq the
+host announced.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import sqlcipher3
+
+OUTBOUND_SCHEMA = (
+    "CREATE TABLE messages (seq INTEGER PRIMARY KEY, in_reply_to INTEGER NOT NULL, "
+    "created_at REAL NOT NULL, body TEXT NOT NULL)"
+)
+QUEUE_VERSION = 1
+READ_ATTEMPTS = 200
+READ_BACKOFF = 0.002
+
+Row = tuple[int, str]
+
+
+class QueueError(Exception):
+    pass
+
+
+def read_key(path: Path) -> bytes:
+    text = path.read_text(encoding="ascii").strip()
+    key = bytes.fromhex(text)
+    if len(key) != 32:
+        raise QueueError(f"session key {path}: expected 32 bytes, got {len(key)}")
+    return key
+
+
+def _keyed(conn: sqlcipher3.Connection, key: bytes) -> None:
+    conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+
+
+class Inbound:
+    def __init__(self, path: Path, key: bytes) -> None:
+        self._path = path
+        self._key = key
+
+    def read_after(self, after: int, up_to: int | None) -> list[Row]:
+        """Messages with seq in (after, up_to]; with up_to=None whatever is there now."""
+        last_error: Exception | None = None
+        for _attempt in range(READ_ATTEMPTS):
+            if not self._path.exists():
+                if up_to is None or up_to <= after:
+                    return []
+                last_error = QueueError(f"{self._path} does not exist yet")
+            else:
+                try:
+                    rows = self._read(after, up_to)
+                except sqlcipher3.Error as exc:
+                    last_error = exc
+                else:
+                    seqs = [seq for seq, _ in rows]
+                    complete = up_to is None or up_to <= after or (seqs and seqs[-1] >= up_to)
+                    if seqs == list(range(after + 1, after + 1 + len(seqs))) and complete:
+                        return rows
+                    last_error = QueueError(f"announced {up_to}, read {seqs[:3]}..")
+            time.sleep(READ_BACKOFF)
+        raise QueueError(f"reading {self._path}: gave up: {last_error}")
+
+    def _read(self, after: int, up_to: int | None) -> list[Row]:
+        conn = sqlcipher3.connect(f"file:{self._path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            _keyed(conn, self._key)
+            conn.execute("PRAGMA query_only = ON")
+            rows = conn.execute(
+                "SELECT seq, body FROM messages WHERE seq > ? AND seq <= ? ORDER BY seq",
+                (after, up_to if up_to is not None else 2**62),
+            ).fetchall()
+        finally:
+            conn.close()
+        return [(int(seq), str(body)) for seq, body in rows]
+
+
+class Outbound:
+    def __init__(self, path: Path, key: bytes) -> None:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        self._db = sqlcipher3.connect(str(path), isolation_level=None)
+        _keyed(self._db, key)
+        self._db.execute("PRAGMA journal_mode = DELETE")
+        self._db.execute("PRAGMA synchronous = FULL")
+        if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            self._db.executescript(
+                f"BEGIN IMMEDIATE; {OUTBOUND_SCHEMA}; PRAGMA user_version = {QUEUE_VERSION}; "
+                "COMMIT;"
+            )
+
+    def last_seq(self) -> int:
+        return int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()[0])
+
+    def last_answered(self) -> int:
+        """The newest inbound seq already answered: where a restarted agent resumes."""
+        row = self._db.execute("SELECT COALESCE(MAX(in_reply_to), 0) FROM messages").fetchone()
+        return int(row[0])
+
+    def append(self, in_reply_to: int, body: str) -> int:
+        cur = self._db.execute(
+            "INSERT INTO messages (in_reply_to, created_at, body) VALUES (?, ?, ?)",
+            (in_reply_to, time.time(), body),
+        )
+        if cur.lastrowid is None:
+            raise QueueError("appending a reply: no row id")
+        return int(cur.lastrowid)

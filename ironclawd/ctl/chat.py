@@ -1,0 +1,123 @@
+"""``ironctl send`` (for scripts) and ``ironctl chat`` (interactive)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl.common import Stub, add_command, to_dict
+
+
+def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMessageResponse:
+    # A client id makes a retried send (after a timeout, say) safe: the daemon queues it once.
+    request = admin_pb2.SendMessageRequest(sid=sid, text=text, client_id=uuid.uuid4().hex)
+    reply: admin_pb2.SendMessageResponse = stub.SendMessage(request, timeout=timeout)
+    return reply
+
+
+def _replies(stub: Stub, sid: str, after: int, timeout: float | None) -> Iterator[admin_pb2.Reply]:
+    request = admin_pb2.WatchRepliesRequest(sid=sid, after_seq=after, follow=True)
+    for item in stub.WatchReplies(request, timeout=timeout):
+        yield item.reply
+
+
+def _answer(
+    stub: Stub, sid: str, sent: admin_pb2.SendMessageResponse, timeout: float
+) -> admin_pb2.Reply:
+    for reply in _replies(stub, sid, sent.replies_before, timeout):
+        if reply.in_reply_to == sent.seq:
+            return reply
+    raise RuntimeError("reply stream ended")  # follow streams end only by error
+
+
+def cmd_send(args: argparse.Namespace, stub: Stub) -> int:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    sent = _send(stub, args.sid, text, args.timeout)
+    if args.no_wait:
+        doc: dict[str, Any] = {"seq": sent.seq, "duplicate": sent.duplicate}
+        print(json.dumps(doc) if args.json else f"queued as message {sent.seq}")
+        return exitcodes.OK
+    reply = _answer(stub, args.sid, sent, args.timeout)
+    if args.json:
+        print(json.dumps({"seq": sent.seq, "reply": to_dict(reply)}))
+    else:
+        print(render.visible(reply.text, newlines=True))
+    return exitcodes.OK
+
+
+def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
+    sid = args.sid
+    if not sid:
+        if not args.agent:
+            print("ironctl: chat: give a session id or --agent NAME", file=sys.stderr)
+            return exitcodes.USAGE
+        created = stub.CreateSession(
+            admin_pb2.CreateSessionRequest(agent=args.agent), timeout=args.timeout
+        )
+        sid = created.session.sid
+        print(f"started session {sid} of agent {args.agent}", file=sys.stderr)
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("you> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return exitcodes.OK
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        sent = _send(stub, sid, text, args.timeout)
+        reply = _answer(stub, sid, sent, args.timeout)
+        prefix = "agent> " if interactive else ""
+        print(prefix + render.visible(reply.text, newlines=True), flush=True)
+
+
+def cmd_verify(args: argparse.Namespace, stub: Stub) -> int:
+    report = stub.VerifySession(admin_pb2.VerifySessionRequest(sid=args.sid), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(to_dict(report)))
+    elif report.ok:
+        print(f"session {args.sid}: {report.checked} ingested replies verified")
+    else:
+        print(
+            f"session {args.sid}: TAMPERING at reply {report.first_bad_seq}: {report.problem} "
+            f"({report.checked} verified before it)"
+        )
+    return exitcodes.OK if report.ok else exitcodes.FAILED
+
+
+def register(sub: Any, session_verbs: Any) -> None:
+    send = add_command(
+        sub,
+        "send",
+        "send one message to a session and print the agent's reply (for scripts)",
+        "ironctl send SID 'hello'\n  echo hello | ironctl send SID - --json\n"
+        "  ironctl send SID 'later' --no-wait",
+        cmd_send,
+    )
+    send.add_argument("sid", metavar="SID", help="session id")
+    send.add_argument("text", metavar="TEXT", help="the message, or - to read standard input")
+    send.add_argument("--no-wait", action="store_true", help="queue it; do not wait for a reply")
+    chat = add_command(
+        sub,
+        "chat",
+        "talk to an agent: one line in, its reply out",
+        "ironctl chat SID\n  ironctl chat --agent demo     # starts a session",
+        cmd_chat,
+    )
+    chat.add_argument("sid", metavar="SID", nargs="?", help="session id")
+    chat.add_argument("--agent", help="start a new session of this agent")
+    verify = add_command(
+        session_verbs,
+        "verify",
+        "check that the agent has not rewritten replies the host already ingested",
+        "ironctl session verify SID",
+        cmd_verify,
+    )
+    verify.add_argument("sid", metavar="SID", help="session id")

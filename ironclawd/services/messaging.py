@@ -1,0 +1,182 @@
+"""The message path: operator -> inbound queue -> agent -> outbound queue -> ingest -> operator.
+
+Sending appends to the session's inbound.db (the host is its only writer) and announces the new
+seq on the control socket; the agent announces each outbound commit the same way, and the host
+ingests the new rows into the state DB, extending the session's hash chain. Watchers wait on a
+condition, never poll. Exactly-once as the operator sees it: replies have a per-session seq and
+a watcher resumes after the last seq it saw; a send retried with the same client id returns the
+seq of the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ironclawd.domain.messages import Reply, chain_link, check_body, check_client_id
+from ironclawd.domain.session import State
+from ironclawd.errors import IronclawError
+from ironclawd.ports import ControlPlane
+from ironclawd.services.session_data import SessionData
+from ironclawd.services.sessions import SessionService
+from ironclawd.store.queues import InboundWriter, OutboundReader
+from ironclawd.store.state import StateStore
+
+log = logging.getLogger("ironclawd.messages")
+
+
+@dataclass(frozen=True)
+class Sent:
+    seq: int
+    new: bool
+    replies_before: int
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    checked: int
+    ok: bool
+    first_bad_seq: int = 0
+    problem: str = ""
+
+
+class MessageService:
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        sessions: SessionService,
+        data: SessionData,
+        control: ControlPlane,
+        agent_uid: int,
+        agent_gid: int,
+    ) -> None:
+        self._store = store
+        self.store = store
+        self._sessions = sessions
+        self._data = data
+        self._control = control
+        self._uid = agent_uid
+        self._gid = agent_gid
+        self._inbound: dict[str, InboundWriter] = {}
+        self._ingest_locks: dict[str, asyncio.Lock] = {}
+        self._changed: dict[str, asyncio.Condition] = {}
+        control.set_listener(self._on_event)
+
+    async def send(self, sid: str, body: str, client_id: str = "") -> Sent:
+        check_body(body)
+        check_client_id(client_id)
+        session = self._sessions.get(sid)
+        if session.state is not State.RUNNING:
+            # An idle-stopped session starts again on the next message (ARCHITECTURE.md §3).
+            session = await self._sessions.start(sid)
+        writer = await asyncio.to_thread(self._writer, sid)
+        replies_before, _chain = self._store.last_reply(sid)
+        seq, new = await asyncio.to_thread(writer.append, body, time.time(), client_id or None)
+        self._sessions.touch(sid)
+        if not await self._control.send(sid, "inbound", seq):
+            log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
+        return Sent(seq, new, replies_before)
+
+    def _writer(self, sid: str) -> InboundWriter:
+        writer = self._inbound.get(sid)
+        if writer is None:
+            writer = InboundWriter(self._data.inbound_dir(sid), self._data.key(sid), self._gid)
+            self._inbound[sid] = writer
+        return writer
+
+    def forget(self, sid: str) -> None:
+        """The session is being removed: close its queue handles."""
+        writer = self._inbound.pop(sid, None)
+        if writer is not None:
+            writer.close()
+
+    async def _on_event(self, sid: str, event: str, value: int) -> None:
+        if event == "outbound":
+            await self.ingest(sid, value)
+
+    async def ingest(self, sid: str, up_to: int | None = None) -> int:
+        """Copy the agent's new outbound rows into the record; return how many."""
+        lock = self._ingest_locks.setdefault(sid, asyncio.Lock())
+        async with lock:
+            last, chain = self._store.last_reply(sid)
+            if up_to is not None and up_to <= last:
+                return 0
+            reader = OutboundReader(self._data.outbound_dir(sid), self._data.key(sid), self._uid)
+            if not reader.exists():
+                return 0
+            rows = await asyncio.to_thread(reader.read_after, last, up_to)
+            replies = []
+            for seq, in_reply_to, created_at, body in rows:
+                chain = chain_link(chain, seq, in_reply_to, created_at, body)
+                replies.append(Reply(seq, in_reply_to, created_at, body, chain))
+            if replies:
+                await asyncio.to_thread(self._store.add_replies, sid, replies)
+                self._sessions.touch(sid)
+                condition = self._condition(sid)
+                async with condition:
+                    condition.notify_all()
+            return len(replies)
+
+    def _condition(self, sid: str) -> asyncio.Condition:
+        return self._changed.setdefault(sid, asyncio.Condition())
+
+    async def watch(self, sid: str, after: int, follow: bool) -> AsyncIterator[Reply]:
+        """Replies with seq > after, in order; with ``follow``, keep waiting for new ones."""
+        self._sessions.get(sid)  # NotFound for an unknown session
+        condition = self._condition(sid)
+        while True:
+            async with condition:
+                batch = self._store.replies_after(sid, after)
+                if not batch:
+                    if not follow:
+                        return
+                    await condition.wait()
+                    continue
+            for reply in batch:
+                yield reply
+                after = reply.seq
+
+    async def verify(self, sid: str) -> ChainReport:
+        """Re-read everything ingested from the agent's file and recompute the chain: a
+        rewrite, deletion or reorder of already-ingested rows is named by its first seq."""
+        self._sessions.get(sid)
+        reader = OutboundReader(self._data.outbound_dir(sid), self._data.key(sid), self._uid)
+        checked, after = 0, 0
+        while True:
+            record = self._store.replies_after(sid, after, limit=1000)
+            if not record:
+                return ChainReport(checked, True)
+            try:
+                now = await asyncio.to_thread(reader.read_range, record[0].seq, record[-1].seq)
+            except (IronclawError, OSError) as exc:
+                return ChainReport(checked, False, record[0].seq, f"cannot read outbound: {exc}")
+            by_seq = {row[0]: row for row in now}
+            for reply in record:
+                row = by_seq.get(reply.seq)
+                if row is None:
+                    return ChainReport(checked, False, reply.seq, "row deleted by the agent")
+                if row[1:] != (reply.in_reply_to, reply.created_at, reply.body):
+                    return ChainReport(checked, False, reply.seq, "row rewritten by the agent")
+                checked += 1
+            after = record[-1].seq
+
+
+def verify_record(store: StateStore, sid: str) -> ChainReport:
+    """Recompute the host's own chain over what it ingested (detects edits of the record)."""
+    previous, after, checked = b"\0" * 32, 0, 0
+    while batch := store.replies_after(sid, after):
+        for reply in batch:
+            if reply.seq != after + 1:
+                return ChainReport(checked, False, reply.seq, f"gap before seq {reply.seq}")
+            expected = chain_link(
+                previous, reply.seq, reply.in_reply_to, reply.created_at, reply.body
+            )
+            if expected != reply.chain:
+                return ChainReport(checked, False, reply.seq, "hash chain broken")
+            previous, after = reply.chain, reply.seq
+            checked += 1
+    return ChainReport(checked, True)

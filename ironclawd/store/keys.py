@@ -1,0 +1,180 @@
+"""Key custody: the master key, and per-session keys wrapped under it (ARCHITECTURE.md §4).
+
+The master key (256 bits) comes from a systemd credential when the unit passes one
+(``LoadCredential=``/``LoadCredentialEncrypted=master.key:...`` puts it in
+``$CREDENTIALS_DIRECTORY/master.key``), else from ``/etc/ironclaw/credentials/master.key``
+(0600 root, created on first start) — never from the state directory that holds the data it
+protects. Session keys are 256 random bits, stored only wrapped (AES-256-GCM, the session id as
+associated data, so a wrapped key cannot be moved to another session). The unwrapped key is
+written only to a tmpfs file that is mounted read-only into that session's sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ironclawd.errors import HostError
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+CREDENTIAL_NAME = "master.key"
+WRAP_VERSION = b"\x01"
+
+
+class MasterKey:
+    """The daemon's master key; derives purpose keys and wraps session keys."""
+
+    def __init__(self, key: bytes, source: str) -> None:
+        if len(key) != KEY_BYTES:
+            raise HostError(f"master key from {source}: expected {KEY_BYTES} bytes, got {len(key)}")
+        self._key = bytearray(key)
+        self.source = source
+
+    def derive(self, purpose: str) -> bytes:
+        """A key for one purpose (e.g. the state DB), independent of every other purpose."""
+        hkdf = HKDF(algorithm=SHA256(), length=KEY_BYTES, salt=None, info=purpose.encode())
+        return hkdf.derive(bytes(self._key))
+
+    def wrap(self, sid: str, session_key: bytes) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        sealed = AESGCM(self._wrapping_key()).encrypt(nonce, session_key, _aad(sid))
+        return WRAP_VERSION + nonce + sealed
+
+    def unwrap(self, sid: str, wrapped: bytes) -> bytes:
+        if not wrapped.startswith(WRAP_VERSION) or len(wrapped) != 1 + NONCE_BYTES + 48:
+            raise HostError(f"session {sid}: wrapped key has an unknown format")
+        nonce, sealed = wrapped[1 : 1 + NONCE_BYTES], wrapped[1 + NONCE_BYTES :]
+        try:
+            return AESGCM(self._wrapping_key()).decrypt(nonce, sealed, _aad(sid))
+        except InvalidTag:
+            raise HostError(
+                f"session {sid}: wrapped key does not open with this master key"
+            ) from None
+
+    def fingerprint(self) -> str:
+        """A short non-secret id of the key (for logs and doctor)."""
+        return hmac.new(bytes(self._key), b"ironclaw fingerprint", hashlib.sha256).hexdigest()[:16]
+
+    def _wrapping_key(self) -> bytes:
+        return self.derive("ironclaw session-key wrapping v1")
+
+    def zero(self) -> None:
+        _zero(self._key)
+
+
+def _aad(sid: str) -> bytes:
+    return b"ironclaw session key\0" + sid.encode()
+
+
+def _zero(buf: bytearray) -> None:
+    """Overwrite a key in place (Python may still hold copies: best effort, documented)."""
+    if buf:
+        ctypes.memset((ctypes.c_char * len(buf)).from_buffer(buf), 0, len(buf))
+
+
+def load_master_key(fallback: Path) -> MasterKey:
+    """From the systemd credential if the unit passed one, else the fallback file (created)."""
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        path = Path(creds) / CREDENTIAL_NAME
+        if path.exists():
+            return MasterKey(_read_key(path, check_owner=False), f"credential {CREDENTIAL_NAME}")
+    return MasterKey(_read_or_create(fallback), str(fallback))
+
+
+def _read_key(path: Path, *, check_owner: bool) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(f"reading master key {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if check_owner and (st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077):
+            raise HostError(
+                f"refusing master key {path}: must be owned by root with mode 0600 "
+                f"(is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+            )
+        data = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    return data
+
+
+def _read_or_create(path: Path) -> bytes:
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key = secrets.token_bytes(KEY_BYTES)
+        tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if another process created it meanwhile: use theirs
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return _read_key(path, check_owner=True)
+
+
+def new_session_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def write_tmpfs_key(path: Path, key: bytes, uid: int, gid: int) -> None:
+    """Put an unwrapped session key where only that session's sandbox will see it: a 0400 file
+    on a tmpfs (never a disk), owned by the sandbox's uid (gVisor checks host files against the
+    agent's uid, ironclawd/bundle/spec.py)."""
+    directory = path.parent
+    directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+    if not _on_tmpfs(directory):
+        raise HostError(f"refusing to write a session key to {directory}: not a tmpfs")
+    tmp = directory / f".{path.name}.tmp-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+    try:
+        os.write(fd, key.hex().encode())
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def remove_tmpfs_key(path: Path) -> None:
+    try:
+        size = path.stat().st_size
+        with open(path, "r+b", buffering=0) as f:  # overwrite before unlinking (tmpfs pages)
+            f.write(b"\0" * size)
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    path.unlink(missing_ok=True)
+
+
+def _on_tmpfs(directory: Path) -> bool:
+    """Whether ``directory`` lives on a tmpfs/ramfs (the longest mount prefix in mountinfo)."""
+    best, fstype = "", ""
+    target = str(directory.resolve())
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4]
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(
+                point
+            ) >= len(best):
+                best, fstype = point, fields[fields.index("-") + 1]
+    return fstype in ("tmpfs", "ramfs")
