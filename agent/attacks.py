@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import os
 import socket
 import stat
@@ -74,9 +75,18 @@ def try_connect_unix(path: str) -> JSON:
     return result
 
 
+# A file's digest is reported so tests can tell whose key a sandbox sees without printing it.
+_DIGEST_MAX_BYTES = 1 << 20
+
+
 def look_at(path: str) -> JSON:
-    """Whether ``path`` exists (lstat), its type, and whether it can be read or listed."""
-    result: JSON = {"exists": False, "errno": None, "type": None, "readable": False}
+    """Whether ``path`` exists (lstat), its type, whether it can be read or listed (and, for a
+    small regular file, the SHA-256 of its contents), and whether it can be written: a file is
+    opened for writing without truncation, a directory gets a probe file created and removed."""
+    result: JSON = {
+        "exists": False, "errno": None, "type": None, "readable": False, "sha256": None,
+        "writable": False, "write_errno": None,
+    }  # fmt: skip
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -89,11 +99,30 @@ def look_at(path: str) -> JSON:
             os.listdir(path)
         else:
             with open(path, "rb") as handle:
-                handle.read(1)
+                data = handle.read(_DIGEST_MAX_BYTES + 1)
+            if stat.S_ISREG(st.st_mode) and len(data) <= _DIGEST_MAX_BYTES:
+                result["sha256"] = hashlib.sha256(data).hexdigest()
         result["readable"] = True
     except OSError as exc:
         result["errno"] = _errno_name(exc)
+    result.update(_try_write(path, st.st_mode))
     return result
+
+
+def _try_write(path: str, mode: int) -> JSON:
+    try:
+        if stat.S_ISDIR(mode):
+            probe = os.path.join(path, f".ironclaw-write-probe-{os.getpid()}")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+            os.unlink(probe)
+        elif stat.S_ISREG(mode):
+            os.close(os.open(path, os.O_WRONLY | os.O_NOFOLLOW))
+        else:
+            return {"writable": False, "write_errno": None}
+    except OSError as exc:
+        return {"writable": False, "write_errno": _errno_name(exc)}
+    return {"writable": True, "write_errno": None}
 
 
 def _file_type(mode: int) -> str:

@@ -302,7 +302,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="PATH",
-        help="with --probe: report whether PATH exists and can be read",
+        help="with --probe: report whether PATH exists, can be read (its SHA-256) or written",
     )
     parser.add_argument(
         "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
