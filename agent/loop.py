@@ -12,11 +12,13 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.model import ModelResponder
 from agent.queues import Inbound, Outbound, read_key
 
 KEY_FILE = Path("/run/ironclaw-key")
 INBOUND_DB = Path("/queue/inbound/inbound.db")
 OUTBOUND_DB = Path("/queue/outbound/outbound.db")
+MODEL_SOCKET = Path("/run/ironclaw/model.sock")
 
 Responder = Callable[[str], str]
 
@@ -26,13 +28,20 @@ def echo(text: str) -> str:
     return f"echo: {text}"
 
 
+def default_responder() -> Responder:
+    """The model through the host's proxy when its socket is there, else the echo."""
+    if MODEL_SOCKET.exists():
+        return ModelResponder(str(MODEL_SOCKET))
+    return echo
+
+
 class Agent:
-    def __init__(self, respond: Responder = echo) -> None:
+    def __init__(self, respond: Responder | None = None) -> None:
         key = read_key(KEY_FILE)
         self.inbound = Inbound(INBOUND_DB, key)
         self.outbound = Outbound(OUTBOUND_DB, key)
         self.answered = self.outbound.last_answered()
-        self._respond = respond
+        self._respond = respond or default_responder()
 
     def hello(self) -> bytes:
         return f"hello {os.getpid()} {os.getuid()} {self.outbound.last_seq()}\n".encode("ascii")

@@ -13,12 +13,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import prctl
 from pystemd.daemon import notify, watchdog_enabled
 
 from ironclawd import __version__, paths
 from ironclawd.api.admin import AdminServicer
 from ironclawd.api.control import ControlServer
+from ironclawd.api.sandbox import SandboxApi
 from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.bundle.image import ensure_rootfs
@@ -33,11 +35,16 @@ from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
 from ironclawd.ports import SandboxRuntime
+from ironclawd.providers.anthropic import AnthropicProvider
+from ironclawd.providers.mock import MockProvider
+from ironclawd.providers.openai import OpenAIProvider
 from ironclawd.services.doctor import Doctor
 from ironclawd.services.messaging import MessageService
+from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.reconcile import reconcile
 from ironclawd.services.session_data import DataLayout, SessionData
 from ironclawd.services.sessions import SandboxLayout, SessionService
+from ironclawd.store.credentials import CredentialStore
 from ironclawd.store.keys import MasterKey, load_master_key
 from ironclawd.store.state import StateStore
 
@@ -63,6 +70,8 @@ class _Wired:
     sessions: SessionService
     control: ControlServer
     messages: MessageService
+    sandbox_api: SandboxApi
+    http: httpx.AsyncClient
 
 
 class Daemon:
@@ -83,6 +92,8 @@ class Daemon:
         doctor = Doctor(self._config_path, self._config, netns)
         wired = self._wire(netns)
         sessions, control = wired.sessions, wired.control
+        ensure_private_dir(paths.INTERNAL_DIR, 0o700)
+        await wired.sandbox_api.start()
         _notify(status="reconciling sandboxes left by an earlier run")
         report = await reconcile(sessions)
         self._servicer = AdminServicer(
@@ -106,6 +117,8 @@ class Daemon:
         await self._admin.stop(grace=2.0)
         await sessions.close()
         await control.close_all_listeners()
+        await wired.sandbox_api.stop()
+        await wired.http.aclose()
         wired.store.close()
         wired.master.zero()
         log.info("stopped")
@@ -136,6 +149,7 @@ class Daemon:
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
         )
         data = SessionData(store, master, DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR))
+        service_agents = dict(BUILTIN)
         service = SessionService(
             store=store,
             units=SystemdUnitManager(),
@@ -144,7 +158,7 @@ class Daemon:
             runtime=runtime,
             layout=layout,
             data=data,
-            agents=dict(BUILTIN),
+            agents=service_agents,
         )
         messages = MessageService(
             store=store,
@@ -155,7 +169,26 @@ class Daemon:
             agent_gid=AGENT_GID,
         )
         service.on_remove(messages.forget)
-        return _Wired(master, store, service, control, messages)
+        http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
+        proxy = ModelProxy(
+            sessions=service,
+            agents=service_agents,
+            providers={
+                "mock": MockProvider(),
+                "anthropic": AnthropicProvider(http),
+                "openai": OpenAIProvider(http),
+            },
+            credentials=CredentialStore(config.daemon.master_key_file.parent),
+            base_urls={
+                "anthropic": "https://api.anthropic.com",
+                "openai": "https://api.openai.com/v1",
+            },
+        )
+        sandbox_api = SandboxApi(
+            paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR, proxy
+        )
+        service.sockets = sandbox_api
+        return _Wired(master, store, service, control, messages, sandbox_api, http)
 
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)

@@ -23,6 +23,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ironclawd.api.splice import splice_to
+
 log = logging.getLogger("ironclawd.admin")
 
 _ABSTRACT_PREFIX = "ironclaw-peer/"
@@ -142,36 +144,6 @@ class PeerFront:
             # clear PERMISSION_DENIED instead of a bare connection reset.
             nonce = self._registry.register(caller)
             try:
-                await self._splice(nonce, reader, writer)
+                await splice_to(self._internal, _ABSTRACT_PREFIX + nonce, reader, writer)
             finally:
                 self._registry.forget(nonce)
-
-    async def _splice(
-        self, nonce: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            upstream.bind("\0" + _ABSTRACT_PREFIX + nonce)
-            upstream.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(upstream, str(self._internal))
-        except OSError as exc:
-            upstream.close()
-            log.error("admin connection dropped: connecting to internal server: %s", exc)
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_unix_connection(sock=upstream)
-        await asyncio.gather(
-            _pump(reader, up_writer), _pump(up_reader, writer), return_exceptions=True
-        )
-
-
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(256 * 1024):
-            dst.write(data)
-            await dst.drain()
-    finally:
-        with contextlib.suppress(OSError, RuntimeError):
-            if dst.can_write_eof():
-                dst.write_eof()
-        dst.close()

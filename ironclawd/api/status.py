@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from ironclawd.domain.model import BudgetExceeded
 from ironclawd.errors import (
     AlreadyExists,
     ConfigError,
@@ -16,12 +17,15 @@ from ironclawd.errors import (
     SandboxError,
     Unauthenticated,
 )
+from ironclawd.providers.base import ProviderError
 
 _CODES: tuple[tuple[type[IronclawError], grpc.StatusCode], ...] = (
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (BudgetExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ProviderError, grpc.StatusCode.UNAVAILABLE),
     (PolicyDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),

@@ -17,9 +17,27 @@ AGENT_UID = 10000
 AGENT_GID = 10000
 
 
+DEFAULT_PERSONA = (
+    "You are the IronClaw demo agent. You run in a sandbox with no network. Answer briefly. "
+    "Use your workspace tools when asked to keep notes."
+)
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     name: str
+    persona: str = DEFAULT_PERSONA
+    provider: str = "mock"  # mock | anthropic | openai
+    model: str = "mock-1"
+    base_url: str = ""
+    credential: str = ""  # name of a host-held credential; never enters the sandbox
+    tools: tuple[str, ...] = ("read_file", "write_file", "list_files", "request_change")
+    max_tool_rounds: int = 8
+    max_tokens: int = 1024
+    requests_per_minute: int = 60
+    tokens_per_day: int = 1_000_000
+    session_requests_per_minute: int = 30
+    session_tokens_per_day: int = 200_000
     memory_bytes: int = 256 * MIB
     tasks_max: int = 128
     cpu_percent: int = 100

@@ -22,7 +22,14 @@ from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.policy import SandboxPolicy
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, SandboxError
-from ironclawd.ports import ControlPlane, NetnsManager, SandboxRuntime, UnitManager, UnitSpec
+from ironclawd.ports import (
+    ControlPlane,
+    NetnsManager,
+    SandboxRuntime,
+    SandboxSockets,
+    UnitManager,
+    UnitSpec,
+)
 from ironclawd.services.session_data import SessionData
 from ironclawd.store.state import StateStore
 
@@ -53,6 +60,7 @@ class SessionService:
         layout: SandboxLayout,
         data: SessionData,
         agents: dict[str, AgentSpec],
+        sockets: SandboxSockets | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -62,6 +70,7 @@ class SessionService:
         self.runtime = runtime
         self.layout = layout
         self.data = data
+        self.sockets = sockets
         self._remove_hooks: list[Callable[[str], None]] = []
         self._agents = agents
         self._clock = clock
@@ -125,6 +134,14 @@ class SessionService:
             self._audit(session, "removed")
         self._locks.pop(sid, None)
 
+    async def _open_sockets(self, sid: str) -> None:
+        if self.sockets is not None:
+            await self.sockets.open(sid)
+
+    async def _close_sockets(self, sid: str) -> None:
+        if self.sockets is not None:
+            await self.sockets.close(sid)
+
     def on_remove(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(sid)`` when a session is removed, before its data is destroyed."""
         self._remove_hooks.append(hook)
@@ -136,6 +153,7 @@ class SessionService:
         async with self._lock(sid):
             try:
                 await self.control.open(sid)
+                await self._open_sockets(sid)
                 hello = await self.control.wait_hello(sid, self.layout.adopt_timeout)
             except (IronclawError, OSError, TimeoutError) as exc:
                 reason = _describe(exc, f"adopting session {sid}")
@@ -174,6 +192,8 @@ class SessionService:
                 undo.push_async_callback(
                     self._quietly, "closing control socket", self.control.close, sid
                 )
+                await self._open_sockets(sid)
+                undo.push_async_callback(self._quietly, "closing sockets", self._close_sockets, sid)
                 netns = await asyncio.to_thread(self.netns.create, session.netns)
                 undo.push_async_callback(
                     self._quietly_sync, "deleting netns", self.netns.delete, session.netns
@@ -233,6 +253,7 @@ class SessionService:
         await self._quietly_sync(
             "removing bundle", remove_tree, self.layout.bundles_dir / session.sid
         )
+        await self._quietly("closing sockets", self._close_sockets, session.sid)
         await self._quietly("closing control socket", self.control.close, session.sid)
         await self._quietly_sync("removing session key", self.data.release, session.sid)
 

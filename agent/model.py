@@ -1,0 +1,73 @@
+"""The agent's turn: ask the model (through the host's proxy), run the tools it calls, answer.
+
+The proxy holds the key and fixes the persona and the tool list; this side only converses. A
+failure of the model or a tool reaches the user as a message, never as silence, and a turn runs
+at most ``max_tool_rounds`` tool rounds.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from agent.tools import run_tool
+from ironclaw.model.v1 import model_pb2, model_pb2_grpc
+
+MODEL_SOCKET = "/run/ironclaw/model.sock"
+HISTORY_MESSAGES = 20
+CALL_TIMEOUT = 300.0
+
+
+class ModelResponder:
+    def __init__(self, socket_path: str = MODEL_SOCKET) -> None:
+        # One channel for the life of the agent: set-up costs ~20 ms across gVisor.
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self._stub = model_pb2_grpc.ModelServiceStub(self._channel)
+        self._profile: model_pb2.GetProfileResponse | None = None
+        self._history: list[model_pb2.Message] = []
+
+    def _get_profile(self) -> model_pb2.GetProfileResponse:
+        if self._profile is None:
+            self._profile = self._stub.GetProfile(model_pb2.GetProfileRequest(), timeout=30)
+        return self._profile
+
+    def __call__(self, text: str) -> str:
+        try:
+            return self._turn(text)
+        except grpc.RpcError as err:
+            code = err.code()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return f"[I cannot answer now: {err.details()}]"
+            return f"[the model is unavailable ({code.name.lower()}): {err.details()}]"
+
+    def _turn(self, text: str) -> str:
+        profile = self._get_profile()
+        messages = [*self._history, model_pb2.Message(role=model_pb2.ROLE_USER, text=text)]
+        for _round in range(profile.max_tool_rounds + 1):
+            answer, calls = self._complete(messages, profile)
+            messages.append(
+                model_pb2.Message(role=model_pb2.ROLE_ASSISTANT, text=answer, tool_calls=calls)
+            )
+            if not calls:
+                self._history = messages[-HISTORY_MESSAGES:]
+                return answer or "[the model gave no answer]"
+            for call in calls:
+                result = run_tool(call.name, call.arguments_json)
+                messages.append(
+                    model_pb2.Message(role=model_pb2.ROLE_TOOL, text=result, tool_call_id=call.id)
+                )
+        self._history = []
+        return f"[stopped after {profile.max_tool_rounds} tool rounds without an answer]"
+
+    def _complete(
+        self, messages: list[model_pb2.Message], profile: model_pb2.GetProfileResponse
+    ) -> tuple[str, list[model_pb2.ToolCall]]:
+        request = model_pb2.CompleteRequest(messages=messages, tools=profile.tools)
+        parts: list[str] = []
+        calls: list[model_pb2.ToolCall] = []
+        for event in self._stub.Complete(request, timeout=CALL_TIMEOUT):
+            kind = event.WhichOneof("event")
+            if kind == "text_delta":
+                parts.append(event.text_delta)
+            elif kind == "tool_call":
+                calls.append(event.tool_call)
+        return "".join(parts), calls

@@ -1,0 +1,102 @@
+"""Tools the agent runs for the model. File tools are jailed to /workspace (a size-capped tmpfs,
+the only writable place in the box); the others go to host sockets that exist only when granted."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+WORKSPACE = Path("/workspace")
+MAX_FILE_BYTES = 1024 * 1024
+GATEWAY_SOCKET = Path("/run/ironclaw/gateway.sock")
+EGRESS_SOCKET = Path("/run/ironclaw/egress.sock")
+
+
+class ToolError(Exception):
+    pass
+
+
+def _jail(relative: str, root: Path = WORKSPACE) -> Path:
+    """``relative`` inside ``root``, refusing absolute paths, '..', NUL and symlink escapes."""
+    if not isinstance(relative, str) or "\0" in relative:
+        raise ToolError("path: expected a relative path without NUL")
+    candidate = os.path.normpath(relative or ".")
+    if os.path.isabs(candidate) or candidate == ".." or candidate.startswith("../"):
+        raise ToolError(f"path {relative!r}: must stay inside the workspace")
+    path = root / candidate
+    real = Path(os.path.realpath(path))
+    if real != root and root not in real.parents:
+        raise ToolError(f"path {relative!r}: resolves outside the workspace")
+    return path
+
+
+def read_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
+    path = _jail(str(args.get("path", "")), root)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ToolError(f"{args.get('path')}: not a regular file")
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ToolError(f"{args.get('path')}: larger than {MAX_FILE_BYTES} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def write_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
+    path = _jail(str(args.get("path", "")), root)
+    content = str(args.get("content", ""))
+    data = content.encode("utf-8")
+    if len(data) > MAX_FILE_BYTES:
+        raise ToolError(f"content: larger than {MAX_FILE_BYTES} bytes")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return f"wrote {len(data)} bytes to {args.get('path')}"
+
+
+def list_files(args: dict[str, object], root: Path = WORKSPACE) -> str:
+    path = _jail(str(args.get("path", "") or "."), root)
+    return json.dumps(sorted(entry.name + ("/" if entry.is_dir() else "")
+                             for entry in os.scandir(path)))  # fmt: skip
+
+
+def request_change(args: dict[str, object]) -> str:
+    if not GATEWAY_SOCKET.exists():
+        return "error: the approval gateway is not available to this session"
+    raise ToolError("the approval gateway client is not built into this agent yet")
+
+
+def http_fetch(args: dict[str, object]) -> str:
+    if not EGRESS_SOCKET.exists():
+        return "error: this agent has no approved egress (ask for it with request_change)"
+    raise ToolError("the egress client is not built into this agent yet")
+
+
+TOOLS = {
+    "read_file": read_file,
+    "write_file": write_file,
+    "list_files": list_files,
+    "request_change": request_change,
+    "http_fetch": http_fetch,
+}
+
+
+def run_tool(name: str, arguments_json: str) -> str:
+    """Run one tool call; failures come back as text for the model, never as an exception."""
+    tool = TOOLS.get(name)
+    if tool is None:
+        return f"error: unknown tool {name!r}"
+    try:
+        args = json.loads(arguments_json or "{}")
+        if not isinstance(args, dict):
+            return "error: arguments must be a JSON object"
+        return tool(args)
+    except (ToolError, OSError, ValueError) as exc:
+        return f"error: {exc}"

@@ -1,0 +1,46 @@
+"""What every provider implements, and the SSE reading they share."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import httpx
+
+from ironclawd.domain.model import Chunk, Completion
+from ironclawd.errors import IronclawError
+
+
+class ProviderError(IronclawError):
+    """The upstream model API failed; the message says how (secrets are redacted later)."""
+
+
+class Provider(Protocol):
+    name: str
+
+    def stream(self, completion: Completion, key: str, base_url: str) -> AsyncIterator[Chunk]: ...
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """JSON payloads of a text/event-stream response (``data:`` lines; ``[DONE]`` ends it)."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if not data:
+            continue
+        if data == "[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ProviderError(f"upstream sent a malformed event: {exc}") from exc
+        if isinstance(event, dict):
+            yield event
+
+
+async def raise_for_status(response: httpx.Response, provider: str) -> None:
+    if response.status_code >= 400:
+        body = (await response.aread())[:2000].decode("utf-8", "replace")
+        raise ProviderError(f"{provider}: upstream answered HTTP {response.status_code}: {body}")
