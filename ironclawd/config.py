@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 import tomli
 
 from ironclawd import paths
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -56,6 +59,7 @@ class Config:
     daemon: DaemonConfig = DaemonConfig()
     admin: AdminConfig = AdminConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
 
 
@@ -152,6 +156,77 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
 }
 
 
+def _text(limit: int) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        if not isinstance(v, str) or len(v) > limit or "\0" in v:
+            raise ValueError(f"a string of at most {limit} characters")
+        return v
+
+    return convert
+
+
+def _url(v: Any) -> str:
+    if not isinstance(v, str) or not (v.startswith("https://") or v.startswith("http://")):
+        raise ValueError("an http(s) URL")
+    return v.rstrip("/")
+
+
+def _credential(v: Any) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", v):
+        raise ValueError("a credential name of [a-z0-9_.-] (a file in /etc/ironclaw/credentials)")
+    return v
+
+
+def _tools(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(t, str) and t in CATALOG for t in v):
+        raise ValueError("a list of tool names from: " + ", ".join(sorted(CATALOG)))
+    return tuple(v)
+
+
+AGENT_KEYS: Mapping[str, _Key] = {
+    "persona": _Key(_text(16000), "System prompt; the agent cannot change it."),
+    "provider": _Key(_choice(("mock", "anthropic", "openai")), "Model provider."),
+    "model": _Key(_text(200), "Model name at the provider."),
+    "base_url": _Key(_url, "Provider API base URL (default: the provider's public API)."),
+    "credential": _Key(_credential, "Name of the host-held key to inject; never in the box."),
+    "tools": _Key(_tools, "Tools the agent may use."),
+    "max_tool_rounds": _Key(_int(0, 64), "Tool rounds per turn."),
+    "max_tokens": _Key(_int(1, 200_000), "Output tokens per model call."),
+    "requests_per_minute": _Key(_int(1, 100_000), "Model requests per minute, whole agent."),
+    "tokens_per_day": _Key(_int(1, 10**10), "Tokens per day, whole agent."),
+    "session_requests_per_minute": _Key(
+        _int(1, 100_000), "Model requests per minute, each session."
+    ),
+    "session_tokens_per_day": _Key(_int(1, 10**10), "Tokens per day, each session."),
+    "memory_bytes": _Key(_int(64 * 1024 * 1024, 64 * 1024**3), "Sandbox memory limit."),
+    "tasks_max": _Key(_int(16, 65536), "Sandbox tasks limit."),
+    "cpu_percent": _Key(_int(1, 100 * 1024), "Sandbox CPU quota (100 = one core)."),
+}
+
+
+def _parse_agents(body: Any, source: str) -> tuple[AgentSpec, ...]:
+    if not isinstance(body, dict):
+        raise ConfigError(f"{source}: 'agents' must hold tables, like [agents.demo]")
+    agents = []
+    for name, table in body.items():
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", name) or not isinstance(table, dict):
+            raise ConfigError(f"{source}: [agents.{name}]: expected a table named [a-z][a-z0-9-]*")
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            if key not in AGENT_KEYS:
+                raise ConfigError(
+                    f"{source}: unknown key 'agents.{name}.{key}'{_hint(key, AGENT_KEYS)}"
+                )
+            try:
+                values[key] = AGENT_KEYS[key].convert(value)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{source}: bad value for 'agents.{name}.{key}': expected {exc}, got {value!r}"
+                ) from None
+        agents.append(AgentSpec(name=name, **values))
+    return tuple(agents)
+
+
 def parse_config(text: str, source: str) -> Config:
     """Parse and validate TOML text; raise ConfigError naming the first bad key."""
     try:
@@ -160,8 +235,12 @@ def parse_config(text: str, source: str) -> Config:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
     sections: dict[str, Any] = {}
     for table, body in raw.items():
+        if table == "agents":
+            sections["agents"] = _parse_agents(body, source)
+            continue
         if table not in SCHEMA:
-            raise ConfigError(f"{source}: unknown table [{table}]{_hint(table, SCHEMA)}")
+            known = {**SCHEMA, "agents": None}
+            raise ConfigError(f"{source}: unknown table [{table}]{_hint(table, known)}")
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: '{table}' must be a table, like [{table}]")
         cls, keys = SCHEMA[table]
@@ -200,6 +279,12 @@ def reference_markdown() -> str:
             expected = _expected(spec)
             default = getattr(section, key)
             lines.append(f"| `{table}.{key}` | `{default}` | {expected} | {spec.doc} |")
+    agent = AgentSpec("example")
+    for key, spec in AGENT_KEYS.items():
+        default = getattr(agent, key)
+        lines.append(
+            f"| `agents.NAME.{key}` | `{default!r:.40}` | {_expected(spec)} | {spec.doc} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -149,7 +149,8 @@ class Daemon:
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
         )
         data = SessionData(store, master, DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR))
-        service_agents = dict(BUILTIN)
+        # Built-in agents, then the operator's [agents.NAME] tables (which may redefine demo).
+        service_agents = {**BUILTIN, **{a.name: a for a in config.agents}}
         service = SessionService(
             store=store,
             units=SystemdUnitManager(),
