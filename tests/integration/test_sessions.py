@@ -348,6 +348,14 @@ def test_stop_then_rm_leaves_nothing(clean: Any) -> None:
     assert leftovers(sysd, sid) == {}
     assert show(sysd, sid)["state"] == "stopped"
 
+    # A stopped session starts again in a fresh sandbox, and stops again just as cleanly.
+    code, doc = ctl(sysd, "session", "start", sid)
+    assert code == 0, doc
+    assert doc["state"] == "running" and doc["error"] == "", doc
+    assert set(leftovers(sysd, sid)) == set(present)
+    assert ctl(sysd, "session", "stop", sid)[0] == 0
+    assert leftovers(sysd, sid) == {}
+
     code, doc = ctl(sysd, "session", "rm", sid)
     assert (code, doc) == (0, {"removed": sid})
     assert leftovers(sysd, sid) == {}
@@ -399,6 +407,9 @@ def test_killed_daemon_adopts_sessions_then_reconcile_cleans_up(clean: Any) -> N
         after = unit_props(sysd, units[sid], "InvocationID", "MainPID", "ActiveState")
         assert after.pop("ActiveState") == "active"
         assert after == before[sid], f"{units[sid]} was restarted, not adopted"
+        # Reconcile looked at runsc's state; the sandbox must still be runsc's to manage.
+        proc = sh(sysd, in_netns(sid, f"{RUNSC} ps ironclaw-{sid}"))
+        assert proc.returncode == 0 and b" agent" in proc.stdout, out(proc)
     assert inventory(sysd) == running_inventory  # nothing new, nothing lost
 
     # Behind a stopped daemon's back: one sandbox dies, and orphans it never knew appear.
@@ -479,7 +490,14 @@ def test_memory_hog_is_killed_in_its_unit_and_the_daemon_lives(clean: Any) -> No
     props = unit_props(sysd, "ironclawd.service", "ActiveState", "MainPID")
     assert props == {"ActiveState": "active", "MainPID": pid_before}
     assert leftovers(sysd, sid) == {}
-    assert ctl(sysd, "session", "rm", sid)[0] == 0
+
+    # A failed session starts again in a fresh unit.
+    code, doc = ctl(sysd, "session", "start", sid)
+    assert code == 0, doc
+    assert doc["state"] == "running" and doc["error"] == "", doc
+    assert unit_props(sysd, unit, "ActiveState")["ActiveState"] == "active"
+    assert ctl(sysd, "session", "rm", "--force", sid)[0] == 0
+    assert leftovers(sysd, sid) == {}
 
 
 # -- 5. bad requests: precise errors, exit codes, nothing else touched -----------------------
