@@ -1,0 +1,168 @@
+"""Red-team tier: attacks from where an attacker stands, inside a real session's sandbox.
+
+`private_systemd` and `daemon` come from tests/harness/fixtures.py (loaded once for every tier by
+tests/conftest.py), so `pytest tests/integration tests/redteam` boots one systemd. Here:
+
+* `sessions`: creates real sessions with ``ironctl session create --agent demo`` and removes
+  every one of them with ``ironctl session rm --force`` when the test ends, pass or fail.
+* `Sandbox.probe(...)`: runs the frozen agent's ``--probe`` *inside* the session's sandbox, as
+  the agent's uid, with ``runsc exec``. runsc 20221219 reaches a sandbox over an abstract Unix
+  socket that its ``run`` process created in the session's netns (abstract sockets belong to a
+  network namespace), so ``runsc exec`` works only from inside that netns: ``ip netns exec``.
+* `host_listener`: a TCP and a UDP socket on the host's 127.0.0.1 (the test process's netns,
+  which the private systemd shares), recording whatever reaches them.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ironclawd.domain.agents import BUILTIN
+from tests.harness.private_systemd import SystemdHarness
+
+AGENT = "demo"
+RUNSC_ROOT = "/run/ironclaw/runsc"
+AGENT_BINARY = "/app/agent/agent"
+RUNNING = "running"
+
+
+def out(proc: Any) -> str:
+    return (proc.stdout or b"").decode(errors="replace") + (proc.stderr or b"").decode(
+        errors="replace"
+    )
+
+
+def sh(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
+    return sysd.run(["bash", "-c", script], **kwargs)
+
+
+def journal_cursor(sysd: SystemdHarness) -> str:
+    proc = sysd.run(["journalctl", "-n", "0", "--show-cursor", "--no-pager"])
+    return out(proc).strip().rsplit("cursor: ", 1)[-1]
+
+
+def journal_since(sysd: SystemdHarness, cursor: str, unit: str = "ironclawd.service") -> str:
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor]
+    return out(sysd.run(argv))
+
+
+@dataclass
+class Sandbox:
+    """A running session, and the means to act from inside its sandbox."""
+
+    sysd: SystemdHarness
+    sid: str
+    uid: int = BUILTIN[AGENT].uid
+    gid: int = BUILTIN[AGENT].gid
+
+    @property
+    def unit(self) -> str:
+        return f"ironclaw-sbx-{self.sid}.service"
+
+    @property
+    def container(self) -> str:
+        return f"ironclaw-{self.sid}"
+
+    @property
+    def netns(self) -> str:
+        return f"ironclaw-{self.sid}"
+
+    def runsc(self, *argv: str, timeout: float = 60) -> Any:
+        """``runsc`` as root from inside the session's netns (see the module docstring)."""
+        return self.sysd.run(
+            ["ip", "netns", "exec", self.netns, "runsc", f"--root={RUNSC_ROOT}", *argv],
+            timeout=timeout,
+        )
+
+    def probe(self, *args: str) -> dict[str, Any]:
+        """The agent's ``--probe`` report from inside the sandbox, run as the agent's uid/gid."""
+        user = f"{self.uid}:{self.gid}"
+        proc = self.runsc("exec", "--user", user, self.container, AGENT_BINARY, "--probe", *args)
+        assert proc.returncode == 0, out(proc)
+        report: dict[str, Any] = json.loads(proc.stdout)
+        return report
+
+    def state(self) -> str:
+        proc = self.sysd.run(["ironctl", "session", "show", self.sid, "--json"])
+        assert proc.returncode == 0, out(proc)
+        return str(json.loads(proc.stdout)["state"])
+
+
+@dataclass
+class Sessions:
+    sysd: SystemdHarness
+    created: list[Sandbox] = field(default_factory=list)
+
+    def create(self) -> Sandbox:
+        proc = self.sysd.run(["ironctl", "session", "create", "--agent", AGENT, "--json"])
+        assert proc.returncode == 0, out(proc)
+        sandbox = Sandbox(self.sysd, str(json.loads(proc.stdout)["sid"]))
+        self.created.append(sandbox)
+        assert sandbox.state() == RUNNING
+        return sandbox
+
+    def remove_all(self) -> list[str]:
+        failures = []
+        for sandbox in self.created:
+            proc = self.sysd.run(["ironctl", "session", "rm", "--force", sandbox.sid])
+            if proc.returncode != 0:
+                failures.append(f"{sandbox.sid}: {out(proc)}")
+        return failures
+
+
+@pytest.fixture
+def sessions(daemon: SystemdHarness) -> Iterator[Sessions]:
+    """Real sessions of the demo agent; all removed (``rm --force``) at the end of the test."""
+    made = Sessions(daemon)
+    yield made
+    failures = made.remove_all()
+    assert not failures, failures
+
+
+@dataclass
+class HostListener:
+    """TCP and UDP sockets on the host's 127.0.0.1, same port."""
+
+    tcp: socket.socket
+    udp: socket.socket
+
+    @property
+    def port(self) -> int:
+        return int(self.tcp.getsockname()[1])
+
+    def accept(self, timeout: float) -> socket.socket | None:
+        ready, _, _ = select.select([self.tcp], [], [], timeout)
+        return self.tcp.accept()[0] if ready else None
+
+    def receive(self, timeout: float) -> bytes | None:
+        ready, _, _ = select.select([self.udp], [], [], timeout)
+        return self.udp.recv(4096) if ready else None
+
+
+@pytest.fixture
+def host_listener() -> Iterator[HostListener]:
+    for _ in range(20):
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.bind(("127.0.0.1", 0))
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            udp.bind(("127.0.0.1", tcp.getsockname()[1]))
+        except OSError:
+            tcp.close()
+            udp.close()
+            continue
+        tcp.listen(8)
+        try:
+            yield HostListener(tcp, udp)
+        finally:
+            tcp.close()
+            udp.close()
+        return
+    pytest.fail("no free port for a TCP and UDP listener pair on 127.0.0.1")
