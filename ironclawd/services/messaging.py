@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ class MessageService:
         self._uid = agent_uid
         self._gid = agent_gid
         self._inbound: dict[str, InboundWriter] = {}
+        self._writers_lock = threading.Lock()
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         control.set_listener(self._on_event)
@@ -82,15 +84,18 @@ class MessageService:
         return Sent(seq, new, replies_before)
 
     def _writer(self, sid: str) -> InboundWriter:
-        writer = self._inbound.get(sid)
-        if writer is None:
-            writer = InboundWriter(self._data.inbound_dir(sid), self._data.key(sid), self._gid)
-            self._inbound[sid] = writer
-        return writer
+        # Runs in worker threads: two first sends must not open two writers for one file.
+        with self._writers_lock:
+            writer = self._inbound.get(sid)
+            if writer is None:
+                writer = InboundWriter(self._data.inbound_dir(sid), self._data.key(sid), self._gid)
+                self._inbound[sid] = writer
+            return writer
 
     def forget(self, sid: str) -> None:
         """The session is being removed: close its queue handles."""
-        writer = self._inbound.pop(sid, None)
+        with self._writers_lock:
+            writer = self._inbound.pop(sid, None)
         if writer is not None:
             writer.close()
 

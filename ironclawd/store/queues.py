@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +52,9 @@ class InboundWriter:
     def __init__(self, directory: Path, key: bytes, agent_gid: int) -> None:
         path = directory / INBOUND_FILE
         self._path = path
+        # Sends run in worker threads; one connection's last-insert rowid and the client-id
+        # check-then-insert are only meaningful if appends do not interleave.
+        self._lock = threading.Lock()
         try:
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
             os.fchown(fd, 0, agent_gid)  # the agent (its gid) may read; only root writes
@@ -70,35 +74,40 @@ class InboundWriter:
 
     def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
         """Append a message; return (seq, True) or, for a repeated client id, (old seq, False)."""
-        try:
-            if client_id:
-                row = self._db.execute(
-                    "SELECT seq FROM messages WHERE client_id = ?", (client_id,)
-                ).fetchone()
-                if row is not None:
-                    return int(row[0]), False
-            cur = self._db.execute(
-                "INSERT INTO messages (created_at, body, client_id) VALUES (?, ?, ?)",
-                (created_at, body, client_id or None),
-            )
-        except sqlcipher3.Error as exc:
-            raise HostError(f"appending to {self._path}: {exc}") from exc
-        seq = cur.lastrowid
-        assert seq is not None
-        return seq, True
+        with self._lock:
+            try:
+                if client_id:
+                    row = self._db.execute(
+                        "SELECT seq FROM messages WHERE client_id = ?", (client_id,)
+                    ).fetchone()
+                    if row is not None:
+                        return int(row[0]), False
+                # fetchall(): the statement must run to completion, which is what commits it
+                # (autocommit), before the caller announces the seq.
+                rows = self._db.execute(
+                    "INSERT INTO messages (created_at, body, client_id) VALUES (?, ?, ?) "
+                    "RETURNING seq",
+                    (created_at, body, client_id or None),
+                ).fetchall()
+            except sqlcipher3.Error as exc:
+                raise HostError(f"appending to {self._path}: {exc}") from exc
+        return int(rows[0][0]), True
 
     def last_seq(self) -> int:
-        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()
         return int(row[0])
 
     def body(self, seq: int) -> str:
-        row = self._db.execute("SELECT body FROM messages WHERE seq = ?", (seq,)).fetchone()
+        with self._lock:
+            row = self._db.execute("SELECT body FROM messages WHERE seq = ?", (seq,)).fetchone()
         if row is None:
             raise InvalidArgument(f"inbound message {seq} does not exist")
         return str(row[0])
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 class OutboundReader:
