@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ironclawd.api.peer import Caller, PeerRegistry
 from ironclawd.api.status import code_for
@@ -25,6 +26,34 @@ _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("ironclaw_calle
 def current_caller() -> Caller:
     """The caller of the RPC being served (set by :class:`CallerInterceptor`)."""
     return _CALLER.get()
+
+
+class _Undecodable:
+    """A request that did not parse (e.g. a string field that is not UTF-8). grpc answers a
+    deserializer's exception with UNKNOWN and a Python class name; parsing leniently and
+    refusing in the handler, after the caller is known, gives INVALID_ARGUMENT and the reason."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    parse = deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return _Undecodable(f"malformed request: {exc}")
+
+    return deserialize
+
+
+async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
 
 if TYPE_CHECKING:
@@ -55,13 +84,13 @@ class CallerInterceptor(_Interceptor):
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None:
@@ -105,6 +134,7 @@ class CallerInterceptor(_Interceptor):
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await self._admit(method, context)
+            await _refuse_undecodable(request, context)
             started = time.monotonic()
             try:
                 async with asyncio.timeout(self._max_seconds):
@@ -136,6 +166,7 @@ class CallerInterceptor(_Interceptor):
                 request: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> AsyncIterator[Any]:
                 await self._admit(method, context)
+                await _refuse_undecodable(request, context)
                 try:
                     async with asyncio.timeout(limit):
                         async for item in behavior(request, context):
@@ -150,6 +181,7 @@ class CallerInterceptor(_Interceptor):
         # Handlers that stream with ``await context.write(...)`` (grpc_health's Watch).
         async def wrapped_writer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await self._admit(method, context)
+            await _refuse_undecodable(request, context)
             try:
                 async with asyncio.timeout(limit):
                     await behavior(request, context)
