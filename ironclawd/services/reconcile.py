@@ -57,7 +57,10 @@ async def reconcile(service: SessionService) -> ReconcileReport:
     kept = {s.sid for s in results if s.state is State.RUNNING}
     report.adopted = sorted(kept)
     report.settled += sorted(s.sid for s in results if s.state is not State.RUNNING)
-    await _remove_orphans(service, kept, units, report)
+    # Listed again: settling and failed adoptions have torn their units down already, and those
+    # are not orphans (the report would count them as removed).
+    left = await asyncio.to_thread(service.units.list_units, "ironclaw-sbx-*.service")
+    await _remove_orphans(service, kept, [u.name for u in left], report)
     log.info("reconcile: %s", report.summary())
     return report
 

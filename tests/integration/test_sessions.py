@@ -438,7 +438,9 @@ def test_killed_daemon_adopts_sessions_then_reconcile_cleans_up(clean: Any) -> N
     mark = cursor(sysd)
     assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
     log = journal_since(sysd, mark)
-    assert re.search(r"reconcile: adopted 2 session\(s\), settled 1, removed \d+ orphan", log), log
+    # Orphans: the unit (stopped, failed state reset), netns, bundle and socket dir; the dead
+    # session's own unit and state are settled with it, not counted as orphans.
+    assert "reconcile: adopted 2 session(s), settled 1, removed 5 orphan(s)" in log, log
     dead = show(sysd, killed)
     assert dead["state"] == "failed", dead
     assert "daemon restarted while the session was running" in dead["error"], dead
