@@ -38,6 +38,9 @@ class ModelResponder:
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return f"[I cannot answer now: {err.details()}]"
             return f"[the model is unavailable ({code.name.lower()}): {err.details()}]"
+        except Exception as exc:  # a bug here must reach the user, not end the session
+            self._history = []
+            return f"[the agent failed on this message: {type(exc).__name__}]"
 
     def _turn(self, text: str) -> str:
         profile = self._get_profile()

@@ -88,6 +88,12 @@ TOOLS = {
 }
 
 
+def _utf8(text: str) -> str:
+    """Text that can be encoded: a file name the model chose may hold lone surrogates (bytes
+    that are not UTF-8), and a result carrying one could not be sent back to the model."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def run_tool(name: str, arguments_json: str) -> str:
     """Run one tool call; failures come back as text for the model, never as an exception."""
     tool = TOOLS.get(name)
@@ -97,6 +103,10 @@ def run_tool(name: str, arguments_json: str) -> str:
         args = json.loads(arguments_json or "{}")
         if not isinstance(args, dict):
             return "error: arguments must be a JSON object"
-        return tool(args)
+        return _utf8(tool(args))
     except (ToolError, OSError, ValueError) as exc:
-        return f"error: {exc}"
+        return _utf8(f"error: {exc}")
+    except Exception as exc:  # e.g. RecursionError from deeply nested JSON
+        # The model chose these arguments: nothing it sends may crash the agent (and so end
+        # the session in silence); the failure goes back to it as the tool's result.
+        return f"error: {name} failed: {type(exc).__name__}"
