@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -105,6 +106,26 @@ class Redactor:
         out, self._pending = self.scrub(self._pending), ""
         return out
 
+    def scrub_json(self, text: str) -> str:
+        """Tool-call arguments: JSON may spell a secret with escapes (``\\u0073k-...``, ``\\/``)
+        that a plain text match misses and the agent's JSON parser undoes, so every string in
+        it is scrubbed after decoding and the result re-encoded; text that is not JSON is
+        scrubbed as text."""
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return self.scrub(text)
+        return json.dumps(self._scrub_value(value), ensure_ascii=False)
+
+    def _scrub_value(self, value: object) -> object:
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, list):
+            return [self._scrub_value(v) for v in value]
+        if isinstance(value, dict):
+            return {self.scrub(str(k)): self._scrub_value(v) for k, v in value.items()}
+        return value
+
 
 @dataclass
 class Budget:
@@ -116,7 +137,16 @@ class Budget:
     _tokens: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
 
     def admit(self, now: float, what: str) -> None:
-        """Count one request or raise PolicyDenied (mapped to RESOURCE_EXHAUSTED)."""
+        """Count one request or raise BudgetExceeded (mapped to RESOURCE_EXHAUSTED)."""
+        self.check(now, what)
+        self.record(now)
+
+    def record(self, now: float) -> None:
+        """Count one request (after :meth:`check` of every budget it is charged to passed)."""
+        self._requests.append(now)
+
+    def check(self, now: float, what: str) -> None:
+        """Raise BudgetExceeded if one more request now would exceed this budget."""
         while self._requests and self._requests[0] <= now - 60:
             self._requests.popleft()
         while self._tokens and self._tokens[0][0] <= now - 86400:
@@ -131,7 +161,6 @@ class Budget:
             raise BudgetExceeded(
                 f"{what}: daily budget of {self.tokens_per_day} tokens used up ({used})"
             )
-        self._requests.append(now)
 
     def spend(self, now: float, tokens: int) -> None:
         self._tokens.append((now, tokens))

@@ -40,7 +40,17 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             yield event
 
 
+# How much of an error body to keep. The proxy clips the message after redacting it: a secret
+# echoed across a cut made here would survive as a prefix that no longer matches it.
+MAX_ERROR_BODY = 64 * 1024
+
+
 async def raise_for_status(response: httpx.Response, provider: str) -> None:
     if response.status_code >= 400:
-        body = (await response.aread())[:2000].decode("utf-8", "replace")
+        data = b""
+        async for part in response.aiter_bytes():
+            data += part
+            if len(data) >= MAX_ERROR_BODY:
+                break
+        body = data.decode("utf-8", "replace")
         raise ProviderError(f"{provider}: upstream answered HTTP {response.status_code}: {body}")

@@ -4,25 +4,27 @@ to, secrets redacted from everything returned, and every call audited (never its
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.model import (
     Budget,
+    BudgetExceeded,
     Chunk,
     Completion,
     Message,
     Redactor,
+    ToolCall,
     ToolDef,
     check_messages,
     enabled_tools,
 )
 from ironclawd.domain.tools import tool_defs
 from ironclawd.errors import IronclawError, NotFound
+from ironclawd.ports import AuditSink
 from ironclawd.providers.base import Provider, ProviderError
 from ironclawd.services.sessions import SessionService
 from ironclawd.store.credentials import CredentialStore
@@ -43,7 +45,7 @@ class ModelProxy:
         self,
         *,
         sessions: SessionService,
-        agents: dict[str, AgentSpec],
+        agents: Mapping[str, AgentSpec],
         providers: dict[str, Provider],
         credentials: CredentialStore,
         base_urls: dict[str, str],
@@ -56,6 +58,7 @@ class ModelProxy:
         self._base_urls = base_urls
         self._clock = clock
         self._budgets: dict[str, Budget] = {}
+        self.audit: AuditSink | None = None
 
     def _agent(self, sid: str) -> AgentSpec:
         return find_agent(self._agents, self._sessions.get(sid).agent)
@@ -80,8 +83,17 @@ class ModelProxy:
                          agent.session_tokens_per_day),
             self._budget(f"agent:{agent.name}", agent.requests_per_minute, agent.tokens_per_day),
         )  # fmt: skip
-        for budget, what in zip(budgets, (f"session {sid}", f"agent {agent.name}"), strict=True):
-            budget.admit(now, what)
+        try:
+            # Every budget is checked before any is charged: a call refused by the agent's
+            # budget must not use up the session's, nor one refused by the session's the agent's.
+            for budget, what in zip(budgets, (f"session {sid}", f"agent {agent.name}"),
+                                    strict=True):  # fmt: skip
+                budget.check(now, what)
+        except BudgetExceeded:
+            _audit(sid, agent, "budget-exceeded", (0, 0), 0.0)
+            raise
+        for budget in budgets:
+            budget.record(now)
         key = self._credentials.get(agent.credential) if agent.credential else ""
         redactor = Redactor([key, *self._credentials.all_values()])
         completion = Completion(
@@ -92,40 +104,52 @@ class ModelProxy:
             max_tokens=min(max_tokens or agent.max_tokens, agent.max_tokens),
         )
         base_url = agent.base_url or self._base_urls.get(agent.provider, "")
-        tokens = [0, 0]
+        tokens = (0, 0)
         status = "ok"
         started = time.monotonic()
         try:
             async for chunk in _redacted(provider.stream(completion, key, base_url), redactor):
                 if chunk.usage is not None:
-                    tokens = [chunk.usage[0], chunk.usage[1]]
+                    tokens = chunk.usage
                 else:
                     yield chunk
-            yield Chunk(usage=(tokens[0], tokens[1]))
+            yield Chunk(usage=tokens)
         except ProviderError as exc:
             status = "upstream-error"
-            raise ProviderError(redactor.scrub(str(exc))) from None
+            raise ProviderError(_clip(redactor.scrub(str(exc)))) from None
         except IronclawError:
             status = "error"
             raise
         except Exception as exc:  # httpx transport errors and the like
             status = "transport-error"
-            raise ProviderError(
-                f"{agent.provider}: {redactor.scrub(type(exc).__name__ + ': ' + str(exc))}"
-            ) from None
+            detail = redactor.scrub(type(exc).__name__ + ": " + str(exc))
+            raise ProviderError(_clip(f"{agent.provider}: {detail}")) from None
         finally:
             for budget in budgets:
                 budget.spend(self._clock(), tokens[0] + tokens[1])
-            log.info(
-                "model call session %s agent %s provider %s model %s: %s, %d in / %d out "
-                "tokens, %.0f ms",
-                sid, agent.name, agent.provider, agent.model, status, tokens[0], tokens[1],
-                (time.monotonic() - started) * 1e3,
-                extra={"IRONCLAW_SID": sid, "IRONCLAW_AGENT": agent.name,
-                       "IRONCLAW_PROVIDER": agent.provider, "IRONCLAW_MODEL": agent.model,
-                       "IRONCLAW_STATUS": status, "IRONCLAW_TOKENS_IN": tokens[0],
-                       "IRONCLAW_TOKENS_OUT": tokens[1]},
-            )  # fmt: skip
+            _audit(sid, agent, status, tokens, time.monotonic() - started)
+
+
+MAX_ERROR_CHARS = 2000
+
+
+def _clip(message: str) -> str:
+    """Cut an (already scrubbed) error message: cutting before scrubbing could leave the first
+    part of a secret that straddles the cut, which no longer matches the whole secret."""
+    return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + " [...]"
+
+
+def _audit(sid: str, agent: AgentSpec, status: str, tokens: tuple[int, int], took: float) -> None:
+    """One journal record per model call (refused ones too): never its content or key."""
+    log.info(
+        "model call session %s agent %s provider %s model %s: %s, %d in / %d out tokens, %.0f ms",
+        sid, agent.name, agent.provider, agent.model, status, tokens[0], tokens[1], took * 1e3,
+        extra={"IRONCLAW_SID": sid, "IRONCLAW_AGENT": agent.name,
+               "IRONCLAW_PROVIDER": agent.provider, "IRONCLAW_MODEL": agent.model,
+               "IRONCLAW_STATUS": status, "IRONCLAW_TOKENS_IN": tokens[0],
+               "IRONCLAW_TOKENS_OUT": tokens[1],
+               "IRONCLAW_DURATION_MS": round(took * 1e3, 1)},
+    )  # fmt: skip
 
 
 async def _redacted(stream: AsyncIterator[Chunk], redactor: Redactor) -> AsyncIterator[Chunk]:
@@ -140,8 +164,16 @@ async def _redacted(stream: AsyncIterator[Chunk], redactor: Redactor) -> AsyncIt
         if tail:
             yield Chunk(text=tail)
         if chunk.tool_call is not None:
-            args = redactor.scrub(chunk.tool_call.arguments_json)
-            yield Chunk(tool_call=dataclasses.replace(chunk.tool_call, arguments_json=args))
+            call = chunk.tool_call
+            yield Chunk(
+                tool_call=ToolCall(
+                    id=redactor.scrub(call.id),
+                    name=redactor.scrub(call.name),
+                    arguments_json=redactor.scrub_json(call.arguments_json),
+                )
+            )
+        elif chunk.stop_reason:
+            yield Chunk(stop_reason=redactor.scrub(chunk.stop_reason))
         else:
             yield chunk
     tail = redactor.flush()

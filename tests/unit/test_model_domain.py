@@ -1,0 +1,163 @@
+"""Redaction and budgets of the model proxy (ironclawd/domain/model.py): pure rules.
+
+Redaction must hold wherever the upstream splits its stream, so the properties are checked at
+every chunk boundary (exhaustively for two and three chunks of a fixed text, and by hypothesis
+for any number of chunks of any text).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ironclawd.domain.model import Budget, BudgetExceeded, Redactor
+
+SECRET = "sk-ant-CANARY-0123456789abcdef"
+OTHER = "sk-other-77"
+
+
+def _stream(redactor: Redactor, chunks: list[str]) -> str:
+    return "".join(redactor.feed(c) for c in chunks) + redactor.flush()
+
+
+def _split(text: str, cuts: tuple[int, ...]) -> list[str]:
+    bounds = [0, *sorted(cuts), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# -- Redactor --------------------------------------------------------------------------------
+
+
+def test_scrub_masks_every_occurrence_and_leaves_the_rest() -> None:
+    r = Redactor([SECRET])
+    text = f"key={SECRET}; again {SECRET}."
+    assert r.scrub(text) == "key=[REDACTED]; again [REDACTED]."
+
+
+def test_secret_split_at_every_two_and_three_chunk_boundary_never_passes() -> None:
+    text = f"before {SECRET} middle {SECRET}after"
+    expected = f"before {Redactor.MASK} middle {Redactor.MASK}after"
+    for n in (1, 2):
+        for cuts in itertools.combinations(range(1, len(text)), n):
+            out = _stream(Redactor([SECRET]), _split(text, cuts))
+            assert out == expected, cuts
+
+
+def test_one_character_chunks_and_empty_chunks() -> None:
+    text = f"x{SECRET}y"
+    chunks = [c for ch in text for c in (ch, "")]
+    assert _stream(Redactor([SECRET]), chunks) == f"x{Redactor.MASK}y"
+
+
+def test_text_is_held_back_only_as_long_as_a_secret_could_still_be_forming() -> None:
+    r = Redactor([SECRET])
+    head = "a" * 100
+    assert r.feed(head) == head[: 100 - (len(SECRET) - 1)]
+    assert r.flush() == head[100 - (len(SECRET) - 1) :]
+    # No secrets: nothing is held back at all.
+    assert Redactor([]).feed("abc") == "abc"
+    assert Redactor(["", "abc"]).feed("xyz") == "xyz"  # shorter than 4: ignored
+
+
+@given(
+    before=st.text(max_size=40),
+    after=st.text(max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12),
+)
+def test_any_split_of_any_text_streams_exactly_the_scrubbed_text(
+    before: str, after: str, cuts: list[int]
+) -> None:
+    text = before + SECRET + after
+    chunks = _split(text, tuple(min(c, len(text)) for c in cuts))
+    r = Redactor([SECRET])
+    out = _stream(r, chunks)
+    assert SECRET not in out
+    assert out == Redactor([SECRET]).scrub(text)
+
+
+@given(
+    parts=st.lists(st.sampled_from([SECRET, OTHER, "x", " ", "sk-", SECRET[:7]]), max_size=20),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+)
+def test_several_secrets_of_different_lengths(parts: list[str], cuts: list[int]) -> None:
+    text = "".join(parts)
+    out = _stream(Redactor([SECRET, OTHER]), _split(text, tuple(min(c, len(text)) for c in cuts)))
+    assert SECRET not in out and OTHER not in out
+    assert out.count(Redactor.MASK) == text.count(SECRET) + text.count(OTHER)
+
+
+def test_scrub_json_catches_secrets_spelled_with_escapes() -> None:
+    r = Redactor([SECRET])
+    escaped = "".join(f"\\u{ord(c):04x}" for c in SECRET)
+    for raw in (
+        json.dumps({"content": SECRET}),
+        '{"content": "' + escaped + '"}',
+        '{"content": "' + SECRET.replace("-", "\\u002d") + '"}',
+        json.dumps({SECRET: [1, {"deep": ["x" + SECRET + "y"]}]}),
+    ):
+        cleaned = r.scrub_json(raw)
+        assert SECRET not in json.dumps(json.loads(cleaned), ensure_ascii=False), raw
+        assert Redactor.MASK in cleaned
+    # Not JSON: scrubbed as text; numbers and the rest keep their values.
+    assert r.scrub_json("{" + SECRET) == "{" + Redactor.MASK
+    assert json.loads(r.scrub_json('{"n": 1.5, "b": true, "z": null}')) == {
+        "n": 1.5,
+        "b": True,
+        "z": None,
+    }
+
+
+# -- Budget ----------------------------------------------------------------------------------
+
+
+def test_requests_per_minute_is_a_sliding_window() -> None:
+    b = Budget(requests_per_minute=2, tokens_per_day=10**9)
+    b.admit(1000.0, "session s")
+    b.admit(1030.0, "session s")
+    with pytest.raises(BudgetExceeded, match="session s: rate limit of 2 model requests"):
+        b.admit(1059.9, "session s")
+    b.admit(1060.0, "session s")  # the first one left the window
+    with pytest.raises(BudgetExceeded):
+        b.admit(1089.9, "session s")
+    b.admit(1090.0, "session s")
+
+
+def test_a_refused_request_is_not_counted() -> None:
+    b = Budget(requests_per_minute=1, tokens_per_day=10**9)
+    b.admit(0.0, "x")
+    for t in (1.0, 2.0, 59.0):
+        with pytest.raises(BudgetExceeded):
+            b.admit(t, "x")
+    b.admit(60.0, "x")
+
+
+def test_check_does_not_count_record_does() -> None:
+    b = Budget(requests_per_minute=1, tokens_per_day=10**9)
+    for _ in range(5):
+        b.check(0.0, "x")
+    b.record(0.0)
+    with pytest.raises(BudgetExceeded):
+        b.check(0.0, "x")
+
+
+def test_tokens_per_day_window() -> None:
+    b = Budget(requests_per_minute=1000, tokens_per_day=100)
+    b.admit(0.0, "agent a")
+    b.spend(0.0, 60)
+    b.admit(10.0, "agent a")  # 60 used: still under
+    b.spend(10.0, 50)
+    with pytest.raises(
+        BudgetExceeded, match=r"agent a: daily budget of 100 tokens used up \(110\)"
+    ):
+        b.admit(20.0, "agent a")
+    with pytest.raises(BudgetExceeded):
+        b.admit(86399.0, "agent a")
+    b.admit(86400.0, "agent a")  # the first spend left the day: 50 used
+    b.spend(86400.0, 60)
+    with pytest.raises(BudgetExceeded, match=r"\(110\)"):
+        b.admit(86405.0, "agent a")
+    b.admit(86410.0, "agent a")  # the second spend (t=10) left too: 60 used
