@@ -3,6 +3,8 @@
 Scriptable from the conversation, so every tool path can be exercised:
 - a user message ``/tool NAME {json args}`` makes it call that tool;
 - after a tool result it answers ``tool NAME said: <result>``;
+- ``/loop`` makes it call ``list_files`` again after every tool result, never answering (the
+  agent's bound on tool rounds must end the turn);
 - ``/fail`` makes it fail like an upstream error; anything else gets ``mock: <text>``.
 Text is streamed word by word; usage counts words.
 """
@@ -24,6 +26,12 @@ class MockProvider:
         words_in = sum(len(m.text.split()) for m in completion.messages) + len(
             completion.system.split()
         )
+        if _turn_text(completion).startswith("/loop"):
+            rounds = sum(1 for m in completion.messages if m.role == "tool")
+            yield Chunk(tool_call=ToolCall(f"call_loop_{rounds}", "list_files", "{}"))
+            yield Chunk(usage=(words_in, 1))
+            yield Chunk(stop_reason="tool_use")
+            return
         if last.role == "tool":
             call = _find_call(completion, last.tool_call_id)
             reply = f"tool {call} said: {last.text}"
@@ -43,6 +51,14 @@ class MockProvider:
             yield Chunk(text=word if index == 0 else " " + word)
         yield Chunk(usage=(words_in, len(words)))
         yield Chunk(stop_reason="end_turn")
+
+
+def _turn_text(completion: Completion) -> str:
+    """The text of the user message this turn answers (the last one)."""
+    for message in reversed(completion.messages):
+        if message.role == "user":
+            return message.text
+    return ""
 
 
 def _find_call(completion: Completion, call_id: str) -> str:
