@@ -19,7 +19,10 @@ from typing import Any
 import tomli
 
 from ironclawd import paths
+from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.egress import EgressLimits, EgressRule, rule_from_mapping
+from ironclawd.domain.changes import KINDS
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import ConfigError
 
@@ -55,10 +58,19 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class GatewayConfig:
+    expiry_hours: float = 168.0
+    four_eyes: tuple[str, ...] = ()
+    submissions_per_hour: int = 20
+
+
+@dataclass(frozen=True)
 class Config:
     daemon: DaemonConfig = DaemonConfig()
     admin: AdminConfig = AdminConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    egress: EgressLimits = EgressLimits()
+    gateway: GatewayConfig = GatewayConfig()
     agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
 
@@ -110,7 +122,41 @@ def _group_name(v: Any) -> str:
     return v
 
 
+def _kinds(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(k, str) and k in KINDS for k in v):
+        raise ValueError("a list of change kinds from: " + ", ".join(KINDS))
+    return tuple(v)
+
+
+def _cidrs(v: Any) -> tuple[Any, ...]:
+    try:
+        if not isinstance(v, list) or not all(isinstance(c, str) for c in v):
+            raise ValueError  # noqa: TRY301
+        return tuple(parse_internal_cidr(c) for c in v)
+    except ValueError as exc:
+        detail = f" ({exc})" if str(exc) else ""
+        raise ValueError(
+            "a list of CIDRs outside loopback, link-local, multicast and metadata" + detail
+        ) from None
+
+
+def _optional_path(v: Any) -> str:
+    return "" if v == "" else str(_abs_path(v))
+
+
 SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
+    "gateway": (
+        GatewayConfig,
+        {
+            "expiry_hours": _Key(_float(0.01, 24 * 365.0), "A pending change expires after this."),
+            "four_eyes": _Key(
+                _kinds,
+                "Kinds whose approver must differ from the submitter (no kind can skip "
+                "the human decision itself).",
+            ),
+            "submissions_per_hour": _Key(_int(1, 10_000), "Change submissions per submitter."),
+        },
+    ),
     "daemon": (
         DaemonConfig,
         {
@@ -153,6 +199,26 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "rootfs_template": _Key(_abs_path, "Files of the agent rootfs besides the agent."),
         },
     ),
+    "egress": (
+        EgressLimits,
+        {
+            "internal_cidrs": _Key(
+                _cidrs, "Non-public ranges the egress broker may reach (default: none)."
+            ),
+            "ca_file": _Key(
+                _optional_path, "PEM trust anchors for upstream TLS instead of the system store."
+            ),
+            "max_request_bytes": _Key(_int(0, 64 * 1024 * 1024), "Largest request body."),
+            "max_response_bytes": _Key(
+                _int(1024, 1024**3), "Response bodies are cut (and marked truncated) here."
+            ),
+            "timeout_seconds": _Key(_float(0.1, 3600.0), "Whole exchange, first byte to last."),
+            "connect_timeout_seconds": _Key(_float(0.1, 600.0), "DNS, then TCP and TLS set-up."),
+            "requests_per_minute": _Key(_int(1, 100_000), "Egress requests per session."),
+            "max_connections_per_session": _Key(_int(1, 1024), "Requests in flight per session."),
+            "max_connections_total": _Key(_int(1, 65536), "Requests in flight, all sessions."),
+        },
+    ),
 }
 
 
@@ -183,6 +249,15 @@ def _tools(v: Any) -> tuple[str, ...]:
     return tuple(v)
 
 
+def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
+    if not isinstance(v, list):
+        raise ValueError("a list of rule tables {host, scheme, port, methods, path_prefixes, ...}")
+    try:
+        return tuple(rule_from_mapping(r) for r in v)
+    except ValueError as exc:
+        raise ValueError(f"a list of egress rules: {exc}") from None
+
+
 AGENT_KEYS: Mapping[str, _Key] = {
     "persona": _Key(_text(16000), "System prompt; the agent cannot change it."),
     "provider": _Key(_choice(("mock", "anthropic", "openai")), "Model provider."),
@@ -201,6 +276,7 @@ AGENT_KEYS: Mapping[str, _Key] = {
     "memory_bytes": _Key(_int(64 * 1024 * 1024, 64 * 1024**3), "Sandbox memory limit."),
     "tasks_max": _Key(_int(16, 65536), "Sandbox tasks limit."),
     "cpu_percent": _Key(_int(1, 100 * 1024), "Sandbox CPU quota (100 = one core)."),
+    "egress": _Key(_egress_rules, "Egress grants (until the gateway applies approved ones)."),
 }
 
 

@@ -38,12 +38,16 @@ from ironclawd.ports import SandboxRuntime
 from ironclawd.providers.anthropic import AnthropicProvider
 from ironclawd.providers.mock import MockProvider
 from ironclawd.providers.openai import OpenAIProvider
+from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
+from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.reconcile import reconcile
+from ironclawd.services.registry import Registry
 from ironclawd.services.session_data import DataLayout, SessionData
 from ironclawd.services.sessions import SandboxLayout, SessionService
+from ironclawd.store.audit import AuditLog
 from ironclawd.store.credentials import CredentialStore
 from ironclawd.store.keys import MasterKey, load_master_key
 from ironclawd.store.state import StateStore
@@ -72,6 +76,9 @@ class _Wired:
     messages: MessageService
     sandbox_api: SandboxApi
     http: httpx.AsyncClient
+    gateway: Gateway
+    registry: Registry
+    audit: Audit
 
 
 class Daemon:
@@ -96,6 +103,9 @@ class Daemon:
         await wired.sandbox_api.start()
         _notify(status="reconciling sandboxes left by an earlier run")
         report = await reconcile(sessions)
+        await wired.gateway.resume()
+        wired.audit.record("daemon.started", "ironclawd", version=__version__,
+                           reconcile=report.summary())  # fmt: skip
         self._servicer = AdminServicer(
             doctor=doctor,
             sessions=sessions,
@@ -103,6 +113,9 @@ class Daemon:
             journal=SystemdJournal(),
             config_source=self._config.source,
             started=self._started,
+            gateway=wired.gateway,
+            registry=wired.registry,
+            audit=wired.audit,
         )
         self._admin = await start_admin_server(self._config.admin, self._servicer)
         status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"
@@ -149,8 +162,10 @@ class Daemon:
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
         )
         data = SessionData(store, master, DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR))
-        # Built-in agents, then the operator's [agents.NAME] tables (which may redefine demo).
-        service_agents = {**BUILTIN, **{a.name: a for a in config.agents}}
+        audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)
+        # Seeded once with the built-in demo agent and the config's [agents.NAME] tables; after
+        # that only approved changes alter the registry.
+        service_agents = Registry(store, [*BUILTIN.values(), *config.agents])
         service = SessionService(
             store=store,
             units=SystemdUnitManager(),
@@ -161,6 +176,7 @@ class Daemon:
             data=data,
             agents=service_agents,
         )
+        service.audit = audit
         messages = MessageService(
             store=store,
             sessions=service,
@@ -185,11 +201,27 @@ class Daemon:
                 "openai": "https://api.openai.com/v1",
             },
         )
-        sandbox_api = SandboxApi(
-            paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR, proxy
+        proxy.audit = audit
+        gateway = Gateway(
+            store=store,
+            registry=service_agents,
+            audit=audit,
+            policy=GatewayPolicy(
+                expiry_seconds=config.gateway.expiry_hours * 3600.0,
+                four_eyes=frozenset(config.gateway.four_eyes),
+                submissions_per_hour=config.gateway.submissions_per_hour,
+            ),
+            restart_agent_sessions=service.restart_agent_sessions,
         )
+        sandbox_api = SandboxApi(
+            paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR, proxy, gateway,
+            service,
+        )  # fmt: skip
         service.sockets = sandbox_api
-        return _Wired(master, store, service, control, messages, sandbox_api, http)
+        return _Wired(
+            master, store, service, control, messages, sandbox_api, http, gateway,
+            service_agents, audit,
+        )  # fmt: skip
 
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)

@@ -137,3 +137,51 @@ class SandboxSockets(Protocol):
 
     async def open(self, sid: str) -> None: ...
     async def close(self, sid: str) -> None: ...
+
+
+class AuditSink(Protocol):
+    """Where gateway transitions, session lifecycle, model calls and egress decisions are
+    recorded (real: services/audit.py over store/audit.py)."""
+
+    def record(self, event: str, actor: str, **fields: object) -> None: ...
+
+
+class Resolver(Protocol):
+    """Name resolution for the egress broker (real: net/resolver.py). The broker validates every
+    address this returns and connects only to one of them: it never resolves a name twice."""
+
+    async def resolve(self, host: str, port: int) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    """One request to an address the broker already validated. ``host`` is what the TLS
+    certificate must name and what SNI carries; ``address`` is the only place connected to."""
+
+    scheme: str
+    host: str
+    address: str
+    port: int
+    method: str
+    target: str  # path and query
+    headers: tuple[tuple[str, str], ...]  # sent exactly as given (Host included)
+    body: bytes
+    connect_timeout: float
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...]
+
+    async def read_chunk(self) -> bytes:
+        """The next piece of the body, b"" at its end."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """HTTP(S) to a pinned address (real: net/http.py)."""
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...

@@ -11,14 +11,18 @@ import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
+from ironclawd.api.admin_changes import ChangesMixin
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.checks import CheckResult, Status
 from ironclawd.domain.session import Session, State
 from ironclawd.errors import InvalidArgument
 from ironclawd.ports import JournalReader
+from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
+from ironclawd.services.gateway import Gateway
 from ironclawd.services.logs import session_logs
 from ironclawd.services.messaging import MessageService, verify_record
+from ironclawd.services.registry import Registry
 from ironclawd.services.sessions import SessionService
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -31,7 +35,7 @@ _STATUS = {
 }
 
 
-class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(ChangesMixin, admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
         *,
@@ -39,6 +43,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         sessions: SessionService,
         messages: MessageService,
         journal: JournalReader,
+        gateway: Gateway,
+        registry: Registry,
+        audit: Audit,
         config_source: str,
         started: float,
     ) -> None:
@@ -46,6 +53,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._sessions = sessions
         self._messages = messages
         self._journal = journal
+        self._gateway = gateway
+        self._registry = registry
+        self._audit_trail = audit
         self._config_source = config_source
         self._started = started
         self.state = "running"
@@ -87,7 +97,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ListSessionsRequest, context: Context
     ) -> admin_pb2.ListSessionsResponse:
         return admin_pb2.ListSessionsResponse(
-            sessions=[session_to_proto(s) for s in self._sessions.list()]
+            sessions=[session_to_proto(s) for s in self._sessions.list_sessions()]
         )
 
     async def GetSession(

@@ -1,4 +1,4 @@
-"""The sandbox-facing gRPC services (model proxy; later gateway and egress).
+"""The sandbox-facing gRPC services: model proxy and approval gateway (submit/status only).
 
 Each session gets its own sockets in its socket directory (``model.sock``, ...). The daemon
 accepts on them itself, admits only processes of that session's unit (its cgroup), and splices
@@ -22,22 +22,29 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ironclaw.gateway.v1 import gateway_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd.api import control
+from ironclawd.api.sandbox_gateway import GatewayServicer
 from ironclawd.api.sockets import bind_unix_socket, remove_stale_socket
 from ironclawd.api.splice import splice_to
 from ironclawd.api.status import code_for
 from ironclawd.domain.model import Message, ToolCall, ToolDef
 from ironclawd.domain.session import unit_name
 from ironclawd.errors import IronclawError
+from ironclawd.services.gateway import Gateway
 from ironclawd.services.model_proxy import ModelProxy
+from ironclawd.services.sessions import SessionService
 
 log = logging.getLogger("ironclawd.sandbox-api")
 
 _PREFIX = "ironclaw-sbx/"
 # Which socket each service may be reached through.
-SERVICE_SOCKET = {"ironclaw.model.v1.ModelService": "model"}
-SOCKETS = ("model",)
+SERVICE_SOCKET = {
+    "ironclaw.model.v1.ModelService": "model",
+    "ironclaw.gateway.v1.GatewayService": "gateway",
+}
+SOCKETS = ("model", "gateway")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_CONNECTIONS_PER_SOCKET = 8
 
@@ -170,7 +177,14 @@ def _tool_to_proto(t: ToolDef) -> model_pb2.ToolDefinition:
 class SandboxApi:
     """The internal server and the per-session sockets that lead to it."""
 
-    def __init__(self, internal_socket: Path, sessions_dir: Path, proxy: ModelProxy) -> None:
+    def __init__(
+        self,
+        internal_socket: Path,
+        sessions_dir: Path,
+        proxy: ModelProxy,
+        gateway: Gateway,
+        sessions: SessionService,
+    ) -> None:
         self._internal = internal_socket
         self._dir = sessions_dir
         self._peers: dict[str, SandboxPeer] = {}
@@ -184,6 +198,9 @@ class SandboxApi:
             ],
         )
         model_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(proxy), self._server)
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+            GatewayServicer(gateway, sessions, lambda: _PEER.get().sid), self._server
+        )
 
     async def start(self) -> None:
         remove_stale_socket(self._internal)

@@ -10,7 +10,7 @@ import sys
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import chat, exitcodes, render, sessions
+from ironclawd.ctl import changes, chat, exitcodes, render, sessions
 from ironclawd.ctl.common import Stub, add_command, common_options, print_json
 
 DEFAULT_SOCKET = "/run/ironclaw/admin.sock"
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--only", default="", help="only checks whose name has this prefix")
     verbs = sessions.register(sub)
     chat.register(sub, verbs)
+    changes.register(sub)
     return parser
 
 

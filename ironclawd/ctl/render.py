@@ -21,6 +21,10 @@ _STATUS = {
 }
 
 
+def console() -> Console:
+    return _console()
+
+
 def _console() -> Console:
     # rich already honours NO_COLOR; colour is further limited to a real terminal.
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ

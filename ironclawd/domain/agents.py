@@ -6,11 +6,15 @@ a fresh install needs no set-up to run it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ironclawd.domain.egress import EgressRule
 from ironclawd.errors import NotFound
 
 MIB = 1024 * 1024
+AGENT_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 # The agent's uid/gid inside the box, and on the host for files its gofer serves (runsc 20221219
 # does not translate ids: ironclawd/bundle/spec.py). Not 65534, which host daemons share.
 AGENT_UID = 10000
@@ -44,12 +48,13 @@ class AgentSpec:
     workspace_bytes: int = 32 * MIB
     uid: int = AGENT_UID
     gid: int = AGENT_GID
+    egress: tuple[EgressRule, ...] = ()  # deny by default; rules only from approved changes
 
 
 BUILTIN: dict[str, AgentSpec] = {"demo": AgentSpec("demo")}
 
 
-def find_agent(catalog: dict[str, AgentSpec], name: str) -> AgentSpec:
+def find_agent(catalog: Mapping[str, AgentSpec], name: str) -> AgentSpec:
     try:
         return catalog[name]
     except KeyError:

@@ -43,7 +43,7 @@ async def reconcile(service: SessionService) -> ReconcileReport:
         for u in await asyncio.to_thread(service.units.list_units, "ironclaw-sbx-*.service")
     }
     adopt = []
-    for session in service.list():
+    for session in service.list_sessions():
         if session.state not in LIVE:
             continue
         unit = units.get(session.unit)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from ironclawd.domain.policy import SandboxPolicy
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, SandboxError
 from ironclawd.ports import (
+    AuditSink,
     ControlPlane,
     NetnsManager,
     SandboxRuntime,
@@ -59,7 +60,7 @@ class SessionService:
         runtime: SandboxRuntime,
         layout: SandboxLayout,
         data: SessionData,
-        agents: dict[str, AgentSpec],
+        agents: Mapping[str, AgentSpec],
         sockets: SandboxSockets | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -71,6 +72,7 @@ class SessionService:
         self.layout = layout
         self.data = data
         self.sockets = sockets
+        self.audit: AuditSink | None = None
         self._remove_hooks: list[Callable[[str], None]] = []
         self._agents = agents
         self._clock = clock
@@ -80,7 +82,7 @@ class SessionService:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def list(self) -> list[Session]:
+    def list_sessions(self) -> list[Session]:
         return self._store.list_sessions()
 
     def get(self, sid: str) -> Session:
@@ -133,6 +135,19 @@ class SessionService:
             self._store.delete(sid)
             self._audit(session, "removed")
         self._locks.pop(sid, None)
+
+    async def restart_agent_sessions(self, agent: str) -> list[str]:
+        """Restart every running session of ``agent`` so it runs with the agent's new spec."""
+        restarted: list[str] = []
+        for session in self.list_sessions():
+            if session.agent == agent and session.state is State.RUNNING:
+                try:
+                    await self.stop(session.sid)
+                    await self.start(session.sid)
+                    restarted.append(session.sid)
+                except IronclawError as exc:
+                    log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
+        return restarted
 
     async def _open_sockets(self, sid: str) -> None:
         if self.sockets is not None:
@@ -299,6 +314,11 @@ class SessionService:
         return moved
 
     def _audit(self, session: Session, event: str) -> None:
+        if self.audit is not None:
+            self.audit.record(
+                f"session.{event}", "ironclawd", sid=session.sid, agent=session.agent,
+                error=session.error[:500],
+            )  # fmt: skip
         log.info(
             "session %s %s%s",
             session.sid,

@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import sqlcipher3
 
+from ironclawd.domain.changes import Change, ChangeState
 from ironclawd.domain.messages import GENESIS, Reply
 from ironclawd.domain.session import Session, State
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _MIGRATIONS = {
     1: """
         CREATE TABLE sessions (
@@ -43,7 +45,34 @@ _MIGRATIONS = {
             PRIMARY KEY (sid, seq)
         );
     """,
+    3: """
+        CREATE TABLE agents (name TEXT PRIMARY KEY, spec TEXT NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE changes (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            submitter TEXT NOT NULL,
+            before TEXT NOT NULL,
+            after TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            state TEXT NOT NULL,
+            decided_by TEXT NOT NULL,
+            decided_at REAL NOT NULL,
+            note TEXT NOT NULL
+        );
+        CREATE INDEX changes_by_state ON changes (state, created_at);
+        CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
+                                 mac TEXT NOT NULL);
+    """,
 }
+_CHANGE_COLUMNS = (
+    "id, kind, agent, payload, reason, submitter, before, after, hash, created_at, expires_at, "
+    "state, decided_by, decided_at, note"
+)
 # Interpolated into SQL text below: a constant, never input.
 _COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
 
@@ -182,6 +211,95 @@ class StateStore:
                 (sid, after, limit),
             ).fetchall()
         return [Reply(int(a), int(b), float(c), str(d), bytes(e)) for a, b, c, d, e in rows]
+
+    # -- registry, changes, audit head ----------------------------------------------------
+
+    def put_agent(self, name: str, spec_json: str, now: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO agents (name, spec, updated_at) VALUES (?, ?, ?)",
+                (name, spec_json, now),
+            )
+
+    def agents(self) -> dict[str, str]:
+        with self._lock:
+            rows = self._db.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
+        return {str(n): str(s) for n, s in rows}
+
+    def insert_change(self, change: Change) -> None:
+        with self._lock:
+            self._db.execute(
+                f"INSERT INTO changes ({_CHANGE_COLUMNS}) VALUES "  # noqa: S608
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _change_row(change),
+            )
+
+    def save_change(self, change: Change) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE changes SET state=?, decided_by=?, decided_at=?, note=? WHERE id=?",
+                (change.state.value, change.decided_by, change.decided_at, change.note, change.id),
+            )
+
+    def get_change(self, change_id: str) -> Change:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_CHANGE_COLUMNS} FROM changes WHERE id=?",  # noqa: S608
+                (change_id,),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"change {change_id} not found")
+        return _change(row)
+
+    def list_changes(self, state: str | None = None) -> list[Change]:
+        with self._lock:
+            if state is None:
+                rows = self._db.execute(
+                    f"SELECT {_CHANGE_COLUMNS} FROM changes ORDER BY created_at, id"  # noqa: S608
+                ).fetchall()
+            else:
+                rows = self._db.execute(
+                    f"SELECT {_CHANGE_COLUMNS} FROM changes WHERE state=? "  # noqa: S608
+                    "ORDER BY created_at, id",
+                    (state,),
+                ).fetchall()
+        return [_change(r) for r in rows]
+
+    def count_changes_since(self, submitter: str, since: float) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT count(*) FROM changes WHERE submitter=? AND created_at>=?",
+                (submitter, since),
+            ).fetchone()
+        return int(row[0])
+
+    def set_audit_head(self, seq: int, mac: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO audit_head (id, seq, mac) VALUES (1, ?, ?)", (seq, mac)
+            )
+
+    def audit_head(self) -> tuple[int, str] | None:
+        with self._lock:
+            row = self._db.execute("SELECT seq, mac FROM audit_head WHERE id=1").fetchone()
+        return (int(row[0]), str(row[1])) if row else None
+
+
+def _change_row(c: Change) -> tuple[object, ...]:
+    return (
+        c.id, c.kind, c.agent, c.payload, c.reason, c.submitter, c.before, c.after, c.hash,
+        c.created_at, c.expires_at, c.state.value, c.decided_by, c.decided_at, c.note,
+    )  # fmt: skip
+
+
+def _change(row: tuple[Any, ...]) -> Change:
+    (cid, kind, agent, payload, reason, submitter, before, after, digest, created, expires,
+     state, decided_by, decided_at, note) = row  # fmt: skip
+    return Change(
+        str(cid), str(kind), str(agent), str(payload), str(reason), str(submitter), str(before),
+        str(after), str(digest), float(created), float(expires), ChangeState(state),
+        str(decided_by), float(decided_at), str(note),
+    )  # fmt: skip
 
 
 def _row(s: Session) -> tuple[object, ...]:

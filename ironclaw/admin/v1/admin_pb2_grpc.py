@@ -96,6 +96,51 @@ class AdminServiceStub:
                 request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionRequest.SerializeToString,
                 response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionResponse.FromString,
                 _registered_method=True)
+        self.SubmitChange = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/SubmitChange',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SubmitChangeRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SubmitChangeResponse.FromString,
+                _registered_method=True)
+        self.ListChanges = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListChanges',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChangesRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChangesResponse.FromString,
+                _registered_method=True)
+        self.GetChange = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/GetChange',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChangeRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChangeResponse.FromString,
+                _registered_method=True)
+        self.ApproveChange = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ApproveChange',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ApproveChangeRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ApproveChangeResponse.FromString,
+                _registered_method=True)
+        self.RejectChange = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/RejectChange',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RejectChangeRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RejectChangeResponse.FromString,
+                _registered_method=True)
+        self.ListAgents = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListAgents',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAgentsRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAgentsResponse.FromString,
+                _registered_method=True)
+        self.GetAgent = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/GetAgent',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentResponse.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListAudit',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
+        self.VerifyAudit = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/VerifyAudit',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -186,6 +231,63 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitChange(self, request, context):
+        """Capability changes: held for a human decision. Approve and reject exist only here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListChanges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetChange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveChange(self, request, context):
+        """ApproveChange must name the change's hash; it fails if the change differs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectChange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAgents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgent(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyAudit(self, request, context):
+        """VerifyAudit walks the whole audit log and names the first bad record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -248,6 +350,51 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.VerifySession,
                     request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionRequest.FromString,
                     response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionResponse.SerializeToString,
+            ),
+            'SubmitChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitChange,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SubmitChangeRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.SubmitChangeResponse.SerializeToString,
+            ),
+            'ListChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChanges,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChangesRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChangesResponse.SerializeToString,
+            ),
+            'GetChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChange,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChangeRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChangeResponse.SerializeToString,
+            ),
+            'ApproveChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveChange,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ApproveChangeRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ApproveChangeResponse.SerializeToString,
+            ),
+            'RejectChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectChange,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RejectChangeRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.RejectChangeResponse.SerializeToString,
+            ),
+            'ListAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgents,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAgentsRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'GetAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgent,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'VerifyAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyAudit,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -575,6 +722,249 @@ class AdminService:
             '/ironclaw.admin.v1.AdminService/VerifySession',
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionRequest.SerializeToString,
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifySessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/SubmitChange',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.SubmitChangeRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.SubmitChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListChanges',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChangesRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/GetChange',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChangeRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ApproveChange',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ApproveChangeRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ApproveChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/RejectChange',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.RejectChangeRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.RejectChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListAgents',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAgentsRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/GetAgent',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListAudit',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/VerifyAudit',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,18 @@ class AdminServiceStub:
     """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
     hash chain; the first rewritten, deleted or reordered row is named.
     """
+    SubmitChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SubmitChangeRequest, _admin_pb2.SubmitChangeResponse]
+    """Capability changes: held for a human decision. Approve and reject exist only here."""
+    ListChanges: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListChangesRequest, _admin_pb2.ListChangesResponse]
+    GetChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetChangeRequest, _admin_pb2.GetChangeResponse]
+    ApproveChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ApproveChangeRequest, _admin_pb2.ApproveChangeResponse]
+    """ApproveChange must name the change's hash; it fails if the change differs."""
+    RejectChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RejectChangeRequest, _admin_pb2.RejectChangeResponse]
+    ListAgents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAgentsRequest, _admin_pb2.ListAgentsResponse]
+    GetAgent: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetAgentRequest, _admin_pb2.GetAgentResponse]
+    ListAudit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRequest, _admin_pb2.ListAuditResponse]
+    VerifyAudit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.VerifyAuditRequest, _admin_pb2.VerifyAuditResponse]
+    """VerifyAudit walks the whole audit log and names the first bad record."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -96,6 +108,18 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
     hash chain; the first rewritten, deleted or reordered row is named.
     """
+    SubmitChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.SubmitChangeRequest, _admin_pb2.SubmitChangeResponse]  # type: ignore[assignment]
+    """Capability changes: held for a human decision. Approve and reject exist only here."""
+    ListChanges: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListChangesRequest, _admin_pb2.ListChangesResponse]  # type: ignore[assignment]
+    GetChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetChangeRequest, _admin_pb2.GetChangeResponse]  # type: ignore[assignment]
+    ApproveChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.ApproveChangeRequest, _admin_pb2.ApproveChangeResponse]  # type: ignore[assignment]
+    """ApproveChange must name the change's hash; it fails if the change differs."""
+    RejectChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.RejectChangeRequest, _admin_pb2.RejectChangeResponse]  # type: ignore[assignment]
+    ListAgents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAgentsRequest, _admin_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    GetAgent: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetAgentRequest, _admin_pb2.GetAgentResponse]  # type: ignore[assignment]
+    ListAudit: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRequest, _admin_pb2.ListAuditResponse]  # type: ignore[assignment]
+    VerifyAudit: _aio.UnaryUnaryMultiCallable[_admin_pb2.VerifyAuditRequest, _admin_pb2.VerifyAuditResponse]  # type: ignore[assignment]
+    """VerifyAudit walks the whole audit log and names the first bad record."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService is what operators reach through `ironctl`."""
@@ -197,5 +221,71 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         """VerifySession re-reads what was ingested from the agent's outbound queue and checks the
         hash chain; the first rewritten, deleted or reordered row is named.
         """
+
+    @_abc_1.abstractmethod
+    def SubmitChange(
+        self,
+        request: _admin_pb2.SubmitChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SubmitChangeResponse, _abc.Awaitable[_admin_pb2.SubmitChangeResponse]]:
+        """Capability changes: held for a human decision. Approve and reject exist only here."""
+
+    @_abc_1.abstractmethod
+    def ListChanges(
+        self,
+        request: _admin_pb2.ListChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListChangesResponse, _abc.Awaitable[_admin_pb2.ListChangesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetChange(
+        self,
+        request: _admin_pb2.GetChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetChangeResponse, _abc.Awaitable[_admin_pb2.GetChangeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ApproveChange(
+        self,
+        request: _admin_pb2.ApproveChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ApproveChangeResponse, _abc.Awaitable[_admin_pb2.ApproveChangeResponse]]:
+        """ApproveChange must name the change's hash; it fails if the change differs."""
+
+    @_abc_1.abstractmethod
+    def RejectChange(
+        self,
+        request: _admin_pb2.RejectChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RejectChangeResponse, _abc.Awaitable[_admin_pb2.RejectChangeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListAgents(
+        self,
+        request: _admin_pb2.ListAgentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAgentsResponse, _abc.Awaitable[_admin_pb2.ListAgentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetAgent(
+        self,
+        request: _admin_pb2.GetAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetAgentResponse, _abc.Awaitable[_admin_pb2.GetAgentResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListAudit(
+        self,
+        request: _admin_pb2.ListAuditRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAuditResponse, _abc.Awaitable[_admin_pb2.ListAuditResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def VerifyAudit(
+        self,
+        request: _admin_pb2.VerifyAuditRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.VerifyAuditResponse, _abc.Awaitable[_admin_pb2.VerifyAuditResponse]]:
+        """VerifyAudit walks the whole audit log and names the first bad record."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,115 @@
+"""Admin RPCs of the approval gateway, the agent registry and the audit log."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grpc
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.api.auth import current_caller
+from ironclawd.domain.agents import AgentSpec, find_agent
+from ironclawd.domain.changes import Change, diff_lines
+from ironclawd.errors import InvalidArgument
+from ironclawd.services.audit import Audit
+from ironclawd.services.gateway import Gateway
+from ironclawd.services.registry import Registry
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def operator() -> str:
+    """Who decides, as the kernel told us at connect time."""
+    caller = current_caller()
+    return f"uid:{caller.uid}({caller.user_name})"
+
+
+class ChangesMixin:
+    _gateway: Gateway
+    _registry: Registry
+    _audit_trail: Audit
+
+    async def SubmitChange(
+        self, request: admin_pb2.SubmitChangeRequest, context: Context
+    ) -> admin_pb2.SubmitChangeResponse:
+        change = self._gateway.submit(
+            request.kind, request.agent, request.payload_json, request.reason, operator()
+        )
+        return admin_pb2.SubmitChangeResponse(change=change_to_proto(change))
+
+    async def ListChanges(
+        self, request: admin_pb2.ListChangesRequest, context: Context
+    ) -> admin_pb2.ListChangesResponse:
+        changes = self._gateway.list_changes(request.state or None)
+        return admin_pb2.ListChangesResponse(changes=[change_to_proto(c) for c in changes])
+
+    async def GetChange(
+        self, request: admin_pb2.GetChangeRequest, context: Context
+    ) -> admin_pb2.GetChangeResponse:
+        return admin_pb2.GetChangeResponse(change=change_to_proto(self._gateway.get(request.id)))
+
+    async def ApproveChange(
+        self, request: admin_pb2.ApproveChangeRequest, context: Context
+    ) -> admin_pb2.ApproveChangeResponse:
+        if not request.hash:
+            raise InvalidArgument("hash: an approval must name the change's hash (change show)")
+        change = await self._gateway.approve(request.id, request.hash, operator())
+        return admin_pb2.ApproveChangeResponse(change=change_to_proto(change))
+
+    async def RejectChange(
+        self, request: admin_pb2.RejectChangeRequest, context: Context
+    ) -> admin_pb2.RejectChangeResponse:
+        change = await self._gateway.reject(request.id, operator(), request.note)
+        return admin_pb2.RejectChangeResponse(change=change_to_proto(change))
+
+    async def ListAgents(
+        self, request: admin_pb2.ListAgentsRequest, context: Context
+    ) -> admin_pb2.ListAgentsResponse:
+        return admin_pb2.ListAgentsResponse(
+            agents=[agent_to_proto(self._registry[n]) for n in self._registry]
+        )
+
+    async def GetAgent(
+        self, request: admin_pb2.GetAgentRequest, context: Context
+    ) -> admin_pb2.GetAgentResponse:
+        return admin_pb2.GetAgentResponse(
+            agent=agent_to_proto(find_agent(self._registry, request.name))
+        )
+
+    async def ListAudit(
+        self, request: admin_pb2.ListAuditRequest, context: Context
+    ) -> admin_pb2.ListAuditResponse:
+        limit = min(request.limit or 100, 10_000)
+        records = self._audit_trail.read(request.after_seq, limit)
+        return admin_pb2.ListAuditResponse(records=[json.dumps(r, sort_keys=True) for r in records])
+
+    async def VerifyAudit(
+        self, request: admin_pb2.VerifyAuditRequest, context: Context
+    ) -> admin_pb2.VerifyAuditResponse:
+        result = self._audit_trail.verify()
+        return admin_pb2.VerifyAuditResponse(
+            ok=result.ok,
+            records=result.records,
+            first_bad_seq=result.first_bad,
+            problem=result.problem,
+            append_only=self._audit_trail.append_only,
+        )
+
+
+def change_to_proto(c: Change) -> admin_pb2.Change:
+    return admin_pb2.Change(
+        id=c.id, kind=c.kind, agent=c.agent, payload_json=c.payload, reason=c.reason,
+        submitter=c.submitter, before_json=c.before, after_json=c.after, hash=c.hash,
+        created_at=c.created_at, expires_at=c.expires_at, state=c.state.value,
+        decided_by=c.decided_by, decided_at=c.decided_at, note=c.note,
+        diff=diff_lines(c.before, c.after),
+    )  # fmt: skip
+
+
+def agent_to_proto(a: AgentSpec) -> admin_pb2.Agent:
+    return admin_pb2.Agent(
+        name=a.name, persona=a.persona, provider=a.provider, model=a.model,
+        base_url=a.base_url, credential=a.credential, tools=list(a.tools),
+        memory_bytes=a.memory_bytes, tasks_max=a.tasks_max, cpu_percent=a.cpu_percent,
+    )  # fmt: skip

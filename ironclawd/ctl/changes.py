@@ -1,0 +1,267 @@
+"""``ironctl change ...``, ``ironctl agent ...`` and ``ironctl audit ...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
+
+
+def _when(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M") if stamp else "-"
+
+
+def _payload(args: argparse.Namespace) -> str:
+    if args.payload == "-":
+        return sys.stdin.read()
+    if args.payload is not None:
+        return str(args.payload)
+    fields: dict[str, Any] = {}
+    if getattr(args, "persona", None) is not None:
+        fields["persona"] = args.persona
+    if getattr(args, "tools", None) is not None:
+        fields["tools"] = [t for t in args.tools.split(",") if t]
+    return json.dumps(fields)
+
+
+def show_change(
+    args: argparse.Namespace, change: admin_pb2.Change, *, diff_only: bool = False
+) -> None:
+    if args.json:
+        print(json.dumps(to_dict(change), indent=2))
+        return
+    console = render.console()
+    if not diff_only:
+        table = Table(show_header=False, box=None)
+        for key, value in (
+            ("id", change.id), ("kind", change.kind), ("agent", change.agent),
+            ("state", change.state), ("submitter", change.submitter),
+            ("reason", render.visible(change.reason) or "-"), ("hash", change.hash),
+            ("created", _when(change.created_at)), ("expires", _when(change.expires_at)),
+            ("decided", f"{change.decided_by} {_when(change.decided_at)}" if change.decided_by
+             else "-"),
+            ("note", render.visible(change.note) or "-"),
+        ):  # fmt: skip
+            table.add_row(key, escape(value))
+        console.print(table)
+    # Every character of the diff is shown as what it is: control, escape and bidi characters
+    # arrive here already JSON-escaped, and visible() catches anything left.
+    for line in change.diff:
+        style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
+        text = escape(render.visible(line))
+        console.print(f"[{style}]{text}[/]" if style else text)
+
+
+def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
+    request = admin_pb2.SubmitChangeRequest(
+        kind=args.kind, agent=args.agent, payload_json=_payload(args), reason=args.reason or ""
+    )
+    change = stub.SubmitChange(request, timeout=args.timeout).change
+    if not args.json:
+        print(f"change {change.id} is pending a human decision")
+    show_change(args, change)
+    return exitcodes.OK
+
+
+def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
+    state = "pending" if args.verb == "pending" else (args.state or "")
+    reply = stub.ListChanges(admin_pb2.ListChangesRequest(state=state), timeout=args.timeout)
+    if args.json:
+        print_json(reply)
+        return exitcodes.OK
+    table = Table()
+    for column in ("ID", "KIND", "AGENT", "STATE", "SUBMITTER", "CREATED"):
+        table.add_column(column)
+    for c in reply.changes:
+        table.add_row(c.id, c.kind, c.agent, c.state, escape(c.submitter), _when(c.created_at))
+    render.console().print(table)
+    return exitcodes.OK
+
+
+def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
+    change = stub.GetChange(admin_pb2.GetChangeRequest(id=args.id), timeout=args.timeout).change
+    show_change(args, change, diff_only=args.verb == "diff")
+    return exitcodes.OK
+
+
+def _confirm(args: argparse.Namespace, change: admin_pb2.Change, verb: str) -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        print(f"ironctl: change {verb}: not a terminal; pass --yes to {verb} without asking",
+              file=sys.stderr)  # fmt: skip
+        return False
+    show_change(args, change)
+    answer = input(f"{verb} change {change.id} ({change.kind} on {change.agent})? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
+    change = stub.GetChange(admin_pb2.GetChangeRequest(id=args.id), timeout=args.timeout).change
+    if not _confirm(args, change, args.verb):
+        return exitcodes.FAILED
+    if args.verb == "approve":
+        # The hash is the one shown to the approver; a change altered since fails the approval.
+        expected = args.hash or change.hash
+        decided = stub.ApproveChange(
+            admin_pb2.ApproveChangeRequest(id=args.id, hash=expected), timeout=args.timeout
+        ).change
+    else:
+        decided = stub.RejectChange(
+            admin_pb2.RejectChangeRequest(id=args.id, note=args.note or ""), timeout=args.timeout
+        ).change
+    if args.json:
+        print(json.dumps(to_dict(decided), indent=2))
+    else:
+        print(f"change {decided.id}: {decided.state}")
+    return exitcodes.OK
+
+
+def cmd_agent_list(args: argparse.Namespace, stub: Stub) -> int:
+    reply = stub.ListAgents(admin_pb2.ListAgentsRequest(), timeout=args.timeout)
+    if args.json:
+        print_json(reply)
+        return exitcodes.OK
+    table = Table()
+    for column in ("NAME", "PROVIDER", "MODEL", "TOOLS"):
+        table.add_column(column, overflow="fold")
+    for a in reply.agents:
+        table.add_row(a.name, a.provider, escape(a.model), ", ".join(a.tools))
+    render.console().print(table)
+    return exitcodes.OK
+
+
+def cmd_agent_show(args: argparse.Namespace, stub: Stub) -> int:
+    agent = stub.GetAgent(admin_pb2.GetAgentRequest(name=args.name), timeout=args.timeout).agent
+    if args.json:
+        print(json.dumps(to_dict(agent), indent=2))
+        return exitcodes.OK
+    table = Table(show_header=False, box=None)
+    for key in ("name", "provider", "model", "base_url", "credential"):
+        table.add_row(key, escape(str(getattr(agent, key)) or "-"))
+    table.add_row("tools", ", ".join(agent.tools) or "-")
+    table.add_row("persona", escape(render.visible(agent.persona, newlines=True)))
+    render.console().print(table)
+    return exitcodes.OK
+
+
+def cmd_agent_create(args: argparse.Namespace, stub: Stub) -> int:
+    payload = {"persona": args.persona, "tools": [t for t in (args.tools or "").split(",") if t]}
+    if args.provider:
+        payload["provider"] = args.provider
+    if args.model:
+        payload["model"] = args.model
+    request = admin_pb2.SubmitChangeRequest(
+        kind="create_agent", agent=args.name, payload_json=json.dumps(payload),
+        reason=args.reason or "",
+    )  # fmt: skip
+    change = stub.SubmitChange(request, timeout=args.timeout).change
+    if not args.json:
+        print(f"agent {args.name}: create_agent change {change.id} is pending a human decision")
+    show_change(args, change)
+    return exitcodes.OK
+
+
+def cmd_audit_list(args: argparse.Namespace, stub: Stub) -> int:
+    reply = stub.ListAudit(
+        admin_pb2.ListAuditRequest(after_seq=args.after, limit=args.limit), timeout=args.timeout
+    )
+    for record in reply.records:
+        if args.json:
+            print(record)
+        else:
+            r = json.loads(record)
+            extra = {k: v for k, v in r.items() if k not in ("seq", "time", "event", "actor",
+                                                           "prev", "mac")}  # fmt: skip
+            stamp = datetime.fromtimestamp(r["time"], UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            print(render.visible(f"{r['seq']:>6} {stamp} {r['event']:<22} {r['actor']} "
+                                 f"{json.dumps(extra, sort_keys=True)}"))  # fmt: skip
+    return exitcodes.OK
+
+
+def cmd_audit_verify(args: argparse.Namespace, stub: Stub) -> int:
+    reply = stub.VerifyAudit(admin_pb2.VerifyAuditRequest(), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(to_dict(reply)))
+    elif reply.ok:
+        flag = "with" if reply.append_only else "WITHOUT"
+        print(f"audit log intact: {reply.records} records ({flag} the append-only flag)")
+    else:
+        print(f"audit log TAMPERED: first bad record {reply.first_bad_seq}: {reply.problem}")
+    return exitcodes.OK if reply.ok else exitcodes.FAILED
+
+
+def register(sub: Any) -> None:
+    change = sub.add_parser("change", help="capability changes held for a human decision",
+                            description="Submit, inspect, approve and reject capability changes.",
+                            epilog=exitcodes.HELP,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    verbs = change.add_subparsers(dest="verb", metavar="VERB", required=True)
+    submit = add_command(
+        verbs, "submit", "submit a change; it waits for a human decision",
+        "ironctl change submit --kind persona --agent demo --persona 'You are terse.'\n"
+        "  ironctl change submit --kind tools --agent demo --tools read_file,list_files\n"
+        "  echo '{\"persona\": \"...\"}' | ironctl change submit --kind persona --agent demo "
+        "--payload -", cmd_submit,
+    )  # fmt: skip
+    submit.add_argument("--kind", required=True, help="persona, tools, create_agent, ...")
+    submit.add_argument("--agent", required=True, help="target agent")
+    submit.add_argument("--payload", help="payload JSON, or - for standard input")
+    submit.add_argument("--persona", help="shortcut for a persona payload")
+    submit.add_argument("--tools", help="shortcut for a tools payload: comma-separated names")
+    submit.add_argument("--reason", help="why (shown to the approver)")
+    listing = add_command(verbs, "list", "list changes", "ironctl change list --state applied",
+                          cmd_list)  # fmt: skip
+    listing.add_argument("--state", help="pending, approved, applied, rejected, expired, failed")
+    add_command(verbs, "pending", "list changes waiting for a decision", "ironctl change pending",
+                cmd_list)  # fmt: skip
+    for verb, helptext in (("show", "show a change and its diff"), ("diff", "show only the diff")):
+        cmd = add_command(verbs, verb, helptext, f"ironctl change {verb} ID", cmd_show)
+        cmd.add_argument("id", metavar="ID")
+    for verb, helptext in (("approve", "approve and apply a pending change"),
+                           ("reject", "reject a pending change")):  # fmt: skip
+        cmd = add_command(verbs, verb, helptext, f"ironctl change {verb} ID --yes", cmd_decide)
+        cmd.add_argument("id", metavar="ID")
+        cmd.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        if verb == "approve":
+            cmd.add_argument("--hash", help="the change hash you reviewed (default: as shown)")
+        else:
+            cmd.add_argument("--note", help="why it was rejected")
+
+    agent = sub.add_parser("agent", help="agents in the registry", epilog=exitcodes.HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    agent_verbs = agent.add_subparsers(dest="verb", metavar="VERB", required=True)
+    add_command(agent_verbs, "list", "list agents", "ironctl agent list --json", cmd_agent_list)
+    show = add_command(agent_verbs, "show", "show an agent", "ironctl agent show demo",
+                       cmd_agent_show)  # fmt: skip
+    show.add_argument("name", metavar="NAME")
+    create = add_command(
+        agent_verbs, "create", "submit a create_agent change (a human must approve it)",
+        "ironctl agent create helper --persona 'You help.' --tools read_file,write_file",
+        cmd_agent_create,
+    )  # fmt: skip
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--persona", required=True)
+    create.add_argument("--tools", help="comma-separated tool names")
+    create.add_argument("--provider", choices=("mock", "anthropic", "openai"))
+    create.add_argument("--model")
+    create.add_argument("--reason")
+
+    audit = sub.add_parser("audit", help="the tamper-evident audit log", epilog=exitcodes.HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    audit_verbs = audit.add_subparsers(dest="verb", metavar="VERB", required=True)
+    listing = add_command(audit_verbs, "list", "print audit records",
+                          "ironctl audit list --after 100 --limit 50", cmd_audit_list)  # fmt: skip
+    listing.add_argument("--after", type=int, default=0, help="records after this seq")
+    listing.add_argument("--limit", type=int, default=100)
+    add_command(audit_verbs, "verify", "check every record and link; names the first bad one",
+                "ironctl audit verify", cmd_audit_verify)  # fmt: skip

@@ -1,0 +1,193 @@
+"""Capability changes held for a human decision (ARCHITECTURE.md §7). Pure values and rules.
+
+A change names its kind, target agent and a typed payload; at submission the host records the
+agent's configuration before and after, and a canonical hash of exactly what would be applied.
+An approval must name that hash; applying checks the agent still looks like ``before``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ironclawd.domain.agents import AGENT_NAME_RE, AgentSpec
+from ironclawd.domain.tools import CATALOG
+from ironclawd.errors import Conflict, InvalidArgument
+
+KINDS = (
+    "persona", "tools", "packages", "wiring", "permissions", "mounts", "egress", "skills", "mcp",
+    "create_agent",
+)  # fmt: skip
+# Kinds this version can apply. The others are validated and refused with a clear reason by
+# the verifiers rather than accepted and left to rot.
+APPLIABLE = frozenset({"persona", "tools", "create_agent"})
+MAX_PERSONA = 16_000
+MAX_REASON = 2_000
+ID_RE = re.compile(r"chg-[0-9a-f]{12}")
+
+
+class ChangeState(enum.Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+TRANSITIONS = {
+    ChangeState.PENDING: {ChangeState.APPROVED, ChangeState.REJECTED, ChangeState.EXPIRED},
+    ChangeState.APPROVED: {ChangeState.APPLIED, ChangeState.FAILED},
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    id: str
+    kind: str
+    agent: str
+    payload: str  # canonical JSON
+    reason: str
+    submitter: str  # "uid:1000(alice)" or "session:<sid>"
+    before: str  # canonical JSON of the agent's view ("null" for create_agent)
+    after: str
+    hash: str
+    created_at: float
+    expires_at: float
+    state: ChangeState = ChangeState.PENDING
+    decided_by: str = ""
+    decided_at: float = 0.0
+    note: str = ""
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def agent_view(spec: AgentSpec | None) -> dict[str, Any] | None:
+    """The parts of an agent a change can touch (what the approver sees diffed)."""
+    if spec is None:
+        return None
+    return {
+        "name": spec.name,
+        "persona": spec.persona,
+        "provider": spec.provider,
+        "model": spec.model,
+        "tools": list(spec.tools),
+    }
+
+
+def _text(payload: dict[str, Any], key: str, limit: int) -> str:
+    value = payload.get(key)
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise InvalidArgument(f"payload.{key}: expected non-empty text of at most {limit} chars")
+    return value
+
+
+def _only(payload: dict[str, Any], kind: str, allowed: set[str]) -> None:
+    extra = sorted(set(payload) - allowed)
+    if extra:
+        raise InvalidArgument(
+            f"payload for {kind}: unexpected key(s) {', '.join(extra)} "
+            f"(expected: {', '.join(sorted(allowed))})"
+        )
+
+
+def _tool_list(payload: dict[str, Any]) -> tuple[str, ...]:
+    tools = payload.get("tools")
+    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+        raise InvalidArgument("payload.tools: expected a list of tool names")
+    unknown = [t for t in tools if t not in CATALOG]
+    if unknown:
+        raise InvalidArgument(
+            f"payload.tools: unknown tool(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(CATALOG))})"
+        )
+    return tuple(dict.fromkeys(tools))
+
+
+def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
+    """Schema verifier: the payload parsed, typed and normalized, or InvalidArgument."""
+    if kind not in KINDS:
+        raise InvalidArgument(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    if not AGENT_NAME_RE.fullmatch(agent):
+        raise InvalidArgument(f"agent: expected a name of [a-z][a-z0-9-]{{0,62}}, got {agent!r}")
+    try:
+        payload = json.loads(payload_json)
+    except ValueError as exc:
+        raise InvalidArgument(f"payload: not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidArgument("payload: expected a JSON object")
+    if kind not in APPLIABLE:
+        raise InvalidArgument(
+            f"kind {kind}: this ironclawd cannot apply {kind} changes yet; nothing was queued"
+        )
+    if kind == "persona":
+        _only(payload, kind, {"persona"})
+        return {"persona": _text(payload, "persona", MAX_PERSONA)}
+    if kind == "tools":
+        _only(payload, kind, {"tools"})
+        return {"tools": list(_tool_list(payload))}
+    _only(payload, kind, {"persona", "tools", "provider", "model"})
+    out: dict[str, Any] = {"persona": _text(payload, "persona", MAX_PERSONA)}
+    out["tools"] = list(_tool_list(payload)) if "tools" in payload else []
+    provider = payload.get("provider", "mock")
+    if provider not in ("mock", "anthropic", "openai"):
+        raise InvalidArgument("payload.provider: expected mock, anthropic or openai")
+    out["provider"] = provider
+    out["model"] = _text(payload, "model", 200) if "model" in payload else "mock-1"
+    return out
+
+
+def apply_payload(
+    kind: str, agent: str, spec: AgentSpec | None, payload: dict[str, Any]
+) -> AgentSpec:
+    """The agent as it would be after the change (pure)."""
+    if kind == "create_agent":
+        if spec is not None:
+            raise Conflict(f"agent '{agent}' already exists")
+        return AgentSpec(
+            name=agent,
+            persona=payload["persona"],
+            tools=tuple(payload["tools"]),
+            provider=payload["provider"],
+            model=payload["model"],
+        )
+    if spec is None:
+        raise Conflict(f"agent '{agent}' does not exist (submit a create_agent change first)")
+    if kind == "persona":
+        return dataclasses.replace(spec, persona=payload["persona"])
+    if kind == "tools":
+        return dataclasses.replace(spec, tools=tuple(payload["tools"]))
+    raise InvalidArgument(f"kind {kind}: no applier")
+
+
+def change_hash(kind: str, agent: str, payload: str, before: str) -> str:
+    """sha256 over exactly what would be applied, and to what."""
+    material = canonical({"kind": kind, "agent": agent, "payload": payload, "before": before})
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def transition(change: Change, to: ChangeState, **fields: Any) -> Change:
+    if to not in TRANSITIONS.get(change.state, set()):
+        raise Conflict(f"change {change.id} is {change.state.value}: cannot become {to.value}")
+    return dataclasses.replace(change, state=to, **fields)
+
+
+def diff_lines(before: str, after: str) -> list[str]:
+    """A unified diff of the agent's view, one field per line, strings JSON-escaped so control
+    and bidi characters are visible as escapes."""
+
+    def lines(text: str) -> list[str]:
+        value = json.loads(text)
+        if value is None:
+            return []
+        return [f"{k}: {json.dumps(v, ensure_ascii=True)}" for k, v in sorted(value.items())]
+
+    return list(difflib.unified_diff(lines(before), lines(after), "before", "after", lineterm=""))

@@ -1,0 +1,222 @@
+"""The approval gateway: every capability change waits for a human (ARCHITECTURE.md §7).
+
+Deterministic verifiers run first (schema, supported kind, target exists or not, no-op, rate of
+submissions per submitter) and may reject at once; everything that passes them is held pending.
+Only the admin API offers approve and reject — the sandbox's gateway socket has submit and
+status alone — and no setting makes any kind auto-apply (the human floor). An approval must name
+the change's hash, is single-use (the state machine allows one decision), may require
+approver != submitter (four-eyes, per kind), and is refused after the change's expiry. Applying
+re-checks that the agent still looks like it did at submission. Every step is audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.changes import (
+    Change,
+    ChangeState,
+    agent_view,
+    apply_payload,
+    canonical,
+    change_hash,
+    check_payload,
+    transition,
+)
+from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
+from ironclawd.ports import AuditSink
+from ironclawd.services.registry import Registry
+from ironclawd.store.state import StateStore
+
+log = logging.getLogger("ironclawd.gateway")
+
+
+@dataclass(frozen=True)
+class GatewayPolicy:
+    expiry_seconds: float = 7 * 24 * 3600
+    four_eyes: frozenset[str] = frozenset()
+    submissions_per_hour: int = 20  # per submitter
+
+
+class RateLimited(PolicyDenied):
+    pass
+
+
+Restarter = Callable[[str], Coroutine[Any, Any, list[str]]]
+
+
+class Gateway:
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        registry: Registry,
+        audit: AuditSink,
+        policy: GatewayPolicy,
+        restart_agent_sessions: Restarter,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._audit = audit
+        self._policy = policy
+        self._restart = restart_agent_sessions
+        self._clock = clock
+        self._lock = asyncio.Lock()
+
+    # -- submit ---------------------------------------------------------------------------
+
+    def submit(
+        self, kind: str, agent: str, payload_json: str, reason: str, submitter: str
+    ) -> Change:
+        now = self._clock()
+        try:
+            payload, before, after = self._verify(kind, agent, payload_json, reason, submitter)
+        except (InvalidArgument, NotFound, Conflict, PolicyDenied) as exc:
+            self._audit.record(
+                "change.refused", submitter, kind=kind, agent=agent, reason=str(exc)[:500]
+            )
+            raise
+        payload_text = canonical(payload)
+        change = Change(
+            id=f"chg-{secrets.token_hex(6)}",
+            kind=kind,
+            agent=agent,
+            payload=payload_text,
+            reason=reason,
+            submitter=submitter,
+            before=before,
+            after=after,
+            hash=change_hash(kind, agent, payload_text, before),
+            created_at=now,
+            expires_at=now + self._policy.expiry_seconds,
+        )
+        self._store.insert_change(change)
+        self._audit.record(
+            "change.submitted", submitter, change=change.id, kind=kind, agent=agent,
+            hash=change.hash,
+        )  # fmt: skip
+        log.info("change %s (%s on %s) submitted by %s: pending", change.id, kind, agent, submitter)
+        return change
+
+    def _verify(
+        self, kind: str, agent: str, payload_json: str, reason: str, submitter: str
+    ) -> tuple[dict[str, Any], str, str]:
+        """The deterministic verifiers; any of them may reject the change outright."""
+        self._check_rate(submitter, self._clock())
+        payload = check_payload(kind, agent, payload_json)
+        if len(reason) > 2000:
+            raise InvalidArgument("reason: expected at most 2000 characters")
+        current = self._registry.get(agent)
+        if kind != "create_agent" and current is None:
+            raise NotFound(f"agent '{agent}' not found")
+        after_spec = apply_payload(kind, agent, current, payload)
+        before, after = canonical(agent_view(current)), canonical(agent_view(after_spec))
+        if before == after:
+            raise InvalidArgument(f"change to agent '{agent}' would change nothing")
+        return payload, before, after
+
+    def _check_rate(self, submitter: str, now: float) -> None:
+        recent = self._store.count_changes_since(submitter, now - 3600)
+        if recent >= self._policy.submissions_per_hour:
+            raise RateLimited(
+                f"{submitter}: at most {self._policy.submissions_per_hour} change submissions "
+                "per hour; wait before submitting more"
+            )
+
+    # -- queries --------------------------------------------------------------------------
+
+    def get(self, change_id: str) -> Change:
+        return self._expire_if_due(self._store.get_change(change_id))
+
+    def list_changes(self, state: str | None = None) -> list[Change]:
+        if state is not None and state not in {s.value for s in ChangeState}:
+            raise InvalidArgument(
+                f"state: expected one of {', '.join(s.value for s in ChangeState)}, got {state!r}"
+            )
+        changes = [self._expire_if_due(c) for c in self._store.list_changes()]
+        return [c for c in changes if state is None or c.state.value == state]
+
+    def _expire_if_due(self, change: Change) -> Change:
+        if change.state is ChangeState.PENDING and self._clock() >= change.expires_at:
+            change = transition(change, ChangeState.EXPIRED, decided_at=self._clock())
+            self._store.save_change(change)
+            self._audit.record("change.expired", "ironclawd", change=change.id)
+        return change
+
+    # -- decisions (admin API only) -------------------------------------------------------
+
+    async def approve(self, change_id: str, expected_hash: str, approver: str) -> Change:
+        async with self._lock:
+            change = self.get(change_id)
+            if change.state is not ChangeState.PENDING:
+                self._refuse(change, approver, f"it is {change.state.value}, not pending")
+            if not expected_hash or not secrets.compare_digest(expected_hash, change.hash):
+                self._refuse(change, approver, "the hash given does not match the change")
+            if change.kind in self._policy.four_eyes and _same_person(approver, change.submitter):
+                self._refuse(change, approver, "four-eyes: the submitter cannot approve it")
+            change = transition(change, ChangeState.APPROVED, decided_by=approver,
+                                decided_at=self._clock())  # fmt: skip
+            self._store.save_change(change)
+            self._audit.record("change.approved", approver, change=change.id, hash=change.hash)
+            return await self._apply(change)
+
+    async def reject(self, change_id: str, approver: str, note: str) -> Change:
+        async with self._lock:
+            change = self.get(change_id)
+            if change.state is not ChangeState.PENDING:
+                self._refuse(change, approver, f"it is {change.state.value}, not pending")
+            change = transition(change, ChangeState.REJECTED, decided_by=approver,
+                                decided_at=self._clock(), note=note[:2000])  # fmt: skip
+            self._store.save_change(change)
+            self._audit.record("change.rejected", approver, change=change.id, note=note[:500])
+            return change
+
+    def _refuse(self, change: Change, approver: str, why: str) -> None:
+        self._audit.record("change.approval_refused", approver, change=change.id, reason=why)
+        raise Conflict(f"cannot approve {change.id}: {why}")
+
+    async def _apply(self, change: Change) -> Change:
+        try:
+            self._registry.put(self._new_spec(change))
+        except (Conflict, InvalidArgument) as exc:
+            failed = transition(change, ChangeState.FAILED, note=str(exc))
+            self._store.save_change(failed)
+            self._audit.record("change.failed", "ironclawd", change=change.id, reason=str(exc))
+            raise
+        applied = transition(change, ChangeState.APPLIED)
+        self._store.save_change(applied)
+        restarted = await self._restart(change.agent)
+        self._audit.record("change.applied", "ironclawd", change=change.id, agent=change.agent,
+                           restarted_sessions=restarted)  # fmt: skip
+        log.info("change %s applied to agent %s; restarted sessions: %s", change.id,
+                 change.agent, ", ".join(restarted) or "none")  # fmt: skip
+        return applied
+
+    def _new_spec(self, change: Change) -> AgentSpec:
+        current = self._registry.get(change.agent)
+        if canonical(agent_view(current)) != change.before:
+            raise Conflict(
+                f"agent '{change.agent}' changed since {change.id} was submitted; resubmit"
+            )
+        payload = check_payload(change.kind, change.agent, change.payload)
+        return apply_payload(change.kind, change.agent, current, payload)
+
+    async def resume(self) -> None:
+        """After a restart: finish applying changes approved before the daemon died."""
+        for change in self._store.list_changes(ChangeState.APPROVED.value):
+            try:
+                await self._apply(change)
+            except (Conflict, InvalidArgument) as exc:
+                log.warning("change %s could not be applied after restart: %s", change.id, exc)
+
+
+def _same_person(approver: str, submitter: str) -> bool:
+    return approver.partition("(")[0] == submitter.partition("(")[0]

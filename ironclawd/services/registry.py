@@ -1,0 +1,51 @@
+"""The agent registry in the state DB: a read-only Mapping for the rest of the daemon. It
+changes only through the approval gateway (services/gateway.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.store.state import StateStore
+
+
+def spec_to_json(spec: AgentSpec) -> str:
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True)
+
+
+def spec_from_json(text: str) -> AgentSpec:
+    raw: dict[str, Any] = json.loads(text)
+    known = {f.name for f in dataclasses.fields(AgentSpec)}
+    values: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
+    }
+    return AgentSpec(**values)
+
+
+class Registry(Mapping[str, AgentSpec]):
+    def __init__(self, store: StateStore, seed: Iterable[AgentSpec]) -> None:
+        self._store = store
+        self._cache = {name: spec_from_json(text) for name, text in store.agents().items()}
+        for spec in seed:
+            # A fresh install gets the built-in demo agent (and the config's agents) once;
+            # afterwards the registry is the source of truth.
+            if spec.name not in self._cache:
+                self.put(spec)
+
+    def put(self, spec: AgentSpec) -> None:
+        """Only the gateway's appliers (and first-start seeding) call this."""
+        self._store.put_agent(spec.name, spec_to_json(spec), time.time())
+        self._cache[spec.name] = spec
+
+    def __getitem__(self, name: str) -> AgentSpec:
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._cache))
+
+    def __len__(self) -> int:
+        return len(self._cache)
