@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -215,16 +216,79 @@ def _proc_pids() -> list[int] | None:
         return None
 
 
+# Files under /proc that are not data a process was given, and would be slow or block to read.
+_GREP_SKIP_NAMES = frozenset({"mem", "pagemap", "kcore", "kmsg", "clear_refs", "kpagecount"})
+GREP_MAX_FILE_BYTES = 256 * 1024 * 1024
+_GREP_BLOCK = 1024 * 1024
+
+
+def _grep_file(path: str, needles: Sequence[bytes]) -> tuple[int, set[int]] | None:
+    """Bytes read from the regular file ``path`` and which needles it holds; None if it is not
+    a regular file or cannot be opened (O_NONBLOCK: a FIFO must not hang the walk)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    found: set[int] = set()
+    total = 0
+    keep = max(len(n) for n in needles) - 1
+    tail = b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        while total < GREP_MAX_FILE_BYTES:
+            try:
+                block = os.read(fd, _GREP_BLOCK)
+            except OSError:
+                break
+            if not block:
+                break
+            total += len(block)
+            window = tail + block  # a needle split across two reads is still found
+            found.update(i for i, needle in enumerate(needles) if needle in window)
+            tail = window[-keep:] if keep else b""
+    finally:
+        os.close(fd)
+    return total, found
+
+
+def grep_tree(needles: Sequence[bytes], root: str = "/") -> JSON:
+    """Every regular file readable under ``root`` (symlinks not followed; /proc included, so
+    each visible process's environ and cmdline, and /proc/self/environ), searched for each
+    needle. Reports the files holding each, by the needle's hex (never the needle itself)."""
+    hits: dict[str, list[str]] = {needle.hex(): [] for needle in needles}
+    files = unreadable = total = 0
+    for directory, dirs, names in os.walk(root, onerror=lambda _exc: None):
+        dirs.sort()
+        for name in sorted(names):
+            if directory.startswith("/proc") and name in _GREP_SKIP_NAMES:
+                continue
+            path = os.path.join(directory, name)
+            result = _grep_file(path, needles)
+            if result is None:
+                unreadable += 1
+                continue
+            files += 1
+            total += result[0]
+            for index in result[1]:
+                hits[needles[index].hex()].append(path)
+    return {"files": files, "bytes": total, "unreadable": unreadable, "hits": hits}
+
+
 def probe(
     *,
     net_targets: Sequence[str] = (),
     unix_paths: Sequence[str] = (),
     look_paths: Sequence[str] = (),
+    grep_needles: Sequence[bytes] = (),
 ) -> JSON:
     """What the agent sees of its sandbox: identity, privileges, network, filesystem, kernel;
     plus the attempts asked for: IP connects to ``net_targets`` (TCP and UDP), Unix connects to
-    ``unix_paths``, and a look at each of ``look_paths``."""
+    ``unix_paths``, a look at each of ``look_paths``, and (if any ``grep_needles``) every
+    readable file searched for them."""
     report = _passive_report()
+    if grep_needles:
+        report["grep"] = grep_tree(grep_needles)
     report.update(
         {
             "net": [
@@ -305,6 +369,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --probe: report whether PATH exists, can be read (its SHA-256) or written",
     )
     parser.add_argument(
+        "--probe-grep",
+        action="append",
+        default=[],
+        metavar="HEX",
+        help="with --probe: search every readable file (incl. /proc/*/environ and cmdline) for "
+        "these bytes, given in hex so that this process's own argv does not hold them",
+    )
+    parser.add_argument(
         "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
     )
     return parser.parse_args(argv)
@@ -323,24 +395,47 @@ def hog(mib: int) -> int:
     return 0
 
 
+def _grep_needles(hexes: Sequence[str]) -> list[bytes]:
+    """The --probe-grep needles; ValueError says which one is bad."""
+    needles = []
+    for text in hexes:
+        try:
+            needle = bytes.fromhex(text)
+        except ValueError as exc:
+            raise ValueError(f"--probe-grep {text!r}: expected hex: {exc}") from None
+        if not needle:
+            raise ValueError("--probe-grep: expected at least one byte")
+        needles.append(needle)
+    return needles
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    """``--probe``: print the JSON report; 2 for a bad probe argument."""
+    try:
+        for target in args.probe_net:
+            attacks.parse_target(target)
+        needles = _grep_needles(args.probe_grep)
+    except ValueError as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 2
+    report = probe(
+        net_targets=args.probe_net,
+        unix_paths=args.probe_unix,
+        look_paths=args.probe_path,
+        grep_needles=needles,
+    )
+    json.dump(report, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent; returns the process exit status."""
     args = _parse_args(argv)
     if args.hog_mib:
         return hog(args.hog_mib)
     if args.probe:
-        for target in args.probe_net:
-            try:
-                attacks.parse_target(target)
-            except ValueError as exc:
-                print(f"agent: --probe-net: {exc}", file=sys.stderr)
-                return 2
-        report = probe(
-            net_targets=args.probe_net, unix_paths=args.probe_unix, look_paths=args.probe_path
-        )
-        json.dump(report, sys.stdout, sort_keys=True)
-        sys.stdout.write("\n")
-        return 0
+        return run_probe(args)
     path = os.environ.get(CONTROL_SOCKET_ENV) or DEFAULT_CONTROL_SOCKET
     try:
         return run_control(path)
