@@ -34,12 +34,15 @@ from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
+from ironclawd.net.http import PinnedHttpClient
+from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import SandboxRuntime
 from ironclawd.providers.anthropic import AnthropicProvider
 from ironclawd.providers.mock import MockProvider
 from ironclawd.providers.openai import OpenAIProvider
 from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
+from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.model_proxy import ModelProxy
@@ -218,6 +221,18 @@ class Daemon:
             service,
         )  # fmt: skip
         service.sockets = sandbox_api
+        broker = EgressBroker(
+            sessions=service,
+            agents=service_agents,
+            resolver=SystemResolver(),
+            upstream=PinnedHttpClient(
+                Path(config.egress.ca_file) if config.egress.ca_file else None
+            ),
+            credentials=CredentialStore(config.daemon.master_key_file.parent),
+            limits=config.egress,
+        )
+        sandbox_api.serve_egress(broker)
+        service.on_remove(broker.forget)
         return _Wired(
             master, store, service, control, messages, sandbox_api, http, gateway,
             service_agents, audit,
@@ -240,8 +255,10 @@ class Daemon:
             log.error("reload refused, keeping the running configuration: %s", exc)
             _notify(ready=1, status=f"reload refused: {exc}")
             return
-        if new.admin != self._config.admin:
-            log.warning("reload: [admin] changes take effect on restart, not on reload")
+        # Only the log level is live; the rest shapes sockets, sandboxes and the registry seed.
+        for table in ("admin", "sandbox", "gateway", "egress", "agents"):
+            if getattr(new, table, None) != getattr(self._config, table, None):
+                log.warning("reload: [%s] changes take effect on restart, not on reload", table)
         set_level(new.daemon.log_level)
         self._config = new
         log.info("configuration reloaded from %s", new.source)
