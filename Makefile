@@ -8,6 +8,7 @@ PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
+	scripts/install-deps
 	scripts/bootstrap-venv $(VENV)
 	touch $@
 
