@@ -8,6 +8,8 @@ import os
 import stat
 from pathlib import Path
 
+from agent import egress
+
 WORKSPACE = Path("/workspace")
 MAX_FILE_BYTES = 1024 * 1024
 GATEWAY_SOCKET = Path("/run/ironclaw/gateway.sock")
@@ -76,7 +78,10 @@ def request_change(args: dict[str, object]) -> str:
 def http_fetch(args: dict[str, object]) -> str:
     if not EGRESS_SOCKET.exists():
         return "error: this agent has no approved egress (ask for it with request_change)"
-    raise ToolError("the egress client is not built into this agent yet")
+    try:
+        return egress.fetch(args, str(EGRESS_SOCKET))
+    except egress.FetchError as exc:
+        raise ToolError(str(exc)) from None
 
 
 TOOLS = {

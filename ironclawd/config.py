@@ -21,8 +21,8 @@ import tomli
 from ironclawd import paths
 from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.egress import EgressLimits, EgressRule, rule_from_mapping
 from ironclawd.domain.changes import KINDS
+from ironclawd.domain.egress import EgressLimits, EgressRule, rule_from_mapping
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import ConfigError
 
@@ -69,7 +69,7 @@ class Config:
     daemon: DaemonConfig = DaemonConfig()
     admin: AdminConfig = AdminConfig()
     sandbox: SandboxConfig = SandboxConfig()
-    egress: EgressLimits = EgressLimits()
+    egress: EgressLimits = EgressLimits()  # noqa: RUF009
     gateway: GatewayConfig = GatewayConfig()
     agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
@@ -251,7 +251,9 @@ def _tools(v: Any) -> tuple[str, ...]:
 
 def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
     if not isinstance(v, list):
-        raise ValueError("a list of rule tables {host, scheme, port, methods, path_prefixes, ...}")
+        raise ValueError(  # noqa: TRY004
+            "a list of rule tables {host, scheme, port, methods, path_prefixes, ...}"
+        )
     try:
         return tuple(rule_from_mapping(r) for r in v)
     except ValueError as exc:

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ironclaw.egress.v1 import egress_pb2_grpc
 from ironclaw.gateway.v1 import gateway_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd.api import control
+from ironclawd.api.egress import EgressServicer
 from ironclawd.api.sandbox_gateway import GatewayServicer
 from ironclawd.api.sockets import bind_unix_socket, remove_stale_socket
 from ironclawd.api.splice import splice_to
@@ -32,6 +34,7 @@ from ironclawd.api.status import code_for
 from ironclawd.domain.model import Message, ToolCall, ToolDef
 from ironclawd.domain.session import unit_name
 from ironclawd.errors import IronclawError
+from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.sessions import SessionService
@@ -42,9 +45,10 @@ _PREFIX = "ironclaw-sbx/"
 # Which socket each service may be reached through.
 SERVICE_SOCKET = {
     "ironclaw.model.v1.ModelService": "model",
+    "ironclaw.egress.v1.EgressService": "egress",
     "ironclaw.gateway.v1.GatewayService": "gateway",
 }
-SOCKETS = ("model", "gateway")
+SOCKETS = ("model", "gateway", "egress")  # egress.sock: only if granted (EgressBroker.has_grants)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_CONNECTIONS_PER_SOCKET = 8
 
@@ -198,9 +202,16 @@ class SandboxApi:
             ],
         )
         model_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(proxy), self._server)
+        self._broker: EgressBroker | None = None
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(gateway, sessions, lambda: _PEER.get().sid), self._server
         )
+
+    def serve_egress(self, broker: EgressBroker) -> None:
+        """Serve the egress broker (before start) on egress.sock of sessions with grants."""
+        self._broker = broker
+        servicer = EgressServicer(broker, lambda: _PEER.get().sid, broker.timeout_seconds)
+        egress_pb2_grpc.add_EgressServiceServicer_to_server(servicer, self._server)
 
     async def start(self) -> None:
         remove_stale_socket(self._internal)
@@ -216,6 +227,8 @@ class SandboxApi:
         """Serve this session's sockets (in the directory its control socket already made)."""
         for name in SOCKETS:
             await self._close_one((sid, name))
+            if name == "egress" and (self._broker is None or not self._broker.has_grants(sid)):
+                continue
             sock = bind_unix_socket(self._dir / sid / f"{name}.sock", mode=0o666, group=None)
             slots = asyncio.Semaphore(MAX_CONNECTIONS_PER_SOCKET)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from ironclawd.domain.egress import UpstreamFailed
 from ironclawd.domain.model import BudgetExceeded
 from ironclawd.errors import (
     AlreadyExists,
@@ -26,6 +27,7 @@ _CODES: tuple[tuple[type[IronclawError], grpc.StatusCode], ...] = (
     (Conflict, grpc.StatusCode.FAILED_PRECONDITION),
     (BudgetExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ProviderError, grpc.StatusCode.UNAVAILABLE),
+    (UpstreamFailed, grpc.StatusCode.UNAVAILABLE),
     (PolicyDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),

@@ -1,0 +1,383 @@
+"""The egress broker (ARCHITECTURE.md §6): the agent's only way to an external API.
+
+Deny by default. A request must match one of its agent's rules; the broker resolves the name
+itself (once), refuses the whole request if *any* answer is an address it may not reach, and
+connects only to the address it validated, so a resolver that answers differently the second
+time (DNS rebinding) gains nothing. Redirects are **not followed**: a 3xx goes back to the agent
+with its Location, and fetching that is a new request checked from scratch. Agent-supplied
+credentials are stripped; a rule may inject a host-held one, which is then masked in whatever
+comes back. Caps: body sizes, one deadline for the whole exchange, requests per minute and
+connections per session, connections in total. Every decision is audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ironclawd.domain.addresses import IPAddress, refusal_reason
+from ironclawd.domain.agents import AgentSpec, find_agent
+from ironclawd.domain.egress import (
+    EgressDecision,
+    EgressLimits,
+    Target,
+    UpstreamFailed,
+    check_method,
+    match_rule,
+    parse_url,
+    prepare_headers,
+)
+from ironclawd.domain.model import BudgetExceeded
+from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
+from ironclawd.ports import Resolver, Upstream, UpstreamRequest, UpstreamResponse
+from ironclawd.services.sessions import SessionService
+from ironclawd.store.credentials import CredentialStore
+
+log = logging.getLogger("ironclawd.egress")
+
+Recorder = Callable[[EgressDecision], None]
+
+
+@dataclass(frozen=True)
+class Head:
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class End:
+    truncated: bool
+    body_bytes: int
+
+
+FetchEvent = Head | bytes | End
+
+
+@dataclass
+class _SessionUse:
+    requests: collections.deque[float] = field(default_factory=collections.deque)
+    connections: int = 0
+
+
+class EgressBroker:
+    def __init__(
+        self,
+        *,
+        sessions: SessionService,
+        agents: Mapping[str, AgentSpec],
+        resolver: Resolver,
+        upstream: Upstream,
+        credentials: CredentialStore,
+        limits: EgressLimits,
+        record: Recorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sessions = sessions
+        self._agents = agents
+        self._resolver = resolver
+        self._upstream = upstream
+        self._credentials = credentials
+        self._limits = limits
+        self._record = record
+        self._clock = clock
+        self._use: dict[str, _SessionUse] = {}
+        self._connections = 0
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self._limits.timeout_seconds
+
+    def _agent(self, sid: str) -> AgentSpec:
+        return find_agent(self._agents, self._sessions.get(sid).agent)
+
+    def has_grants(self, sid: str) -> bool:
+        """Whether this session's agent has any egress rule (else it gets no egress.sock)."""
+        try:
+            return bool(self._agent(sid).egress)
+        except IronclawError:
+            return False
+
+    def forget(self, sid: str) -> None:
+        self._use.pop(sid, None)
+
+    async def fetch(
+        self,
+        sid: str,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+    ) -> AsyncIterator[FetchEvent]:
+        """Check, then perform one request; yields the head, body chunks, then the end."""
+        started = self._clock()
+        deadline = started + self._limits.timeout_seconds
+        audit = _Audit(sid, method[:16], url)
+        try:
+            request, secrets = await self._admit(sid, method, url, headers, body=body, audit=audit)
+            audit.allowed()
+            async with self._slot(sid):
+                async for event in self._exchange(request, secrets, deadline, audit):
+                    yield event
+        except (PolicyDenied, InvalidArgument) as exc:
+            audit.verdict, audit.reason = "denied", str(exc)
+            raise
+        except (UpstreamFailed, TimeoutError) as exc:
+            audit.verdict = "failed"
+            audit.reason = str(exc) if isinstance(exc, UpstreamFailed) else "timed out"
+            if isinstance(exc, TimeoutError):
+                raise UpstreamFailed(
+                    f"{audit.host}: no complete answer within {self._limits.timeout_seconds:g} s"
+                ) from None
+            raise
+        except BaseException as exc:  # the agent hung up (cancelled), or a bug: still audited
+            if audit.verdict == "allowed" and not audit.reason:
+                audit.reason = f"aborted: {type(exc).__name__}"
+            raise
+        finally:
+            audit.duration_ms = (self._clock() - started) * 1e3
+            self._audit(audit.decision())
+
+    async def _admit(
+        self,
+        sid: str,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        *,
+        body: bytes,
+        audit: _Audit,
+    ) -> tuple[UpstreamRequest, list[str]]:
+        method = check_method(method)
+        audit.method = method
+        target = parse_url(url)
+        audit.target(target)
+        rule = match_rule(self._agent(sid).egress, method, target)
+        audit.rule = rule.describe()
+        if len(body) > self._limits.max_request_bytes:
+            raise PolicyDenied(
+                f"egress: request body of {len(body)} bytes exceeds the cap of "
+                f"{self._limits.max_request_bytes}"
+            )
+        self._admit_rate(sid)
+        address = await self._resolve_checked(target)
+        audit.address = str(address)
+        injected = None
+        secrets: list[str] = []
+        if rule.credential:
+            secrets.append(self._credentials.get(rule.credential))
+            injected = (rule.credential_header, rule.credential_format.format(secrets[0]))
+        prepared = prepare_headers(headers, target, method, len(body), injected)
+        if prepared.stripped:
+            audit.note(f"stripped {', '.join(sorted(set(prepared.stripped)))}")
+        request = UpstreamRequest(
+            scheme=target.scheme,
+            host=target.host,
+            address=str(address),
+            port=target.port,
+            method=method,
+            target=target.request_target,
+            headers=prepared.headers,
+            body=body,
+            connect_timeout=self._limits.connect_timeout_seconds,
+        )
+        return request, secrets
+
+    def _admit_rate(self, sid: str) -> None:
+        use = self._use.setdefault(sid, _SessionUse())
+        now = self._clock()
+        while use.requests and use.requests[0] <= now - 60:
+            use.requests.popleft()
+        if len(use.requests) >= self._limits.requests_per_minute:
+            raise BudgetExceeded(
+                f"egress: session {sid}: rate limit of {self._limits.requests_per_minute} "
+                "requests per minute reached"
+            )
+        use.requests.append(now)
+
+    async def _resolve_checked(self, target: Target) -> IPAddress:
+        """The one address to connect to; PolicyDenied if any answer may not be reached."""
+        if target.address is not None:
+            answers: list[IPAddress] = [target.address]
+        else:
+            raw = await asyncio.wait_for(
+                self._resolver.resolve(target.host, target.port),
+                self._limits.connect_timeout_seconds,
+            )
+            try:
+                answers = [ipaddress.ip_address(a.split("%", 1)[0]) for a in raw]
+            except ValueError as exc:
+                raise UpstreamFailed(f"resolving {target.host}: bad answer: {exc}") from None
+            if not answers:
+                raise UpstreamFailed(f"resolving {target.host}: no addresses")
+        for answer in answers:
+            reason = refusal_reason(answer, self._limits.internal_cidrs)
+            if reason is not None:
+                # One bad answer spoils the name: a resolver that mixes a loopback answer in
+                # with good ones is hostile, and which answer a client picks is not ours to bet on.
+                raise PolicyDenied(
+                    f"egress: {target.host} resolves to {answer}, a {reason}; refused"
+                )
+        return answers[0]
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, sid: str) -> AsyncIterator[None]:
+        use = self._use.setdefault(sid, _SessionUse())
+        if use.connections >= self._limits.max_connections_per_session:
+            raise BudgetExceeded(
+                f"egress: session {sid}: {self._limits.max_connections_per_session} requests "
+                "already in flight"
+            )
+        if self._connections >= self._limits.max_connections_total:
+            raise BudgetExceeded("egress: the broker is at its connection cap; try again")
+        use.connections += 1
+        self._connections += 1
+        try:
+            yield
+        finally:
+            use.connections -= 1
+            self._connections -= 1
+
+    async def _exchange(
+        self, request: UpstreamRequest, secrets: list[str], deadline: float, audit: _Audit
+    ) -> AsyncIterator[FetchEvent]:
+        audit.bytes_out = len(request.body)
+        mask = _Mask(secrets)
+        response: UpstreamResponse = await asyncio.wait_for(
+            self._upstream.send(request), self._remaining(deadline)
+        )
+        try:
+            audit.status = response.status
+            yield Head(
+                response.status,
+                response.reason,
+                tuple((k, mask.scrub(v)) for k, v in response.headers),
+            )
+            cap = self._limits.max_response_bytes
+            truncated = False
+            while True:
+                chunk = await asyncio.wait_for(response.read_chunk(), self._remaining(deadline))
+                if not chunk:
+                    break
+                if audit.bytes_in + len(chunk) > cap:
+                    chunk = chunk[: cap - audit.bytes_in]
+                    truncated = True
+                audit.bytes_in += len(chunk)
+                out = mask.feed(chunk)
+                if out:
+                    yield out
+                if truncated:
+                    audit.note(f"response truncated at the cap of {cap} bytes")
+                    break
+            tail = mask.flush()
+            if tail:
+                yield tail
+            yield End(truncated, audit.bytes_in)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(response.close(), 5)
+
+    def _remaining(self, deadline: float) -> float:
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
+    def _audit(self, decision: EgressDecision) -> None:
+        level = logging.INFO if decision.verdict == "allowed" else logging.WARNING
+        log.log(
+            level,
+            "egress session %s: %s %s %s:%d%s -> %s%s (%s) status %d, %d bytes in, %d out, "
+            "%.0f ms",
+            decision.sid, decision.verdict, decision.method, decision.host, decision.port,
+            decision.path, decision.address or "-", f" [{decision.rule}]" if decision.rule else "",
+            decision.reason or "ok", decision.status, decision.bytes_in, decision.bytes_out,
+            decision.duration_ms,
+            extra={"IRONCLAW_SID": decision.sid, "IRONCLAW_EGRESS_VERDICT": decision.verdict,
+                   "IRONCLAW_METHOD": decision.method, "IRONCLAW_HOST": decision.host,
+                   "IRONCLAW_ADDRESS": decision.address, "IRONCLAW_PORT": decision.port,
+                   "IRONCLAW_PATH": decision.path, "IRONCLAW_RULE": decision.rule,
+                   "IRONCLAW_REASON": decision.reason, "IRONCLAW_STATUS": decision.status,
+                   "IRONCLAW_BYTES_IN": decision.bytes_in,
+                   "IRONCLAW_BYTES_OUT": decision.bytes_out,
+                   "IRONCLAW_DURATION_MS": round(decision.duration_ms, 1)},
+        )  # fmt: skip
+        if self._record is not None:
+            try:
+                self._record(decision)
+            except Exception as exc:  # the audit sink must not turn a decision into a crash
+                log.error("egress: recording a decision failed: %s", exc)
+
+
+class _Audit:
+    """The decision being built while a request is checked and served."""
+
+    def __init__(self, sid: str, method: str, url: str) -> None:
+        self.sid = sid
+        self.method = method
+        self.host = url[:200]  # until the URL parses: what was asked for, cut short
+        self.port = 0
+        self.path = ""
+        self.verdict = "denied"
+        self.reason = ""
+        self.address = ""
+        self.rule = ""
+        self.status = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.duration_ms = 0.0
+
+    def target(self, target: Target) -> None:
+        # The path, never the query: queries carry tokens often enough.
+        self.host, self.port, self.path = target.host, target.port, target.path[:512]
+
+    def allowed(self) -> None:
+        self.verdict = "allowed"
+
+    def note(self, text: str) -> None:
+        self.reason = f"{self.reason}; {text}" if self.reason else text
+
+    def decision(self) -> EgressDecision:
+        return EgressDecision(
+            sid=self.sid, method=self.method, host=self.host, port=self.port, path=self.path,
+            verdict=self.verdict, reason=self.reason, address=self.address, rule=self.rule,
+            status=self.status, bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            duration_ms=self.duration_ms,
+        )  # fmt: skip
+
+
+class _Mask:
+    """Masks injected credentials in a byte stream, even split across chunks."""
+
+    MASK = b"[REDACTED]"
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self._secrets = sorted({s.encode() for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        self._hold = max((len(s) for s in self._secrets), default=1) - 1
+        self._pending = b""
+
+    def _replace(self, data: bytes) -> bytes:
+        for secret in self._secrets:
+            data = data.replace(secret, self.MASK)
+        return data
+
+    def scrub(self, text: str) -> str:
+        return self._replace(text.encode("latin-1", "replace")).decode("latin-1")
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self._secrets:
+            return chunk
+        self._pending = self._replace(self._pending + chunk)
+        cut = max(0, len(self._pending) - self._hold)
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out
+
+    def flush(self) -> bytes:
+        out, self._pending = self._replace(self._pending), b""
+        return out
