@@ -80,9 +80,9 @@ class ControlServer:
 
     async def open(self, sid: str) -> Path:
         await self.close_listener(sid)
-        ensure_private_dir(self._dir, 0o755)
+        ensure_private_dir(self._dir, 0o711)
         directory = self._session_dir(sid)
-        ensure_private_dir(directory, 0o755)
+        ensure_private_dir(directory, 0o711)
         # 0666: the sandbox's host-side processes run as an unprivileged uid of runsc's choosing;
         # who may talk here is decided by the cgroup check below, not by the mode.
         sock = bind_unix_socket(directory / CONTROL_SOCKET, mode=0o666, group=None)
