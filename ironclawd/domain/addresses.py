@@ -24,6 +24,7 @@ METADATA = frozenset(
     {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 )
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
+THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # RFC 1122 "this network"
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
 NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215
 IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
@@ -38,7 +39,7 @@ NEVER_NETWORKS: tuple[IPNetwork, ...] = tuple(
 )  # fmt: skip
 
 
-def never_reason(addr: IPAddress) -> str | None:  # noqa: PLR0911
+def never_reason(addr: IPAddress) -> str | None:  # noqa: PLR0911, PLR0912
     """Why ``addr`` may never be reached, whatever the configuration; None if it may be."""
     if addr in METADATA:
         return "cloud metadata address"
@@ -55,6 +56,8 @@ def never_reason(addr: IPAddress) -> str | None:  # noqa: PLR0911
             return "Teredo address (embeds IPv4)"
     if addr.is_unspecified:
         return "unspecified address"
+    if addr in THIS_NETWORK:
+        return "'this network' address (0.0.0.0/8)"
     if addr.is_loopback:
         return "loopback address"
     if addr.is_link_local:

@@ -50,7 +50,15 @@ CATALOG: dict[str, ToolDef] = {
         ToolDef(
             "http_fetch",
             "Fetch an approved URL through the egress broker.",
-            _schema({"method": {"type": "string"}, "url": {"type": "string"}}, ["url"]),
+            _schema(
+                {
+                    "method": {"type": "string"},
+                    "url": {"type": "string"},
+                    "headers": {"type": "object"},
+                    "body": {"type": "string"},
+                },
+                ["url"],
+            ),
         ),
     )
 }

@@ -1,0 +1,264 @@
+"""The egress broker's service logic with a hostile resolver and a recording upstream: no
+network. Shows: resolve once, connect only to the checked address; a poisoned answer spoils the
+name; credentials stripped and injected (and masked coming back); caps; every decision audited."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ironclawd.config import parse_config
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.egress import EgressDecision, EgressLimits, EgressRule, UpstreamFailed
+from ironclawd.domain.model import BudgetExceeded
+from ironclawd.errors import ConfigError, InvalidArgument, PolicyDenied
+from ironclawd.ports import UpstreamRequest
+from ironclawd.services.egress import EgressBroker, End, Head
+
+SECRET = "s3cr3t-host-held-token"
+PUBLIC = "93.184.215.14"  # never contacted: the upstream here is a fake
+
+
+@dataclass
+class _Session:
+    agent: str
+
+
+class FakeSessions:
+    def get(self, sid: str) -> _Session:
+        return _Session("fetcher" if sid != "nogrants" else "demo")
+
+
+class HostileResolver:
+    """Answers a public address first and loopback on every later query (DNS rebinding)."""
+
+    def __init__(self, answers: dict[str, list[list[str]]] | None = None) -> None:
+        self.calls: list[str] = []
+        self._answers = answers or {}
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        self.calls.append(host)
+        script = self._answers.get(host, [[PUBLIC], ["127.0.0.1"]])
+        return script[min(len(self.calls) - 1, len(script) - 1)]
+
+
+@dataclass
+class FakeResponse:
+    status: int = 200
+    reason: str = "OK"
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", "text/plain"),)
+    body: list[bytes] = field(default_factory=lambda: [b"hello"])
+    delay: float = 0.0
+    closed: bool = False
+
+    async def read_chunk(self) -> bytes:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return self.body.pop(0) if self.body else b""
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class RecordingUpstream:
+    def __init__(self, response: FakeResponse | None = None) -> None:
+        self.sent: list[UpstreamRequest] = []
+        self.response = response or FakeResponse()
+
+    async def send(self, request: UpstreamRequest) -> FakeResponse:
+        self.sent.append(request)
+        return self.response
+
+
+class FakeCredentials:
+    def get(self, name: str) -> str:
+        assert name == "api-token"
+        return SECRET
+
+
+RULES = (
+    EgressRule("api.example.com", methods=("GET", "POST"), path_prefixes=("/v1/",)),
+    EgressRule("keyed.example.com", credential="api-token"),
+    EgressRule("198.51.100.1", scheme="http"),
+)
+
+
+def make(
+    upstream: RecordingUpstream | None = None,
+    resolver: HostileResolver | None = None,
+    **limits: Any,
+) -> tuple[EgressBroker, RecordingUpstream, HostileResolver, list[EgressDecision]]:
+    upstream = upstream or RecordingUpstream()
+    resolver = resolver or HostileResolver()
+    decisions: list[EgressDecision] = []
+    broker = EgressBroker(
+        sessions=FakeSessions(),  # type: ignore[arg-type]
+        agents={"fetcher": AgentSpec("fetcher", egress=RULES), "demo": AgentSpec("demo")},
+        resolver=resolver,
+        upstream=upstream,
+        credentials=FakeCredentials(),  # type: ignore[arg-type]
+        limits=EgressLimits(**limits),
+        record=decisions.append,
+    )
+    return broker, upstream, resolver, decisions
+
+
+def run(broker: EgressBroker, url: str, method: str = "GET", headers: Any = (), body: bytes = b"",
+        sid: str = "s1") -> list[Any]:  # fmt: skip
+    async def go() -> list[Any]:
+        return [e async for e in broker.fetch(sid, method, url, list(headers), body)]
+
+    return asyncio.run(go())
+
+
+def test_allowed_fetch_streams_head_body_end_and_is_audited() -> None:
+    broker, upstream, _, decisions = make()
+    events = run(broker, "https://api.example.com/v1/items?token=abc")
+    assert events == [Head(200, "OK", (("Content-Type", "text/plain"),)), b"hello", End(False, 5)]
+    (sent,) = upstream.sent
+    assert (sent.address, sent.host, sent.port, sent.scheme) == (PUBLIC, "api.example.com", 443,
+                                                                   "https")  # fmt: skip
+    assert sent.target == "/v1/items?token=abc"
+    assert ("Host", "api.example.com") in sent.headers
+    (d,) = decisions
+    assert (d.verdict, d.address, d.status, d.bytes_in, d.path) == (
+        "allowed",
+        PUBLIC,
+        200,
+        5,
+        "/v1/items",
+    )
+    assert "token" not in d.path and d.rule.startswith("GET,POST https://api.example.com:443")
+
+
+def test_rebinding_resolver_is_asked_once_and_loopback_never_reached() -> None:
+    broker, upstream, resolver, _ = make()
+    run(broker, "https://api.example.com/v1/a")
+    assert resolver.calls == ["api.example.com"]
+    assert [r.address for r in upstream.sent] == [PUBLIC]
+    # The next request resolves afresh, meets loopback, and is refused before any connection.
+    with pytest.raises(PolicyDenied, match=r"resolves to 127\.0\.0\.1, a loopback"):
+        run(broker, "https://api.example.com/v1/b")
+    assert len(upstream.sent) == 1
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [[PUBLIC, "127.0.0.1"], ["10.0.0.5", PUBLIC], ["::ffff:127.0.0.1"], ["169.254.169.254"],
+     [PUBLIC, "fd00:ec2::254"], ["100.64.1.1"], ["0.0.0.0"], ["fe80::1%eth0"]],
+)  # fmt: skip
+def test_any_refused_answer_spoils_the_name(answers: list[str]) -> None:
+    broker, upstream, _, decisions = make(resolver=HostileResolver({"api.example.com": [answers]}))
+    with pytest.raises(PolicyDenied, match="resolves to"):
+        run(broker, "https://api.example.com/v1/")
+    assert upstream.sent == []
+    assert decisions[-1].verdict == "denied" and "resolves to" in decisions[-1].reason
+
+
+def test_internal_cidrs_open_a_documentation_range() -> None:
+    docs = (ipaddress.ip_network("198.51.100.0/24"),)
+    broker, upstream, _, _ = make(internal_cidrs=docs)
+    run(broker, "http://198.51.100.1/x")
+    assert upstream.sent[0].address == "198.51.100.1"
+    broker, upstream, _, _ = make()
+    with pytest.raises(PolicyDenied, match="private"):
+        run(broker, "http://198.51.100.1/x")
+
+
+def test_agent_credentials_are_stripped_and_a_rules_is_injected_and_masked() -> None:
+    echo = FakeResponse(headers=(("X-Echo", f"Bearer {SECRET}"),),
+                        body=[b"you sent Bearer s3cr3t-ho", b"st-held-token ok"])  # fmt: skip
+    broker, upstream, _, decisions = make(RecordingUpstream(echo))
+    events = run(broker, "https://keyed.example.com/", headers=[("Authorization", "Bearer mine"),
+                                                                ("Cookie", "c=1")])  # fmt: skip
+    sent = dict(upstream.sent[0].headers)
+    assert sent["Authorization"] == f"Bearer {SECRET}" and "Cookie" not in sent
+    body = b"".join(e for e in events if isinstance(e, bytes))
+    assert SECRET.encode() not in body and b"[REDACTED]" in body
+    assert SECRET not in repr(events[0])
+    assert "stripped Authorization, Cookie" in decisions[0].reason
+    broker, upstream, _, _ = make()
+    run(broker, "https://api.example.com/v1/", headers=[("X-Api-Key", "k"), ("Authorization", "x")])
+    assert [k for k, _ in upstream.sent[0].headers] == ["Host"]
+
+
+def test_redirects_are_returned_not_followed() -> None:
+    redirect = FakeResponse(302, "Found", (("Location", "http://127.0.0.1/admin"),), [])
+    broker, upstream, _, _ = make(RecordingUpstream(redirect))
+    events = run(broker, "https://api.example.com/v1/")
+    assert events[0].status == 302 and len(upstream.sent) == 1
+
+
+def test_response_cap_truncates() -> None:
+    big = FakeResponse(body=[b"x" * 1500, b"y" * 1500])
+    broker, _, _, decisions = make(RecordingUpstream(big), max_response_bytes=2048)
+    events = run(broker, "https://api.example.com/v1/")
+    assert sum(len(e) for e in events if isinstance(e, bytes)) == 2048
+    assert events[-1] == End(True, 2048) and big.closed
+    assert "truncated" in decisions[0].reason
+
+
+def test_slow_upstream_hits_the_deadline_and_is_closed() -> None:
+    slow = FakeResponse(body=[b"a"] * 100, delay=0.05)
+    broker, _, _, decisions = make(RecordingUpstream(slow), timeout_seconds=0.2)
+    with pytest.raises(UpstreamFailed, match="no complete answer within"):
+        run(broker, "https://api.example.com/v1/")
+    assert slow.closed and decisions[0].verdict == "failed"
+
+
+def test_request_body_cap_and_rate_limit() -> None:
+    resolver = HostileResolver({"api.example.com": [[PUBLIC]]})
+    broker, upstream, _, _ = make(max_request_bytes=10, requests_per_minute=2, resolver=resolver)
+    with pytest.raises(PolicyDenied, match="exceeds the cap"):
+        run(broker, "https://api.example.com/v1/", "POST", body=b"x" * 11)
+    run(broker, "https://api.example.com/v1/")
+    run(broker, "https://api.example.com/v1/")
+    with pytest.raises(BudgetExceeded, match="2 requests per minute"):
+        run(broker, "https://api.example.com/v1/")
+    assert len(upstream.sent) == 2
+    run(broker, "https://api.example.com/v1/", sid="s2")  # another session has its own budget
+
+
+def test_concurrent_connections_per_session_are_capped() -> None:
+    slow = FakeResponse(body=[b"a"], delay=0.3)
+    resolver = HostileResolver({"api.example.com": [[PUBLIC]]})
+    broker, _, _, _ = make(RecordingUpstream(slow), resolver, max_connections_per_session=1)
+
+    async def both() -> list[Any]:
+        async def one() -> Any:
+            return [e async for e in broker.fetch("s1", "GET", "https://api.example.com/v1/", [],
+                                                  b"")]  # fmt: skip
+
+        return await asyncio.gather(one(), one(), return_exceptions=True)
+
+    results = asyncio.run(both())
+    assert sum(isinstance(r, BudgetExceeded) for r in results) == 1
+
+
+def test_sessions_without_grants_are_refused_and_get_no_socket() -> None:
+    broker, upstream, _, decisions = make()
+    assert broker.has_grants("s1") and not broker.has_grants("nogrants")
+    with pytest.raises(PolicyDenied, match="no egress grants"):
+        run(broker, "https://api.example.com/v1/", sid="nogrants")
+    with pytest.raises(InvalidArgument):
+        run(broker, "https://api.example.com/v1/", method="CONNECT")
+    assert upstream.sent == [] and [d.verdict for d in decisions] == ["denied", "denied"]
+
+
+def test_config_parses_egress_rules_and_refuses_never_ranges() -> None:
+    config = parse_config(
+        '[egress]\ninternal_cidrs = ["198.51.100.0/24"]\n'
+        '[agents.fetcher]\ntools = ["http_fetch"]\n'
+        'egress = [{host = "api.example.com", methods = ["GET"], path_prefixes = ["/v1/"]}]\n',
+        "test",
+    )
+    assert config.egress.internal_cidrs == (ipaddress.ip_network("198.51.100.0/24"),)
+    assert config.agents[0].egress == (EgressRule("api.example.com", path_prefixes=("/v1/",)),)
+    for bad in ('[egress]\ninternal_cidrs = ["127.0.0.0/8"]\n',
+                '[agents.x]\negress = [{host = "a.example.com", scheme = "ftp"}]\n'):  # fmt: skip
+        with pytest.raises(ConfigError, match="egress"):
+            parse_config(bad, "test")

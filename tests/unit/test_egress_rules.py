@@ -1,0 +1,210 @@
+"""Egress rules, URL parsing and header checks (ironclawd/domain/egress.py): pure."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ironclawd.domain.egress import (
+    EgressRule,
+    check_method,
+    match_rule,
+    parse_url,
+    path_matches,
+    prepare_headers,
+    rule_from_mapping,
+)
+from ironclawd.errors import InvalidArgument, PolicyDenied
+
+RULES = (
+    EgressRule("api.example.com", methods=("GET", "POST"), path_prefixes=("/v1/",)),
+    EgressRule("*.cdn.example.net"),
+    EgressRule("plain.example.org", scheme="http", port=8080),
+)
+
+
+def test_allowed_request_matches_its_rule() -> None:
+    target = parse_url("https://api.example.com/v1/items?q=1")
+    assert match_rule(RULES, "POST", target) is RULES[0]
+    assert target.port == 443
+    assert target.request_target == "/v1/items?q=1"
+    assert match_rule(RULES, "GET", parse_url("https://a.b.cdn.example.net/x")) is RULES[1]
+    assert match_rule(RULES, "GET", parse_url("http://plain.example.org:8080/")) is RULES[2]
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "missing"),
+    [
+        ("GET", "https://other.example.com/v1/", "no rule for host 'other.example.com'"),
+        ("GET", "https://api.example.com.evil.net/v1/", "no rule for host"),
+        ("GET", "https://cdn.example.net/x", "no rule for host 'cdn.example.net'"),
+        ("GET", "http://api.example.com/v1/", "no rule for scheme 'http'"),
+        ("GET", "https://api.example.com:8443/v1/", "no rule for port 8443"),
+        ("DELETE", "https://api.example.com/v1/x", "no rule for method DELETE"),
+        ("GET", "https://api.example.com/v2/x", "no rule for path '/v2/x'"),
+        ("GET", "https://api.example.com/v10/", "no rule for path '/v10/'"),
+        ("GET", "https://plain.example.org:8080/", "no rule for scheme 'https'"),
+        ("GET", "http://plain.example.org/", "no rule for port 80"),
+    ],
+)
+def test_missing_rule_is_named(method: str, url: str, missing: str) -> None:
+    with pytest.raises(PolicyDenied, match=missing.replace("(", r"\(").replace(".", r"\.")):
+        match_rule(RULES, method, parse_url(url))
+
+
+def test_no_rules_at_all_is_denied() -> None:
+    with pytest.raises(PolicyDenied, match="no egress grants"):
+        match_rule((), "GET", parse_url("https://api.example.com/"))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://user:pw@api.example.com/v1/",
+        "https://api.example.com\\@evil.net/",
+        "https://api.example.com/v1/../admin",
+        "https://api.example.com/v1/%2e%2e/admin",
+        "https://api.example.com/v1/..%2fadmin",
+        "https://api.example.com/v1/%00",
+        "https://api.example.com/v1/ x",
+        "https://api.exämple.com/",
+        "https:///v1/",
+        "https://api.example.com:0/",
+        "https://api.example.com:99999/",
+        "https://api.example.com:+443/",
+        "https://-bad-.example.com/",
+        "https://api.example.com/%zz",
+        "https://[::1%25eth0]/",
+        "not a url",
+    ],
+)
+def test_malformed_or_tricky_urls_are_refused(url: str) -> None:
+    with pytest.raises((InvalidArgument, PolicyDenied)):
+        parse_url(url)
+
+
+@pytest.mark.parametrize("url", ["ftp://api.example.com/", "file:///etc/passwd", "gopher://x/"])
+def test_other_schemes_are_denied(url: str) -> None:
+    with pytest.raises((PolicyDenied, InvalidArgument)):
+        parse_url(url)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["2130706433", "0x7f000001", "0x7f.1", "0177.0.0.1", "127.1", "127.0.1", "017700000001",
+     "127.0.0.01", "1.2.3.4.5", "0", "0x", "169.254.43518"],
+)  # fmt: skip
+def test_numeric_host_tricks_are_denied(host: str) -> None:
+    with pytest.raises(PolicyDenied, match="non-canonical numeric"):
+        parse_url(f"http://{host}/")
+
+
+def test_canonical_ip_literals_parse_to_addresses() -> None:
+    assert str(parse_url("https://198.51.100.1/").address) == "198.51.100.1"
+    assert str(parse_url("https://[2001:db8::1]:8443/").address) == "2001:db8::1"
+    assert parse_url("https://API.Example.COM./").host == "api.example.com"
+
+
+def test_path_prefixes_match_whole_segments() -> None:
+    assert path_matches("/v1", "/v1") and path_matches("/v1", "/v1/x")
+    assert not path_matches("/v1", "/v10")
+    assert path_matches("/v1/", "/v1/x") and path_matches("/v1/", "/v1")
+    assert not path_matches("/v1/", "/v1x")
+
+
+@given(st.text(alphabet="abc.-", min_size=1, max_size=20).filter(lambda s: not s.endswith(".")))
+def test_wildcard_never_matches_the_bare_suffix_or_a_lookalike(label: str) -> None:
+    rule = EgressRule("*.example.com")
+    for host in ("example.com", f"{label}example.com", f"example.com.{label}"):
+        try:
+            target = parse_url(f"https://{host}/")
+        except (InvalidArgument, PolicyDenied):
+            continue
+        with pytest.raises(PolicyDenied):
+            match_rule((rule,), "GET", target)
+
+
+def _headers(*pairs: tuple[str, str], method: str = "GET", body: int = 0) -> list[tuple[str, str]]:
+    target = parse_url("https://api.example.com/v1/")
+    return list(prepare_headers(pairs, target, method, body).headers)
+
+
+def test_headers_get_host_and_lose_credentials_and_hop_by_hop() -> None:
+    sent = _headers(
+        ("Accept", "application/json"),
+        ("Authorization", "Bearer agent-made"),
+        ("Cookie", "a=b"),
+        ("X-Api-Key", "k"),
+        ("Proxy-Authorization", "x"),
+        ("Connection", "close"),
+        ("Upgrade", "h2c"),
+    )
+    assert sent == [("Host", "api.example.com"), ("Accept", "application/json")]
+
+
+def test_injected_credential_replaces_the_agents() -> None:
+    target = parse_url("https://api.example.com/v1/")
+    prepared = prepare_headers(
+        [("Authorization", "Bearer mine")], target, "GET", 0, ("Authorization", "Bearer host")
+    )
+    assert ("Authorization", "Bearer host") in prepared.headers
+    assert ("Authorization", "Bearer mine") not in prepared.headers
+    assert prepared.stripped == ("Authorization",)
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        (("X-A", "a\r\nX-Injected: 1"),),
+        (("X-A", "a\nb"),),
+        (("X-A", "a\0b"),),
+        (("Host", "api.example.com"), ("Host", "evil.net")),
+        (("Host", "evil.net"),),
+        (("Content-Length", "0"), ("content-length", "0")),
+        (("Transfer-Encoding", "chunked"),),
+        (("Content-Length", "5"),),
+    ],
+)
+def test_header_smuggling_is_denied(pairs: tuple[tuple[str, str], ...]) -> None:
+    with pytest.raises(PolicyDenied):
+        _headers(*pairs)
+
+
+@pytest.mark.parametrize("name", ["X A", "X:A", "", "X\r\nA", "Ä"])
+def test_bad_header_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidArgument):
+        _headers((name, "v"))
+
+
+def test_body_methods_carry_content_length() -> None:
+    assert ("Content-Length", "0") in _headers(method="POST")
+    assert ("Content-Length", "3") in _headers(method="PUT", body=3)
+    assert not any(k == "Content-Length" for k, _ in _headers())
+
+
+def test_methods_are_checked() -> None:
+    assert check_method("") == "GET"
+    assert check_method("post") == "POST"
+    for bad in ("CONNECT", "TRACE", "GET /", "G\r\nET"):
+        with pytest.raises(InvalidArgument):
+            check_method(bad)
+
+
+def test_rules_from_config_are_validated() -> None:
+    rule = rule_from_mapping(
+        {"host": "*.example.com", "methods": ["get"], "path_prefixes": ["/a"], "port": 8443}
+    )
+    assert rule == EgressRule("*.example.com", port=8443, methods=("GET",), path_prefixes=("/a",))
+    for bad in (
+        {"host": "Example.com"},
+        {"host": "*.com"},
+        {"host": "a.example.com", "scheme": "ftp"},
+        {"host": "a.example.com", "methods": ["CONNECT"]},
+        {"host": "a.example.com", "path_prefixes": ["v1"]},
+        {"host": "a.example.com", "credential": "k", "credential_format": "no slot"},
+        {"host": "a.example.com", "extra": 1},
+        {"scheme": "https"},
+    ):
+        with pytest.raises(ValueError):
+            rule_from_mapping(bad)
