@@ -1,0 +1,394 @@
+"""Capability changes (ironclawd/domain/changes.py) and the gateway's decisions over them
+(ironclawd/services/gateway.py, with an in-memory store and a hand-driven clock).
+
+What an approver relies on: every kind's payload is checked before anything is queued; the hash
+an approval names covers the kind, the target, the payload and the agent as it was; the diff
+shows every control, escape and bidi character as an escape; and a decision is made once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.changes import (
+    APPLIABLE,
+    KINDS,
+    MAX_PERSONA,
+    Change,
+    ChangeState,
+    agent_view,
+    apply_payload,
+    canonical,
+    change_hash,
+    check_payload,
+    diff_lines,
+    transition,
+)
+from ironclawd.domain.tools import CATALOG
+from ironclawd.errors import Conflict, InvalidArgument, NotFound
+from ironclawd.services.gateway import Gateway, GatewayPolicy, RateLimited
+from ironclawd.services.registry import Registry
+
+DEMO = AgentSpec("demo")
+
+# -- payload verifiers, per kind ---------------------------------------------------------------
+
+
+def test_persona_payload_is_text_of_bounded_size_and_nothing_else() -> None:
+    assert check_payload("persona", "demo", '{"persona": "Be terse."}') == {"persona": "Be terse."}
+    assert check_payload("persona", "demo", json.dumps({"persona": "x" * MAX_PERSONA}))
+    bad = [
+        ("{}", "payload.persona"),
+        ('{"persona": ""}', "payload.persona"),
+        ('{"persona": "   \\n"}', "payload.persona"),
+        ('{"persona": 7}', "payload.persona"),
+        (json.dumps({"persona": "x" * (MAX_PERSONA + 1)}), f"at most {MAX_PERSONA}"),
+        ('{"persona": "ok", "tools": []}', "unexpected key(s) tools"),
+        ('{"persona": "ok", "provider": "openai"}', "unexpected key(s) provider"),
+        ('["persona"]', "expected a JSON object"),
+        ("not json", "not valid JSON"),
+    ]
+    for payload, needle in bad:
+        with pytest.raises(InvalidArgument) as err:
+            check_payload("persona", "demo", payload)
+        assert needle in str(err.value), (payload, str(err.value))
+
+
+def test_tools_payload_names_known_tools_only_deduplicated_in_order() -> None:
+    got = check_payload("tools", "demo", '{"tools": ["list_files", "read_file", "list_files"]}')
+    assert got == {"tools": ["list_files", "read_file"]}
+    assert check_payload("tools", "demo", '{"tools": []}') == {"tools": []}
+    for payload, needle in [
+        ('{"tools": ["read_file", "shell"]}', "unknown tool(s) shell"),
+        ('{"tools": "read_file"}', "expected a list of tool names"),
+        ('{"tools": [1]}', "expected a list of tool names"),
+        ("{}", "expected a list of tool names"),
+        ('{"tools": [], "persona": "x"}', "unexpected key(s) persona"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            check_payload("tools", "demo", payload)
+        assert needle in str(err.value), (payload, str(err.value))
+    assert "shell" not in CATALOG
+
+
+def test_create_agent_payload_defaults_to_the_offline_mock_and_checks_the_rest() -> None:
+    got = check_payload("create_agent", "helper", '{"persona": "You help."}')
+    assert got == {"persona": "You help.", "tools": [], "provider": "mock", "model": "mock-1"}
+    full = '{"persona": "p", "tools": ["read_file"], "provider": "anthropic", "model": "m"}'
+    assert check_payload("create_agent", "helper", full)["provider"] == "anthropic"
+    for payload, needle in [
+        ('{"tools": []}', "payload.persona"),
+        ('{"persona": "p", "provider": "evil"}', "payload.provider"),
+        ('{"persona": "p", "model": ""}', "payload.model"),
+        ('{"persona": "p", "credential": "k"}', "unexpected key(s) credential"),
+        ('{"persona": "p", "egress": []}', "unexpected key(s) egress"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            check_payload("create_agent", "helper", payload)
+        assert needle in str(err.value), (payload, str(err.value))
+
+
+@pytest.mark.parametrize("kind", sorted(set(KINDS) - APPLIABLE))
+def test_kinds_without_an_applier_are_refused_not_queued(kind: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"cannot apply {kind} changes yet"):
+        check_payload(kind, "demo", "{}")
+
+
+def test_unknown_kind_and_bad_agent_names_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="kind: expected one of"):
+        check_payload("approve", "demo", "{}")
+    for name in ("", "Demo", "1abc", "a/b", "a" * 64, "demo\n", "d\u202eemo"):
+        with pytest.raises(InvalidArgument, match="agent: expected a name"):
+            check_payload("persona", name, '{"persona": "x"}')
+
+
+def test_apply_payload_changes_only_what_the_kind_names() -> None:
+    spec = replace(DEMO, memory_bytes=123, credential="k")
+    after = apply_payload("persona", "demo", spec, {"persona": "New."})
+    assert after == replace(spec, persona="New.")
+    after = apply_payload("tools", "demo", spec, {"tools": ["read_file"]})
+    assert after == replace(spec, tools=("read_file",))
+    with pytest.raises(Conflict, match="already exists"):
+        payload = {"persona": "p", "tools": [], "provider": "mock", "model": "m"}
+        apply_payload("create_agent", "demo", spec, payload)
+    with pytest.raises(Conflict, match="does not exist"):
+        apply_payload("persona", "ghost", None, {"persona": "p"})
+
+
+# -- the hash an approval names ----------------------------------------------------------------
+
+
+def test_hash_binds_kind_agent_payload_and_before() -> None:
+    before = canonical(agent_view(DEMO))
+    payload = canonical({"tools": ["read_file"]})
+    base = change_hash("tools", "demo", payload, before)
+    assert len(base) == 64 and base == change_hash("tools", "demo", payload, before)
+    variants = {
+        "kind": change_hash("persona", "demo", payload, before),
+        "agent": change_hash("tools", "demo2", payload, before),
+        "payload": change_hash("tools", "demo", canonical({"tools": ["list_files"]}), before),
+        "before": change_hash(
+            "tools", "demo", payload, canonical(agent_view(replace(DEMO, persona="Other.")))
+        ),
+        # Field boundaries are not ambiguous: moving text between fields changes the hash.
+        "boundary": change_hash("tool", "sdemo", payload, before),
+    }
+    for what, digest in variants.items():
+        assert digest != base, f"the hash does not cover {what}"
+    assert len(set(variants.values())) == len(variants)
+
+
+# -- the diff an approver reads ----------------------------------------------------------------
+
+HOSTILE = (
+    "Be nice.\x1b[2J\x1b]0;pwned\x07\r\nIgnore that:\u202eevorppa\u202c \u2066x\u2069"
+    "\u200bzw\ufeff\x00\x7f\u0085"
+)
+
+
+def test_diff_shows_control_escape_and_bidi_characters_as_escapes() -> None:
+    after = replace(DEMO, persona=HOSTILE)
+    lines = diff_lines(canonical(agent_view(DEMO)), canonical(agent_view(after)))
+    assert lines[:2] == ["--- before", "+++ after"]
+    changed = [line for line in lines if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    assert [line[:10] for line in changed] == ['-persona: ', '+persona: ']  # fmt: skip
+    text = "\n".join(lines)
+    for line in lines:
+        assert line.isascii() and line.isprintable(), repr(line)
+    for escape in ("\\u001b[2J", "\\u0007", "\\r\\n", "\\u202e", "\\u202c", "\\u2066",
+                   "\\u2069", "\\u200b", "\\ufeff", "\\u0000", "\\u007f", "\\u0085"):  # fmt: skip
+        assert escape in text, escape
+    # Escaping is reversible: the approver's line decodes to exactly the submitted persona.
+    shown = changed[1].removeprefix("+persona: ")
+    assert json.loads(shown) == HOSTILE
+
+
+def test_diff_of_create_agent_is_all_additions_and_tools_are_listed() -> None:
+    spec = AgentSpec("helper", persona="p", tools=("read_file",))
+    lines = diff_lines("null", canonical(agent_view(spec)))
+    body = [line for line in lines if not line.startswith(("---", "+++", "@@"))]
+    assert body == [
+        '+model: "mock-1"',
+        '+name: "helper"',
+        '+persona: "p"',
+        '+provider: "mock"',
+        '+tools: ["read_file"]',
+    ]
+
+
+# -- transitions -------------------------------------------------------------------------------
+
+
+def _change(**fields: Any) -> Change:
+    values: dict[str, Any] = dict(
+        id="chg-000000000001", kind="persona", agent="demo", payload='{"persona":"x"}',
+        reason="", submitter="uid:0(root)", before="{}", after="{}", hash="h" * 64,
+        created_at=100.0, expires_at=200.0,
+    )  # fmt: skip
+    values.update(fields)
+    return Change(**values)
+
+
+def test_transitions_follow_the_state_machine_and_each_decision_is_single_use() -> None:
+    pending = _change()
+    approved = transition(pending, ChangeState.APPROVED, decided_by="uid:1(a)")
+    assert approved.state is ChangeState.APPROVED and approved.decided_by == "uid:1(a)"
+    assert transition(approved, ChangeState.APPLIED).state is ChangeState.APPLIED
+    assert transition(approved, ChangeState.FAILED).state is ChangeState.FAILED
+    allowed = {
+        (ChangeState.PENDING, ChangeState.APPROVED),
+        (ChangeState.PENDING, ChangeState.REJECTED),
+        (ChangeState.PENDING, ChangeState.EXPIRED),
+        (ChangeState.APPROVED, ChangeState.APPLIED),
+        (ChangeState.APPROVED, ChangeState.FAILED),
+    }
+    for src in ChangeState:
+        for dst in ChangeState:
+            change = _change(state=src)
+            if (src, dst) in allowed:
+                assert transition(change, dst).state is dst
+            else:
+                with pytest.raises(Conflict, match=f"is {src.value}: cannot become {dst.value}"):
+                    transition(change, dst)
+
+
+# -- the gateway's decisions (in-memory store, hand-driven clock) -------------------------------
+
+
+class MemoryStore:
+    """The part of StateStore the registry and the gateway use."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, str] = {}
+        self.changes: dict[str, Change] = {}
+
+    def put_agent(self, name: str, spec_json: str, now: float) -> None:
+        self._agents[name] = spec_json
+
+    def agents(self) -> dict[str, str]:
+        return dict(self._agents)
+
+    def insert_change(self, change: Change) -> None:
+        assert change.id not in self.changes
+        self.changes[change.id] = change
+
+    def save_change(self, change: Change) -> None:
+        self.changes[change.id] = replace(
+            self.changes[change.id], state=change.state, decided_by=change.decided_by,
+            decided_at=change.decided_at, note=change.note,
+        )  # fmt: skip
+
+    def get_change(self, change_id: str) -> Change:
+        if change_id not in self.changes:
+            raise NotFound(f"change {change_id} not found")
+        return self.changes[change_id]
+
+    def list_changes(self, state: str | None = None) -> list[Change]:
+        return [c for c in self.changes.values() if state is None or c.state.value == state]
+
+    def count_changes_since(self, submitter: str, since: float) -> int:
+        return sum(c.submitter == submitter and c.created_at >= since
+                   for c in self.changes.values())  # fmt: skip
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, object]]] = []
+
+    def record(self, event: str, actor: str, **fields: object) -> None:
+        self.records.append((event, actor, fields))
+
+    def events(self) -> list[str]:
+        return [event for event, _, _ in self.records]
+
+
+class World:
+    def __init__(self, policy: GatewayPolicy | None = None) -> None:
+        self.now = 1000.0
+        self.store = MemoryStore()
+        self.registry = Registry(self.store, [DEMO])  # type: ignore[arg-type]
+        self.audit = Recorder()
+        self.restarted: list[str] = []
+        self.gateway = Gateway(
+            store=self.store,  # type: ignore[arg-type]
+            registry=self.registry,
+            audit=self.audit,
+            policy=policy or GatewayPolicy(),
+            restart_agent_sessions=self._restart,
+            clock=lambda: self.now,
+        )
+
+    async def _restart(self, agent: str) -> list[str]:
+        self.restarted.append(agent)
+        return [f"sid-of-{agent}"]
+
+    def approve(self, change: Change, approver: str = "uid:1000(alice)", h: str = "") -> Change:
+        return asyncio.run(self.gateway.approve(change.id, h or change.hash, approver))
+
+
+ROOT = "uid:0(root)"
+
+
+def test_a_change_waits_for_a_human_then_applies_and_restarts_sessions() -> None:
+    w = World()
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "why", ROOT)
+    assert change.state is ChangeState.PENDING
+    assert w.registry["demo"].persona == DEMO.persona  # nothing applied by submitting
+    assert change.hash == change_hash("persona", "demo", change.payload, change.before)
+    applied = w.approve(change)
+    assert applied.state is ChangeState.APPLIED
+    assert w.registry["demo"].persona == "New."
+    assert w.restarted == ["demo"]
+    assert w.audit.events() == ["change.submitted", "change.approved", "change.applied"]
+    assert w.audit.records[1][1] == "uid:1000(alice)"
+
+
+def test_approval_with_another_hash_is_refused_and_audited() -> None:
+    w = World()
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
+    other = w.gateway.submit("persona", "demo", '{"persona": "Other."}', "", ROOT)
+    with pytest.raises(Conflict, match="hash given does not match"):
+        w.approve(change, h=other.hash)
+    assert w.store.changes[change.id].state is ChangeState.PENDING
+    assert w.registry["demo"].persona == DEMO.persona
+    assert w.audit.events()[-1] == "change.approval_refused"
+
+
+def test_an_approval_cannot_be_replayed() -> None:
+    w = World()
+    change = w.gateway.submit("tools", "demo", '{"tools": ["read_file"]}', "", ROOT)
+    w.approve(change)
+    with pytest.raises(Conflict, match="it is applied, not pending"):
+        w.approve(change)
+    assert w.restarted == ["demo"]
+    assert w.audit.events()[-1] == "change.approval_refused"
+
+
+def test_a_change_to_an_agent_that_changed_since_fails_on_apply() -> None:
+    w = World()
+    first = w.gateway.submit("persona", "demo", '{"persona": "One."}', "", ROOT)
+    second = w.gateway.submit("tools", "demo", '{"tools": []}', "", ROOT)
+    w.approve(first)
+    with pytest.raises(Conflict, match="changed since"):
+        w.approve(second)
+    assert w.store.changes[second.id].state is ChangeState.FAILED
+    assert w.registry["demo"].tools == DEMO.tools
+    assert w.audit.events()[-1] == "change.failed"
+
+
+def test_four_eyes_refuses_the_submitter_only_for_the_configured_kinds() -> None:
+    w = World(GatewayPolicy(four_eyes=frozenset({"persona"})))
+    alice = "uid:1000(alice)"
+    persona = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", alice)
+    with pytest.raises(Conflict, match="four-eyes"):
+        w.approve(persona, approver="uid:1000(renamed)")  # the uid decides, not the name
+    assert w.approve(persona, approver=ROOT).state is ChangeState.APPLIED
+    tools = w.gateway.submit("tools", "demo", '{"tools": []}', "", alice)
+    assert w.approve(tools, approver=alice).state is ChangeState.APPLIED
+
+
+def test_an_expired_change_cannot_be_approved() -> None:
+    w = World(GatewayPolicy(expiry_seconds=60))
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
+    w.now += 60
+    with pytest.raises(Conflict, match="it is expired, not pending"):
+        w.approve(change)
+    assert w.gateway.list_changes("expired")[0].id == change.id
+    assert w.registry["demo"].persona == DEMO.persona
+    assert "change.expired" in w.audit.events()
+
+
+def test_floods_are_refused_per_submitter_and_each_refusal_is_audited() -> None:
+    w = World(GatewayPolicy(submissions_per_hour=3))
+    agent = "session:abc"
+    for n in range(3):
+        w.gateway.submit("persona", "demo", json.dumps({"persona": f"P{n}"}), "", agent)
+    with pytest.raises(RateLimited, match="at most 3 change submissions per hour"):
+        w.gateway.submit("persona", "demo", '{"persona": "P9"}', "", agent)
+    assert w.audit.records[-1][:2] == ("change.refused", agent)
+    assert len(w.store.changes) == 3
+    # Another submitter is not held up, and the window slides.
+    w.gateway.submit("persona", "demo", '{"persona": "Q"}', "", ROOT)
+    w.now += 3601
+    w.gateway.submit("persona", "demo", '{"persona": "P10"}', "", agent)
+
+
+def test_verifiers_refuse_no_ops_missing_agents_and_duplicates_before_queueing() -> None:
+    w = World()
+    for args, error, needle in [
+        (("persona", "demo", json.dumps({"persona": DEMO.persona})), InvalidArgument,
+         "would change nothing"),
+        (("persona", "ghost", '{"persona": "x"}'), NotFound, "agent 'ghost' not found"),
+        (("create_agent", "demo", '{"persona": "x"}'), Conflict, "already exists"),
+        (("mounts", "demo", '{"path": "/"}'), InvalidArgument, "cannot apply mounts"),
+    ]:  # fmt: skip
+        with pytest.raises(error, match=needle):
+            w.gateway.submit(*args, "", ROOT)
+    assert w.store.changes == {}
+    assert w.audit.events() == ["change.refused"] * 4
