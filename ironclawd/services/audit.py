@@ -20,6 +20,15 @@ class Audit:
             log.warning(
                 "audit log: the filesystem has no append-only flag; relying on the MAC chain"
             )
+        head = store.audit_head()
+        if head is not None and audit_log.continue_after(head):
+            log.critical(
+                "audit log: the file ends before the remembered record %d: records were removed "
+                "while ironclawd was down; new records continue after %d (audit verify names "
+                "the gap)",
+                head[0],
+                head[0],
+            )
 
     def record(self, event: str, actor: str, **fields: Any) -> None:
         try:

@@ -79,6 +79,19 @@ class AuditLog:
     def head(self) -> tuple[int, str]:
         return self._seq, self._prev
 
+    def continue_after(self, remembered: tuple[int, str]) -> bool:
+        """Chain new records to the head remembered elsewhere when the file ends before it
+        (cut or emptied while the daemon was down). Numbering from the file's own tail would
+        let the next record overwrite the remembered head, and the cut would verify clean;
+        continuing from the remembered head keeps the gap in the file for ``verify`` to name.
+        A file that is ahead of the head (a crash between append and remembering) is fine."""
+        seq, mac = remembered
+        with self._lock:
+            if seq > self._seq or (seq == self._seq and mac != self._prev):
+                self._seq, self._prev = seq, mac
+                return True
+        return False
+
     def append(self, event: str, actor: str, **fields: Any) -> dict[str, Any]:
         """Append one record and fsync it before returning."""
         with self._lock:

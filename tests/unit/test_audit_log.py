@@ -1,0 +1,240 @@
+"""The audit log (ironclawd/store/audit.py, ironclawd/services/audit.py): keyed, hash-chained
+JSON lines whose head is also remembered in the state DB.
+
+Each way of rewriting history — an edit, a truncation, a reorder, a deletion, an insertion, a
+forged record with a recomputed plain sha256 — must make ``verify`` fail naming the first bad
+record. Tampering needs the append-only flag off: the tests that rewrite the file run with the
+flag not set (a tmpfs has none anyway); one test shows what the flag itself refuses.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ironclawd.services.audit import Audit
+from ironclawd.store import audit as audit_store
+from ironclawd.store.audit import GENESIS, AuditLog, canonical
+
+KEY = b"k" * 32
+N = 6
+
+
+@pytest.fixture
+def no_append_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave FS_APPEND_FL alone, so the test can play the attacker who already removed it."""
+    monkeypatch.setattr(audit_store, "_set_append_only", lambda fd: False)
+
+
+@pytest.fixture
+def written(tmp_path: Path, no_append_flag: None) -> Iterator[tuple[AuditLog, tuple[int, str]]]:
+    """A log of N records and the head the daemon would have remembered."""
+    log = AuditLog(tmp_path / "audit.log", KEY)
+    for n in range(1, N + 1):
+        log.append("change.submitted", f"uid:{n}(user{n})", change=f"chg-{n:012x}")
+    yield log, log.head
+    log.close()
+
+
+def lines(log: AuditLog) -> list[bytes]:
+    return log._path.read_bytes().splitlines(keepends=True)
+
+
+def rewrite(log: AuditLog, new: list[bytes]) -> None:
+    log._path.write_bytes(b"".join(new))
+
+
+def test_an_untouched_log_verifies_and_chains_every_record(
+    written: tuple[AuditLog, tuple[int, str]],
+) -> None:
+    log, head = written
+    result = log.verify(head)
+    assert (result.ok, result.records, result.first_bad, result.problem) == (True, N, 0, "")
+    records = [json.loads(line) for line in lines(log)]
+    assert [r["seq"] for r in records] == list(range(1, N + 1))
+    assert records[0]["prev"] == GENESIS
+    for earlier, later in itertools.pairwise(records):
+        assert later["prev"] == earlier["mac"]
+    assert head == (N, records[-1]["mac"])
+    assert log.read(after=4) == records[4:]
+
+
+def test_an_edit_is_named(written: tuple[AuditLog, tuple[int, str]]) -> None:
+    log, head = written
+    new = lines(log)
+    new[2] = new[2].replace(b"uid:3(user3)", b"uid:0(root)")
+    rewrite(log, new)
+    result = log.verify(head)
+    assert (result.ok, result.first_bad) == (False, 3)
+    assert "MAC mismatch" in result.problem
+    assert result.records == 2  # the records before it are still good
+
+
+def test_a_truncated_tail_is_named_using_the_remembered_head(
+    written: tuple[AuditLog, tuple[int, str]],
+) -> None:
+    log, head = written
+    rewrite(log, lines(log)[:4])
+    # Without the remembered head a clean cut is indistinguishable from a shorter log...
+    assert log.verify(None).ok
+    # ...with it, the first missing record is named.
+    result = log.verify(head)
+    assert (result.ok, result.first_bad) == (False, 5)
+    assert f"{N} records were written" in result.problem
+    # A cut in the middle of a line is named even without the head.
+    rewrite(log, [*lines(log)[:3], lines(log)[3][:-20]])
+    result = log.verify(None)
+    assert (result.ok, result.first_bad) == (False, 4)
+
+
+def test_a_reorder_is_named(written: tuple[AuditLog, tuple[int, str]]) -> None:
+    log, head = written
+    new = lines(log)
+    new[1], new[2] = new[2], new[1]
+    rewrite(log, new)
+    result = log.verify(head)
+    assert (result.ok, result.first_bad) == (False, 2)
+    assert "expected seq 2, found 3" in result.problem
+
+
+def test_a_deletion_is_named(written: tuple[AuditLog, tuple[int, str]]) -> None:
+    log, head = written
+    new = lines(log)
+    del new[3]
+    rewrite(log, new)
+    result = log.verify(head)
+    assert (result.ok, result.first_bad) == (False, 4)
+    assert "expected seq 4, found 5" in result.problem
+
+
+def _forge(prev_line: bytes, mac: str | None = None, **fields: Any) -> bytes:
+    """A record as someone without the key would write it: right seq, right prev, and a
+    sha256 over the canonical body in place of the HMAC."""
+    prev = json.loads(prev_line)
+    record = {"seq": prev["seq"] + 1, "time": prev["time"] + 1, "event": "change.approved",
+              "actor": "uid:1000(alice)", **fields, "prev": prev["mac"]}  # fmt: skip
+    record["mac"] = mac or hashlib.sha256(canonical(record)).hexdigest()
+    return canonical(record) + b"\n"
+
+
+def test_a_forged_record_with_a_recomputed_sha256_is_named_wherever_it_goes(
+    written: tuple[AuditLog, tuple[int, str]],
+) -> None:
+    log, head = written
+    original = lines(log)
+    # Appended at the end, chained to the real last record.
+    rewrite(log, [*original, _forge(original[-1], change="chg-000000000001")])
+    result = log.verify(head)
+    assert (result.ok, result.first_bad) == (False, N + 1)
+    assert "MAC mismatch" in result.problem
+    # Inserted in the middle, with every later record renumbered and re-chained by sha256.
+    forged = original[:2]
+    for _ in range(N - 1):
+        forged.append(_forge(forged[-1]))
+    rewrite(log, forged)
+    result = log.verify(None)
+    assert (result.ok, result.first_bad) == (False, 3)
+    # A MAC under another key is no better than a plain hash.
+    body = json.loads(_forge(original[-1]))
+    del body["mac"]
+    wrong = AuditLog.__new__(AuditLog)
+    wrong._key = b"x" * 32
+    rewrite(log, [*original, _forge(original[-1], mac=wrong._mac(body))])
+    assert log.verify(head).first_bad == N + 1
+
+
+class HeadStore:
+    """The state DB's view of the audit head."""
+
+    def __init__(self) -> None:
+        self.head: tuple[int, str] | None = None
+
+    def set_audit_head(self, seq: int, mac: str) -> None:
+        self.head = (seq, mac)
+
+    def audit_head(self) -> tuple[int, str] | None:
+        return self.head
+
+
+def test_a_truncation_stays_visible_after_the_daemon_restarts(
+    tmp_path: Path, no_append_flag: None
+) -> None:
+    """The daemon remembers the head; reopening a shortened log must not let new records
+    overwrite that memory and so hide the cut."""
+    path, store = tmp_path / "audit.log", HeadStore()
+    audit = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    for n in range(N):
+        audit.record("session.started", "ironclawd", sid=f"s{n}")
+    assert audit.verify().ok
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:2]))
+    restarted = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    restarted.record("daemon.started", "ironclawd")
+    result = restarted.verify()
+    assert (result.ok, result.first_bad) == (False, 3), result
+    # Emptied entirely: the same.
+    path.write_bytes(b"")
+    again = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    again.record("daemon.started", "ironclawd")
+    result = again.verify()
+    assert (result.ok, result.first_bad) == (False, 1), result
+
+
+def test_a_head_that_lags_the_file_is_not_tampering(tmp_path: Path, no_append_flag: None) -> None:
+    """A crash between the append and remembering the head leaves the file one ahead."""
+    path, store = tmp_path / "audit.log", HeadStore()
+    log = AuditLog(path, KEY)
+    for _ in range(3):
+        log.append("x", "ironclawd")
+    store.set_audit_head(2, "stale")
+    audit = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    audit.record("daemon.started", "ironclawd")
+    assert audit.verify().ok
+    assert store.head is not None and store.head[0] == 4
+
+
+def _flags(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = fcntl.ioctl(fd, audit_store.FS_IOC_GETFLAGS, struct.pack("i", 0))
+        return int(struct.unpack("i", buf)[0])
+    finally:
+        os.close(fd)
+
+
+def _clear_append_flag(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flags = _flags(path) & ~audit_store.FS_APPEND_FL
+        fcntl.ioctl(fd, audit_store.FS_IOC_SETFLAGS, struct.pack("i", flags))
+    finally:
+        os.close(fd)
+
+
+def test_with_the_append_only_flag_even_the_owner_cannot_rewrite(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, KEY)
+    try:
+        if not log.append_only:
+            pytest.skip("this filesystem (or this user) cannot set FS_APPEND_FL")
+        assert _flags(path) & audit_store.FS_APPEND_FL
+        log.append("a", "ironclawd")
+        for flags in (os.O_WRONLY | os.O_TRUNC, os.O_WRONLY):
+            with pytest.raises(PermissionError):
+                os.open(path, flags)
+        with pytest.raises(PermissionError):
+            path.unlink()
+        log.append("b", "ironclawd")  # appending still works
+        assert log.verify(log.head).ok and log.head[0] == 2
+    finally:
+        log.close()
+        if log.append_only:
+            _clear_append_flag(path)  # or tmp_path could not be cleaned up
