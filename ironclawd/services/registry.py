@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.egress import rule_from_mapping
 from ironclawd.store.state import StateStore
 
 
@@ -23,6 +24,8 @@ def spec_from_json(text: str) -> AgentSpec:
     values: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
     }
+    # Egress rules are stored as tables; back to checked values (a bad one fails loudly).
+    values["egress"] = tuple(rule_from_mapping(r) for r in raw.get("egress", ()))
     return AgentSpec(**values)
 
 
