@@ -115,7 +115,11 @@ class Redactor:
             value = json.loads(text)
         except (ValueError, RecursionError):
             return self.scrub(text)
-        return json.dumps(self._scrub_value(value), ensure_ascii=False)
+        scrubbed = self._scrub_value(value)
+        if scrubbed == value:
+            return text  # nothing to hide: the model's text as it was
+        # ASCII: a lone surrogate the model escaped must stay escaped (protobuf strings are UTF-8).
+        return json.dumps(scrubbed)
 
     def _scrub_value(self, value: object) -> object:
         if isinstance(value, str):

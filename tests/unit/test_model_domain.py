@@ -102,6 +102,13 @@ def test_scrub_json_catches_secrets_spelled_with_escapes() -> None:
         cleaned = r.scrub_json(raw)
         assert SECRET not in json.dumps(json.loads(cleaned), ensure_ascii=False), raw
         assert Redactor.MASK in cleaned
+    # Without a secret the text is returned as it was; with one, escapes stay escapes (a lone
+    # surrogate decoded and written back raw could not be sent in a protobuf string).
+    plain = '{"path": "\\udcff",   "n": 1}'
+    assert r.scrub_json(plain) == plain
+    mixed = r.scrub_json('{"path": "\\udcff", "c": "' + SECRET + '"}')
+    mixed.encode("utf-8")
+    assert json.loads(mixed) == {"path": "\udcff", "c": Redactor.MASK}
     # Not JSON: scrubbed as text; numbers and the rest keep their values.
     assert r.scrub_json("{" + SECRET) == "{" + Redactor.MASK
     assert json.loads(r.scrub_json('{"n": 1.5, "b": true, "z": null}')) == {
