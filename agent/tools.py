@@ -8,7 +8,10 @@ import os
 import stat
 from pathlib import Path
 
+import grpc
+
 from agent import egress
+from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 WORKSPACE = Path("/workspace")
 MAX_FILE_BYTES = 1024 * 1024
@@ -70,9 +73,22 @@ def list_files(args: dict[str, object], root: Path = WORKSPACE) -> str:
 
 
 def request_change(args: dict[str, object]) -> str:
+    """Ask for a configuration change. It only ever becomes *pending*: a human decides."""
     if not GATEWAY_SOCKET.exists():
         return "error: the approval gateway is not available to this session"
-    raise ToolError("the approval gateway client is not built into this agent yet")
+    request = gateway_pb2.SubmitChangeRequest(
+        kind=str(args.get("kind", "")),
+        payload_json=str(args.get("payload_json", "")),
+        reason=str(args.get("reason", "")),
+        agent=str(args.get("agent", "")),
+    )
+    with grpc.insecure_channel(f"unix:{GATEWAY_SOCKET}") as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        try:
+            change = stub.SubmitChange(request, timeout=30).change
+        except grpc.RpcError as err:
+            return f"error: change refused ({err.code().name.lower()}): {err.details()}"
+    return f"change {change.id} is {change.state}: a human must approve it before it applies"
 
 
 def http_fetch(args: dict[str, object]) -> str:
