@@ -5,7 +5,7 @@ verdict: the red-team tests decide what must fail. Network probes only ever targ
 names (loopback, or a documentation range that no route can reach: RFC 5737 TEST-NET-2,
 RFC 3849 2001:db8::/32); they never pick an address of their own.
 
-Standard library only (see agent/main.py).
+Standard library only, but for grpc (the raw gRPC call probe).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import hashlib
 import os
 import socket
 import stat
+
+import grpc
 
 JSON = dict[str, object]
 
@@ -72,6 +74,23 @@ def try_connect_unix(path: str) -> JSON:
             result["connected"] = True
     except OSError as exc:
         result["errno"] = _errno_name(exc)
+    return result
+
+
+def try_grpc_call(target: str) -> JSON:
+    """``PATH=METHOD``: call the gRPC ``METHOD`` (``/pkg.Service/Name``) over the Unix socket
+    ``PATH`` with an empty request, as raw bytes (no stub needed, so methods that exist nowhere
+    can be tried too); report the status code and details, ``OK`` if it was served."""
+    path, _, method = target.partition("=")
+    result: JSON = {"path": path, "method": method, "code": None, "details": None}
+    try:
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            call(b"", timeout=CONNECT_TIMEOUT * 3)
+        result["code"] = "OK"
+    except grpc.RpcError as err:
+        result["code"] = err.code().name
+        result["details"] = err.details()
     return result
 
 

@@ -281,6 +281,7 @@ def probe(
     unix_paths: Sequence[str] = (),
     look_paths: Sequence[str] = (),
     grep_needles: Sequence[bytes] = (),
+    grpc_calls: Sequence[str] = (),
 ) -> JSON:
     """What the agent sees of its sandbox: identity, privileges, network, filesystem, kernel;
     plus the attempts asked for: IP connects to ``net_targets`` (TCP and UDP), Unix connects to
@@ -298,6 +299,7 @@ def probe(
             ],
             "unix": [attacks.try_connect_unix(path) for path in unix_paths],
             "paths": {path: attacks.look_at(path) for path in look_paths},
+            "grpc": [attacks.try_grpc_call(target) for target in grpc_calls],
         }
     )
     return report
@@ -377,6 +379,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "these bytes, given in hex so that this process's own argv does not hold them",
     )
     parser.add_argument(
+        "--probe-grpc",
+        action="append",
+        default=[],
+        metavar="PATH=METHOD",
+        help="with --probe: call the gRPC METHOD (/pkg.Service/Name) on the Unix socket PATH "
+        "with an empty request and report the status code",
+    )
+    parser.add_argument(
         "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
     )
     return parser.parse_args(argv)
@@ -423,6 +433,7 @@ def run_probe(args: argparse.Namespace) -> int:
         unix_paths=args.probe_unix,
         look_paths=args.probe_path,
         grep_needles=needles,
+        grpc_calls=args.probe_grpc,
     )
     json.dump(report, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
