@@ -218,7 +218,7 @@ class Daemon:
         )
         sandbox_api = SandboxApi(
             paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR, proxy, gateway,
-            service,
+            service, audit=audit,
         )  # fmt: skip
         service.sockets = sandbox_api
         broker = EgressBroker(

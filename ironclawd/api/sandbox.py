@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from ironclawd.api.status import code_for
 from ironclawd.domain.model import Message, ToolCall, ToolDef
 from ironclawd.domain.session import unit_name
 from ironclawd.errors import IronclawError
+from ironclawd.ports import AuditSink
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.model_proxy import ModelProxy
@@ -67,9 +69,50 @@ else:
     _Interceptor = grpc.aio.ServerInterceptor
 
 
+class _RefusalAudit:
+    """Audit a sandbox's refused calls (a method that does not exist, such as an approve, or a
+    service asked for on the wrong socket), at most ``per_minute`` records per session a
+    minute: a looping agent must not be able to fill the disk through the audit log. The next
+    record after a quiet spell says how many were left out."""
+
+    def __init__(self, audit: AuditSink | None, per_minute: int = 20) -> None:
+        self._audit = audit
+        self._per_minute = per_minute
+        self._window: dict[str, tuple[float, int, int]] = {}  # sid: (start, recorded, dropped)
+
+    def __call__(self, peer: SandboxPeer | None, method: str, why: str) -> None:
+        log.warning("sandbox call %.200r refused (%s): %s", method, peer, why)
+        if self._audit is None:
+            return
+        sid = peer.sid if peer is not None else "?"
+        now = time.monotonic()
+        start, recorded, dropped = self._window.get(sid, (now, 0, 0))
+        if now - start >= 60:
+            start, recorded = now, 0
+        if recorded >= self._per_minute:
+            self._window[sid] = (start, recorded, dropped + 1)
+            return
+        self._window[sid] = (start, recorded + 1, 0)
+        fields: dict[str, object] = {"socket": peer.socket if peer else "?", "method": method[:200]}
+        if dropped:
+            fields["unrecorded_before"] = dropped
+        self._audit.record("sandbox.refused", f"session:{sid}", reason=why, **fields)
+
+
 class _PeerInterceptor(_Interceptor):
-    def __init__(self, peers: dict[str, SandboxPeer]) -> None:
+    def __init__(self, peers: dict[str, SandboxPeer], refused: _RefusalAudit) -> None:
         self._peers = peers
+        self._refused = refused
+
+    def _peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> SandboxPeer | None:
+        return self._peers.get(context.peer().removeprefix(f"unix-abstract:{_PREFIX}"))
+
+    def _no_such_method(self, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            self._refused(self._peer(context), method, "no such method")
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method on this socket")
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
     async def intercept_service(
         self,
@@ -80,13 +123,16 @@ class _PeerInterceptor(_Interceptor):
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(details)
         if handler is None:
-            return handler
+            # Say no (UNIMPLEMENTED, as grpc would), but with an audit record: asking for a
+            # method no sandbox socket has, an approve say, is an attempt worth recording.
+            return self._no_such_method(details.method)
         service = details.method.strip("/").split("/")[0]
         expected = SERVICE_SOCKET.get(service)
 
         async def admit(context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            peer = self._peers.get(context.peer().removeprefix(f"unix-abstract:{_PREFIX}"))
+            peer = self._peer(context)
             if peer is None or peer.socket != expected:
+                self._refused(peer, details.method, "not served on this socket")
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not served on this socket")
             assert peer is not None
             _PEER.set(peer)
@@ -188,13 +234,15 @@ class SandboxApi:
         proxy: ModelProxy,
         gateway: Gateway,
         sessions: SessionService,
+        *,
+        audit: AuditSink | None = None,
     ) -> None:
         self._internal = internal_socket
         self._dir = sessions_dir
         self._peers: dict[str, SandboxPeer] = {}
         self._servers: dict[tuple[str, str], asyncio.Server] = {}
         self._server = grpc.aio.server(
-            interceptors=[_PeerInterceptor(self._peers)],
+            interceptors=[_PeerInterceptor(self._peers, _RefusalAudit(audit))],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
