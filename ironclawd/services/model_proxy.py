@@ -90,7 +90,7 @@ class ModelProxy:
                                     strict=True):  # fmt: skip
                 budget.check(now, what)
         except BudgetExceeded:
-            _audit(sid, agent, "budget-exceeded", (0, 0), 0.0)
+            _audit(self.audit, sid, agent=agent, status="budget-exceeded", tokens=(0, 0), took=0.0)
             raise
         for budget in budgets:
             budget.record(now)
@@ -127,7 +127,8 @@ class ModelProxy:
         finally:
             for budget in budgets:
                 budget.spend(self._clock(), tokens[0] + tokens[1])
-            _audit(sid, agent, status, tokens, time.monotonic() - started)
+            _audit(self.audit, sid, agent=agent, status=status, tokens=tokens,
+                   took=time.monotonic() - started)  # fmt: skip
 
 
 MAX_ERROR_CHARS = 2000
@@ -139,8 +140,23 @@ def _clip(message: str) -> str:
     return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + " [...]"
 
 
-def _audit(sid: str, agent: AgentSpec, status: str, tokens: tuple[int, int], took: float) -> None:
-    """One journal record per model call (refused ones too): never its content or key."""
+def _audit(
+    audit: AuditSink | None,
+    sid: str,
+    *,
+    agent: AgentSpec,
+    status: str,
+    tokens: tuple[int, int],
+    took: float,
+) -> None:
+    """One journal and one audit record per model call (refused ones too): never its content
+    or key."""
+    if audit is not None:
+        audit.record(
+            "model.call", f"session:{sid}", agent=agent.name, provider=agent.provider,
+            model=agent.model, status=status, tokens_in=tokens[0], tokens_out=tokens[1],
+            ms=round(took * 1e3, 1),
+        )  # fmt: skip
     log.info(
         "model call session %s agent %s provider %s model %s: %s, %d in / %d out tokens, %.0f ms",
         sid, agent.name, agent.provider, agent.model, status, tokens[0], tokens[1], took * 1e3,
