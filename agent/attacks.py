@@ -78,19 +78,24 @@ def try_connect_unix(path: str) -> JSON:
 
 
 def try_grpc_call(target: str) -> JSON:
-    """``PATH=METHOD``: call the gRPC ``METHOD`` (``/pkg.Service/Name``) over the Unix socket
-    ``PATH`` with an empty request, as raw bytes (no stub needed, so methods that exist nowhere
-    can be tried too); report the status code and details, ``OK`` if it was served."""
-    path, _, method = target.partition("=")
+    """``PATH=METHOD[=HEX]``: call the gRPC ``METHOD`` (``/pkg.Service/Name``) over the Unix
+    socket ``PATH`` with the request bytes ``HEX`` (empty if not given), raw (no stub needed, so
+    methods that exist nowhere can be tried too); report the status code and details, and the
+    response bytes in hex if it was served (``OK``)."""
+    path, _, rest = target.partition("=")
+    method, _, body = rest.partition("=")
     result: JSON = {"path": path, "method": method, "code": None, "details": None}
     try:
         with grpc.insecure_channel(f"unix:{path}") as channel:
             call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
-            call(b"", timeout=CONNECT_TIMEOUT * 3)
+            response = call(bytes.fromhex(body), timeout=CONNECT_TIMEOUT * 3)
         result["code"] = "OK"
+        result["response_hex"] = bytes(response).hex()
     except grpc.RpcError as err:
         result["code"] = err.code().name
         result["details"] = err.details()
+    except ValueError as exc:
+        result["details"] = f"request is not hex: {exc}"
     return result
 
 

@@ -382,9 +382,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--probe-grpc",
         action="append",
         default=[],
-        metavar="PATH=METHOD",
+        metavar="PATH=METHOD[=HEX]",
         help="with --probe: call the gRPC METHOD (/pkg.Service/Name) on the Unix socket PATH "
-        "with an empty request and report the status code",
+        "with the request bytes HEX (default: none) and report the status code and response",
     )
     parser.add_argument(
         "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
