@@ -148,7 +148,9 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
     "gateway": (
         GatewayConfig,
         {
-            "expiry_hours": _Key(_float(0.01, 24 * 365.0), "A pending change expires after this."),
+            "expiry_hours": _Key(
+                _float(1 / 3600, 24 * 365.0), "A pending change expires after this (hours)."
+            ),
             "four_eyes": _Key(
                 _kinds,
                 "Kinds whose approver must differ from the submitter (no kind can skip "
