@@ -10,7 +10,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    inner = "scripts/install-dev >/dev/null && .venv/bin/python -m benchmarks.sessions"
+    inner = (
+        "scripts/install-dev >/dev/null && .venv/bin/python -m benchmarks.sessions"
+        " && .venv/bin/python -m benchmarks.egress"
+    )
     return subprocess.call([str(ROOT / "scripts/with-systemd"), "bash", "-c", inner], cwd=ROOT)
 
 

@@ -74,6 +74,8 @@ def http_handler(log: Log, listener: str) -> Any:
             status, extra, payload = "302 Found", "Location: http://127.0.0.1:8088/stolen\r\n", b""
         elif path.startswith("/v1/echo"):
             payload = json.dumps(headers).encode()
+        elif path.startswith("/v1/big/"):  # benchmarks: /v1/big/<bytes>
+            payload = b"x" * min(int(path.rsplit("/", 1)[1]), 64 * 1024 * 1024)
         writer.write(
             f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(payload)}\r\n"
             f"{extra}Connection: close\r\n\r\n".encode()

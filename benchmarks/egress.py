@@ -1,0 +1,206 @@
+"""Egress broker latency and throughput, each beside a direct request to the same server in the
+same run. Run inside a systemd (``make bench`` does, via scripts/with-systemd); needs root.
+
+A network namespace with the test servers of tests/integration/egress_servers.py on
+198.51.100.1 (a documentation range, on a veth made here; nothing leaves the machine), a name
+for it in the private /etc/hosts. Compared, all over HTTPS with certificate verification:
+- ``direct_keepalive``: httpx, one pooled connection (what a plain client would do);
+- ``direct_fresh``: httpx, a new connection per request (what the broker does, by design);
+- ``broker``: EgressBroker.fetch in-process (rules, resolution, address checks, pinned
+  connection, masking, audit);
+- ``broker_grpc``: the same through EgressService on a Unix socket (the agent's path, minus
+  the gVisor hop, which TESTING.md measures at ~1 ms p50).
+Prints medians and writes ``results/bench-egress.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+
+from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
+from ironclawd.api.egress import EgressServicer
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.egress import EgressLimits, EgressRule
+from ironclawd.net.http import PinnedHttpClient, tls_context
+from ironclawd.net.resolver import SystemResolver
+from ironclawd.services.egress import EgressBroker
+from tests.integration.test_egress import make_certs
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+CALLS = int(os.environ.get("BENCH_CALLS", "200"))
+BIG = 4 * 1024 * 1024
+BIG_ROUNDS = int(os.environ.get("BENCH_BIG_ROUNDS", "10"))
+HOST = "api.egress.test"
+
+
+@dataclass
+class _Session:
+    agent: str = "bench"
+
+
+class _Sessions:
+    def get(self, sid: str) -> _Session:
+        return _Session()
+
+
+class _NoCredentials:
+    def get(self, name: str) -> str:
+        raise AssertionError(name)
+
+
+def _ms(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "median_ms": round(statistics.median(ordered) * 1e3, 2),
+        "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1] * 1e3, 2),
+        "min_ms": round(ordered[0] * 1e3, 2),
+        "n": len(ordered),
+    }
+
+
+async def _timed(call: Any, rounds: int) -> list[float]:
+    await call()  # warm-up
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        await call()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+async def _sequential(call: Any, count: int) -> None:
+    for _ in range(count):
+        await call()
+
+
+async def measure(ca: Path, work: Path) -> dict[str, Any]:
+    url = f"https://{HOST}/v1/small"
+    big_url = f"https://{HOST}/v1/big/{BIG}"
+    limits = EgressLimits(
+        internal_cidrs=(ipaddress.ip_network("198.51.100.0/24"),), requests_per_minute=100_000,
+        max_response_bytes=64 * 1024 * 1024, timeout_seconds=120,
+    )  # fmt: skip
+    broker = EgressBroker(
+        sessions=_Sessions(),  # type: ignore[arg-type]
+        agents={"bench": AgentSpec("bench", egress=(EgressRule(HOST),))},
+        resolver=SystemResolver(),
+        upstream=PinnedHttpClient(ca),
+        credentials=_NoCredentials(),  # type: ignore[arg-type]
+        limits=limits,
+    )
+    server = grpc.aio.server()
+    egress_pb2_grpc.add_EgressServiceServicer_to_server(
+        EgressServicer(broker, lambda: "bench", 120), server
+    )
+    sock = work / "egress.sock"
+    server.add_insecure_port(f"unix:{sock}")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix:{sock}")
+    stub = egress_pb2_grpc.EgressServiceStub(channel)
+    keepalive = httpx.AsyncClient(verify=tls_context(ca), trust_env=False)
+
+    async def direct_keepalive(u: str = url) -> int:
+        return len((await keepalive.get(u)).content)
+
+    async def direct_fresh(u: str = url) -> int:
+        async with httpx.AsyncClient(verify=tls_context(ca), trust_env=False) as client:
+            return len((await client.get(u)).content)
+
+    async def via_broker(u: str = url) -> int:
+        got = 0
+        async for event in broker.fetch("bench", "GET", u, [], b""):
+            got += len(event) if isinstance(event, bytes) else 0
+        return got
+
+    async def via_grpc(u: str = url) -> int:
+        got = 0
+        async for event in stub.Fetch(egress_pb2.FetchRequest(url=u)):
+            got += len(event.body_chunk)
+        return got
+
+    ways = {"direct_keepalive": direct_keepalive, "direct_fresh": direct_fresh,
+            "broker": via_broker, "broker_grpc": via_grpc}  # fmt: skip
+    results: dict[str, Any] = {"latency_small": {}, "throughput_4mib": {}}
+    for name, way in ways.items():
+        assert await way(big_url) == BIG, name
+        results["latency_small"][name] = _ms(await _timed(way, CALLS))
+        big = await _timed(lambda w=way: w(big_url), BIG_ROUNDS)  # type: ignore[misc]
+        results["throughput_4mib"][name] = {
+            "median_MiB_per_s": round(BIG / statistics.median(big) / 2**20, 1),
+            "n": len(big),
+        }
+    concurrent = {}
+    for name in ("direct_fresh", "broker", "broker_grpc"):
+        t0 = time.perf_counter()
+        # Four workers (the per-session connection cap), 25 requests each.
+        await asyncio.gather(*(_sequential(ways[name], 25) for _ in range(4)))
+        concurrent[name] = round(100 / (time.perf_counter() - t0), 1)
+    results["requests_per_second_4x25_concurrent"] = concurrent
+    await keepalive.aclose()
+    await channel.close()
+    await server.stop(1)
+    return results
+
+
+def main() -> int:
+    tag = secrets.token_hex(3)
+    ns, veth = f"icbench-eg-{tag}", f"icbeg{tag}"
+    work = Path(tempfile.mkdtemp(prefix="bench-egress-", dir=RESULTS))
+    make_certs(work)
+    script = ROOT / "tests/integration/egress_servers.py"
+    run = lambda *a: subprocess.run(a, check=True)  # noqa: E731
+    server = None
+    hosts = Path("/etc/hosts").read_text()
+    try:
+        run("ip", "netns", "add", ns)
+        run("ip", "link", "add", f"{veth}h", "type", "veth", "peer", "name", f"{veth}n",
+            "netns", ns)  # fmt: skip
+        run("ip", "addr", "add", "198.51.100.2/24", "dev", f"{veth}h")
+        run("ip", "link", "set", f"{veth}h", "up")
+        run("ip", "-n", ns, "addr", "add", "198.51.100.1/24", "dev", f"{veth}n")
+        run("ip", "-n", ns, "link", "set", f"{veth}n", "up")
+        log = work / "ns.jsonl"
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, str(script), "--ns", "--log", str(log),
+             "--cert", str(work / "server.pem"), "--key", str(work / "server.key")],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        while not (log.exists() and "ready" in log.read_text()):
+            time.sleep(0.05)
+        log.write_text("")  # the servers log every request: keep the file small
+        Path("/etc/hosts").write_text(hosts + f"\n198.51.100.1 {HOST}\n")
+        results = asyncio.run(measure(work / "ca.pem", work))
+    finally:
+        Path("/etc/hosts").write_text(hosts)
+        if server is not None:
+            server.terminate()
+            server.wait()
+        subprocess.run(["ip", "link", "del", f"{veth}h"], check=False)
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(json.dumps(results, indent=2))
+    medians = {name: v["median_ms"] for name, v in results["latency_small"].items()}
+    print("egress small GET median ms: " + ", ".join(f"{k} {v}" for k, v in medians.items()))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench-egress.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
