@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -230,7 +231,11 @@ class Daemon:
             ),
             credentials=CredentialStore(config.daemon.master_key_file.parent),
             limits=config.egress,
-        )
+            record=lambda d: audit.record(
+                "egress.decision", f"session:{d.sid}",
+                **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
+            ),
+        )  # fmt: skip
         sandbox_api.serve_egress(broker)
         service.on_remove(broker.forget)
         return _Wired(

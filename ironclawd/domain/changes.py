@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ironclawd.domain.agents import AGENT_NAME_RE, AgentSpec
+from ironclawd.domain.egress import EgressRule, rule_from_mapping
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import Conflict, InvalidArgument
 
@@ -26,7 +27,8 @@ KINDS = (
 )  # fmt: skip
 # Kinds this version can apply. The others are validated and refused with a clear reason by
 # the verifiers rather than accepted and left to rot.
-APPLIABLE = frozenset({"persona", "tools", "create_agent"})
+APPLIABLE = frozenset({"persona", "tools", "egress", "create_agent"})
+MAX_EGRESS_RULES = 64
 MAX_PERSONA = 16_000
 MAX_REASON = 2_000
 ID_RE = re.compile(r"chg-[0-9a-f]{12}")
@@ -80,6 +82,7 @@ def agent_view(spec: AgentSpec | None) -> dict[str, Any] | None:
         "provider": spec.provider,
         "model": spec.model,
         "tools": list(spec.tools),
+        "egress": [rule_to_mapping(r) for r in spec.egress],
     }
 
 
@@ -112,6 +115,28 @@ def _tool_list(payload: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(tools))
 
 
+def _egress_rules(payload: dict[str, Any]) -> list[EgressRule]:
+    """Egress rule sanity: every rule parses (scheme, host, port, methods, path prefixes); the
+    list replaces the agent's grants as a whole (an empty list revokes them all)."""
+    rules = payload.get("rules")
+    if not isinstance(rules, list) or len(rules) > MAX_EGRESS_RULES:
+        raise InvalidArgument(f"payload.rules: expected a list of at most {MAX_EGRESS_RULES} rules")
+    parsed = []
+    for index, raw in enumerate(rules):
+        try:
+            parsed.append(rule_from_mapping(raw))
+        except ValueError as exc:
+            raise InvalidArgument(f"payload.rules[{index}]: expected {exc}") from None
+    return parsed
+
+
+def rule_to_mapping(rule: EgressRule) -> dict[str, Any]:
+    out = dataclasses.asdict(rule)
+    out["methods"] = list(rule.methods)
+    out["path_prefixes"] = list(rule.path_prefixes)
+    return out
+
+
 def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
     """Schema verifier: the payload parsed, typed and normalized, or InvalidArgument."""
     if kind not in KINDS:
@@ -134,6 +159,9 @@ def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
     if kind == "tools":
         _only(payload, kind, {"tools"})
         return {"tools": list(_tool_list(payload))}
+    if kind == "egress":
+        _only(payload, kind, {"rules"})
+        return {"rules": [rule_to_mapping(r) for r in _egress_rules(payload)]}
     _only(payload, kind, {"persona", "tools", "provider", "model"})
     out: dict[str, Any] = {"persona": _text(payload, "persona", MAX_PERSONA)}
     out["tools"] = list(_tool_list(payload)) if "tools" in payload else []
@@ -165,6 +193,9 @@ def apply_payload(
         return dataclasses.replace(spec, persona=payload["persona"])
     if kind == "tools":
         return dataclasses.replace(spec, tools=tuple(payload["tools"]))
+    if kind == "egress":
+        rules = tuple(rule_from_mapping(r) for r in payload["rules"])
+        return dataclasses.replace(spec, egress=rules)
     raise InvalidArgument(f"kind {kind}: no applier")
 
 

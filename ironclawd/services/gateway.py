@@ -112,6 +112,14 @@ class Gateway:
         """The deterministic verifiers; any of them may reject the change outright."""
         self._check_rate(submitter, self._clock())
         payload = check_payload(kind, agent, payload_json)
+        # A rule that injects a host-held credential towards a host of the agent's choosing is a
+        # key-exfiltration request: only an operator may write one.
+        if (
+            kind == "egress"
+            and submitter.startswith("session:")
+            and any(rule.get("credential") for rule in payload["rules"])
+        ):
+            raise PolicyDenied("egress rules with a credential can only come from an operator")
         if len(reason) > 2000:
             raise InvalidArgument("reason: expected at most 2000 characters")
         current = self._registry.get(agent)
