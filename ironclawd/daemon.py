@@ -127,8 +127,11 @@ class Daemon:
         _notify(ready=1, status=status)
         async with asyncio.TaskGroup() as tasks:
             watchdog = tasks.create_task(self._watchdog())
+            # Sessions whose sandbox died while the daemon was down, with messages waiting.
+            resume = tasks.create_task(wired.messages.resume_all(report.settled))
             await self._stop.wait()
             watchdog.cancel()
+            resume.cancel()
         _notify(stopping=1, status="stopping")
         log.info("stopping: SIGTERM received; sandboxes keep running and are adopted on start")
         await self._admin.stop(grace=2.0)

@@ -28,6 +28,11 @@ from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.messages")
 
+# A sandbox that dies with messages unanswered is started again, at most this often: an agent
+# that crashes on a message must not be restarted in a tight loop.
+RESTARTS_PER_WINDOW = 5
+RESTART_WINDOW_SECONDS = 60.0
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -66,7 +71,9 @@ class MessageService:
         self._writers_lock = threading.Lock()
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
+        self._restarts: dict[str, list[float]] = {}
         control.set_listener(self._on_event)
+        sessions.on_sandbox_exit(self.resume_unanswered)
 
     async def send(self, sid: str, body: str, client_id: str = "") -> Sent:
         check_body(body)
@@ -91,6 +98,43 @@ class MessageService:
                 writer = InboundWriter(self._data.inbound_dir(sid), self._data.key(sid), self._gid)
                 self._inbound[sid] = writer
             return writer
+
+    async def resume_unanswered(self, sid: str) -> None:
+        """Start a failed session again if it has messages its agent has not answered: an
+        accepted message is answered even when no further send comes to restart the sandbox
+        (its agent resumes after the last message it answered)."""
+        try:
+            if not await asyncio.to_thread(self._has_unanswered, sid):
+                return
+        except IronclawError as exc:
+            log.warning("session %s: checking for unanswered messages: %s", sid, exc)
+            return
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(sid, []) if now - t < RESTART_WINDOW_SECONDS]
+        if len(recent) >= RESTARTS_PER_WINDOW:
+            log.error(
+                "session %s: sandbox died %d times in %.0fs with messages unanswered: "
+                "not starting it again until the next message",
+                sid, len(recent), RESTART_WINDOW_SECONDS,
+            )  # fmt: skip
+            return
+        self._restarts[sid] = [*recent, now]
+        log.warning("session %s: sandbox gone with messages unanswered: starting it again", sid)
+        try:
+            await self._sessions.start(sid)
+        except IronclawError as exc:
+            log.error("session %s: starting it again: %s", sid, exc)
+
+    async def resume_all(self, sids: list[str]) -> None:
+        """After reconcile: resume each settled session that has unanswered messages."""
+        for sid in sids:
+            await self.resume_unanswered(sid)
+
+    def _has_unanswered(self, sid: str) -> bool:
+        newest = self._writer(sid).last_seq()
+        last, _chain = self._store.last_reply(sid)
+        answered = self._store.replies_after(sid, last - 1, limit=1) if last else []
+        return newest > (answered[0].in_reply_to if answered else 0)
 
     def forget(self, sid: str) -> None:
         """The session is being removed: close its queue handles."""

@@ -74,6 +74,7 @@ class SessionService:
         self.sockets = sockets
         self.audit: AuditSink | None = None
         self._remove_hooks: list[Callable[[str], None]] = []
+        self._exit_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._agents = agents
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
@@ -156,6 +157,11 @@ class SessionService:
     async def _close_sockets(self, sid: str) -> None:
         if self.sockets is not None:
             await self.sockets.close(sid)
+
+    def on_sandbox_exit(self, hook: Callable[[str], Awaitable[None]]) -> None:
+        """Call ``hook(sid)`` after a running sandbox died on its own and the session was
+        marked failed (not after a stop or remove asked for by the operator)."""
+        self._exit_hooks.append(hook)
 
     def on_remove(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(sid)`` when a session is removed, before its data is destroyed."""
@@ -367,6 +373,9 @@ class SessionService:
                     reason = f"sandbox exited (unit result: {result})"
                     log.warning("session %s: %s", sid, reason)
                     await self._stop(session, State.FAILED, error=reason)
+            # Outside the lock: a hook may start the session again.
+            for hook in self._exit_hooks:
+                await self._quietly(f"after session {sid} exited", hook, sid)
 
     def _arm_idle(self, sid: str) -> None:
         self._disarm_idle(sid)
