@@ -7,6 +7,9 @@ at most ``max_tool_rounds`` tool rounds.
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import grpc
 
 from agent.tools import run_tool
@@ -15,12 +18,22 @@ from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 MODEL_SOCKET = "/run/ironclaw/model.sock"
 HISTORY_MESSAGES = 20
 CALL_TIMEOUT = 300.0
+# How long a turn waits for the host's proxy to come back (a daemon restart takes seconds)
+# before the user is told the model is unavailable.
+HOST_RESTART_GRACE = 60.0
 
 
 class ModelResponder:
     def __init__(self, socket_path: str = MODEL_SOCKET) -> None:
         # One channel for the life of the agent: set-up costs ~20 ms across gVisor.
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self._channel = grpc.insecure_channel(
+            f"unix:{socket_path}",
+            # Reconnect promptly after a daemon restart (grpc's default backoff reaches 120 s).
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
         self._stub = model_pb2_grpc.ModelServiceStub(self._channel)
         self._profile: model_pb2.GetProfileResponse | None = None
         self._history: list[model_pb2.Message] = []
@@ -31,16 +44,36 @@ class ModelResponder:
         return self._profile
 
     def __call__(self, text: str) -> str:
+        deadline = time.monotonic() + HOST_RESTART_GRACE
+        while True:
+            try:
+                return self._turn(text)
+            except grpc.RpcError as err:
+                if self._host_went_away(err, deadline):
+                    continue
+                code = err.code()
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    return f"[I cannot answer now: {err.details()}]"
+                return f"[the model is unavailable ({code.name.lower()}): {err.details()}]"
+            except Exception as exc:  # a bug here must reach the user, not end the session
+                self._history = []
+                return f"[the agent failed on this message: {type(exc).__name__}]"
+
+    def _host_went_away(self, err: grpc.RpcError, deadline: float) -> bool:
+        """Whether the proxy itself is gone (the daemon restarting), as opposed to the model
+        failing behind it; if so, wait for it to come back. A provider failure also arrives as
+        UNAVAILABLE, so the proxy is asked something only it answers (GetProfile)."""
+        if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+            return False
         try:
-            return self._turn(text)
-        except grpc.RpcError as err:
-            code = err.code()
-            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                return f"[I cannot answer now: {err.details()}]"
-            return f"[the model is unavailable ({code.name.lower()}): {err.details()}]"
-        except Exception as exc:  # a bug here must reach the user, not end the session
-            self._history = []
-            return f"[the agent failed on this message: {type(exc).__name__}]"
+            self._stub.GetProfile(model_pb2.GetProfileRequest(), timeout=5)
+        except grpc.RpcError:
+            with contextlib.suppress(grpc.FutureTimeoutError):
+                grpc.channel_ready_future(self._channel).result(
+                    timeout=max(0.1, deadline - time.monotonic())
+                )
+            return True
+        return False
 
     def _turn(self, text: str) -> str:
         profile = self._get_profile()
