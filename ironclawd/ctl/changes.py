@@ -55,10 +55,12 @@ def show_change(
         console.print(table)
     # Every character of the diff is shown as what it is: control, escape and bidi characters
     # arrive here already JSON-escaped, and visible() catches anything left.
+    # soft_wrap: a diff line is printed whole, never folded at the console's width, which would
+    # split escapes ("\u20" / "2e") and make a piped diff differ from what was submitted.
     for line in change.diff:
         style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
         text = escape(render.visible(line))
-        console.print(f"[{style}]{text}[/]" if style else text)
+        console.print(f"[{style}]{text}[/]" if style else text, soft_wrap=True)
 
 
 def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
