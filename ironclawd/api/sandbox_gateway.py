@@ -8,7 +8,7 @@ import grpc
 
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ironclawd.domain.changes import Change
-from ironclawd.errors import NotFound, PolicyDenied
+from ironclawd.errors import NotFound
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.sessions import SessionService
 
@@ -26,15 +26,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.SubmitChangeResponse:
         sid = self._sid()
         own = self._sessions.get(sid).agent
-        if request.kind == "create_agent":
-            agent = request.agent
-        else:
-            if request.agent and request.agent != own:
-                raise PolicyDenied(f"a session of agent '{own}' may only request changes to itself")
-            agent = own
+        # Other kinds target the session's own agent; the gateway refuses (and audits) any other.
+        only = None if request.kind == "create_agent" else own
         change = self._gateway.submit(
-            request.kind, agent, request.payload_json, request.reason, f"session:{sid}"
-        )
+            request.kind, request.agent or own, request.payload_json, request.reason,
+            f"session:{sid}", only_agent=only,
+        )  # fmt: skip
         return gateway_pb2.SubmitChangeResponse(change=_status(change))
 
     async def GetChange(

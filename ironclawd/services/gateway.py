@@ -74,11 +74,22 @@ class Gateway:
     # -- submit ---------------------------------------------------------------------------
 
     def submit(
-        self, kind: str, agent: str, payload_json: str, reason: str, submitter: str
+        self,
+        kind: str,
+        agent: str,
+        payload_json: str,
+        reason: str,
+        submitter: str,
+        *,
+        only_agent: str | None = None,
     ) -> Change:
+        """Verify and hold a change. ``only_agent``: the one agent this submitter may target (a
+        session's own); asking for another is refused like any other verifier's refusal."""
         now = self._clock()
         try:
-            payload, before, after = self._verify(kind, agent, payload_json, reason, submitter)
+            payload, before, after = self._verify(
+                kind, agent, payload_json, reason, submitter, only_agent=only_agent
+            )
         except (InvalidArgument, NotFound, Conflict, PolicyDenied) as exc:
             self._audit.record(
                 "change.refused", submitter, kind=kind, agent=agent, reason=str(exc)[:500]
@@ -107,10 +118,21 @@ class Gateway:
         return change
 
     def _verify(
-        self, kind: str, agent: str, payload_json: str, reason: str, submitter: str
+        self,
+        kind: str,
+        agent: str,
+        payload_json: str,
+        reason: str,
+        submitter: str,
+        *,
+        only_agent: str | None,
     ) -> tuple[dict[str, Any], str, str]:
         """The deterministic verifiers; any of them may reject the change outright."""
         self._check_rate(submitter, self._clock())
+        if only_agent is not None and agent != only_agent:
+            raise PolicyDenied(
+                f"a session of agent '{only_agent}' may only request changes to itself"
+            )
         payload = check_payload(kind, agent, payload_json)
         # A rule that injects a host-held credential towards a host of the agent's choosing is a
         # key-exfiltration request: only an operator may write one.
@@ -166,7 +188,9 @@ class Gateway:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
-            if not expected_hash or not secrets.compare_digest(expected_hash, change.hash):
+            # Bytes: compare_digest raises TypeError on a str holding non-ASCII characters.
+            given = expected_hash.encode("utf-8", "surrogateescape")
+            if not given or not secrets.compare_digest(given, change.hash.encode()):
                 self._refuse(change, approver, "the hash given does not match the change")
             if change.kind in self._policy.four_eyes and _same_person(approver, change.submitter):
                 self._refuse(change, approver, "four-eyes: the submitter cannot approve it")

@@ -31,7 +31,7 @@ from ironclawd.domain.changes import (
     transition,
 )
 from ironclawd.domain.tools import CATALOG
-from ironclawd.errors import Conflict, InvalidArgument, NotFound
+from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
 from ironclawd.services.gateway import Gateway, GatewayPolicy, RateLimited
 from ironclawd.services.registry import Registry
 
@@ -174,6 +174,7 @@ def test_diff_of_create_agent_is_all_additions_and_tools_are_listed() -> None:
     lines = diff_lines("null", canonical(agent_view(spec)))
     body = [line for line in lines if not line.startswith(("---", "+++", "@@"))]
     assert body == [
+        "+egress: []",
         '+model: "mock-1"',
         '+name: "helper"',
         '+persona: "p"',
@@ -392,3 +393,24 @@ def test_verifiers_refuse_no_ops_missing_agents_and_duplicates_before_queueing()
             w.gateway.submit(*args, "", ROOT)
     assert w.store.changes == {}
     assert w.audit.events() == ["change.refused"] * 4
+
+
+def test_a_hash_with_non_ascii_text_is_a_refusal_not_a_crash() -> None:
+    w = World()
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
+    with pytest.raises(Conflict, match="hash given does not match"):
+        w.approve(change, h="é" * 64)
+    with pytest.raises(Conflict, match="hash given does not match"):
+        w.approve(change, h="\udcff" + change.hash[1:])
+    assert w.store.changes[change.id].state is ChangeState.PENDING
+
+
+def test_a_session_may_target_only_its_own_agent_and_the_refusal_is_audited() -> None:
+    w = World()
+    session = "session:abc"
+    with pytest.raises(PolicyDenied, match="may only request changes to itself"):
+        w.gateway.submit("persona", "other", '{"persona": "x"}', "", session, only_agent="demo")
+    assert w.audit.records[-1][:2] == ("change.refused", session)
+    assert w.audit.records[-1][2]["agent"] == "other"
+    mine = w.gateway.submit("persona", "demo", '{"persona": "x"}', "", session, only_agent="demo")
+    assert mine.state is ChangeState.PENDING
