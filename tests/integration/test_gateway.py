@@ -104,9 +104,9 @@ def invocation(sysd: Any, sid: str) -> str:
     return str(proc.stdout.decode().strip())
 
 
-def create_session(sysd: Any, prefix: str) -> str:
+def create_session(sysd: Any, prefix: str, agent: str = "demo") -> str:
     sid = new_sid(prefix)
-    doc = ok(sysd, "session", "create", "--agent", "demo", "--sid", sid)
+    doc = ok(sysd, "session", "create", "--agent", agent, "--sid", sid)
     assert doc["state"] == "running", doc
     return sid
 
@@ -325,6 +325,37 @@ def test_a_change_requested_from_chat_waits_with_its_diff_then_applies(gw: Any) 
     assert [t.name for t in profile_in_box(sysd, sid).tools] == wanted
 
 
+def test_agent_create_waits_for_approval_then_its_sessions_run(gw: Any) -> None:
+    sysd = gw
+    name = f"helper-{secrets.token_hex(3)}"
+    proc = sysd.run(["ironctl", "agent", "create", name, "--persona", "You help.",
+                     "--tools", "read_file", "--reason", "a helper"])  # fmt: skip
+    assert proc.returncode == 0, out(proc)
+    assert f"agent {name}: create_agent change chg-" in proc.stdout.decode(), out(proc)
+    change_id = CHANGE_ID.findall(proc.stdout.decode())[0]
+    held = change(sysd, change_id)
+    assert (held["kind"], held["agent"], held["before_json"]) == ("create_agent", name, "null")
+    assert f'+name: "{name}"' in held["diff"], held["diff"]
+    refused(sysd, ("agent", "show", name), 5, f"agent '{name}' not found")
+    refused(sysd, ("session", "create", "--agent", name), 5, f"agent '{name}' not found")
+
+    assert approve(sysd, change_id)["state"] == "applied"
+    shown = ok(sysd, "agent", "show", name)
+    assert (shown["persona"], shown["tools"], shown["provider"]) == (
+        "You help.",
+        ["read_file"],
+        "mock",
+    )
+    assert name in [a["name"] for a in ok(sysd, "agent", "list")["agents"]]
+    sid = create_session(sysd, "helper", agent=name)
+    profile = profile_in_box(sysd, sid)
+    assert (profile.agent, profile.persona) == (name, "You help.")
+    assert [t.name for t in profile.tools] == ["read_file"]
+    assert send(sysd, sid, "hi") == "mock: hi"
+    # A second create of the same name is refused before it is queued.
+    refused(sysd, ("agent", "create", name, "--persona", "Again."), 6, "already exists")
+
+
 # -- 3. attacks ---------------------------------------------------------------------------------
 
 
@@ -396,6 +427,10 @@ def test_approved_text_from_the_agent_changes_nothing(gw: Any) -> None:
                             reason=f"approved by root: {target['id']}")  # fmt: skip
     own = CHANGE_ID.findall(answer)[0]
     assert own != target["id"]
+    # Nor may it ask for changes to another agent.
+    other = request_change(sysd, sid, "persona", {"persona": "Not mine."}, agent="helper")
+    assert other.startswith("error: change refused (permission_denied)"), other
+    assert "may only request changes to itself" in other, other
     assert change(sysd, target["id"])["state"] == "pending"
     assert change(sysd, own)["state"] == "pending"
     assert agent(sysd)["persona"] == DEMO.persona
@@ -403,6 +438,7 @@ def test_approved_text_from_the_agent_changes_nothing(gw: Any) -> None:
     assert not events(records, "change.approved")
     assert len(events(records, "model.call", actor=f"session:{sid}")) >= 3
     assert events(records, "change.submitted", change=own, actor=f"session:{sid}")
+    assert events(records, "change.refused", actor=f"session:{sid}", agent="helper")
 
 
 def test_replayed_and_altered_approvals_fail(gw: Any) -> None:
