@@ -13,6 +13,7 @@ def main() -> int:
     inner = (
         "scripts/install-dev >/dev/null && .venv/bin/python -m benchmarks.sessions"
         " && .venv/bin/python -m benchmarks.egress"
+        " && .venv/bin/python -m benchmarks.model_proxy"
     )
     return subprocess.call([str(ROOT / "scripts/with-systemd"), "bash", "-c", inner], cwd=ROOT)
 

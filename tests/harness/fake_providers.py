@@ -249,6 +249,7 @@ class FakeProvider:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as real SSE servers: each event goes out at once
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
