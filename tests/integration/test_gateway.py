@@ -448,6 +448,15 @@ def test_replayed_and_altered_approvals_fail(gw: Any) -> None:
     second = submit(sysd, "persona", "--persona", "Second.")
     assert first["hash"] != second["hash"]
 
+    # Without --yes, approving needs a person at a terminal who answers yes to the diff shown.
+    proc = sysd.run(["ironctl", "change", "approve", first["id"]], input=b"y\n")
+    assert proc.returncode == 1 and "not a terminal; pass --yes" in out(proc), out(proc)
+    on_tty = f"script -qec 'ironctl change approve {first['id']}' /dev/null"
+    proc = sh(sysd, on_tty, input=b"n\n")
+    assert proc.returncode == 1, out(proc)
+    assert '+persona: "First."' in out(proc) and "[y/N]" in out(proc), out(proc)
+    assert change(sysd, first["id"])["state"] == "pending"
+
     # An approval names the hash that was reviewed: another change's hash does not do.
     refused(sysd, ("change", "approve", first["id"], "--yes", "--hash", second["hash"]), 6,
             "the hash given does not match the change")  # fmt: skip
