@@ -15,7 +15,6 @@ import contextlib
 import contextvars
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from ironclawd.domain.model import Message, ToolCall, ToolDef
 from ironclawd.domain.session import unit_name
 from ironclawd.errors import IronclawError
 from ironclawd.ports import AuditSink
+from ironclawd.services.audit import Throttled
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.model_proxy import ModelProxy
@@ -71,32 +71,17 @@ else:
 
 class _RefusalAudit:
     """Audit a sandbox's refused calls (a method that does not exist, such as an approve, or a
-    service asked for on the wrong socket), at most ``per_minute`` records per session a
-    minute: a looping agent must not be able to fill the disk through the audit log. The next
-    record after a quiet spell says how many were left out."""
+    service asked for on the wrong socket), throttled per session (services/audit.Throttled)."""
 
     def __init__(self, audit: AuditSink | None, per_minute: int = 20) -> None:
-        self._audit = audit
-        self._per_minute = per_minute
-        self._window: dict[str, tuple[float, int, int]] = {}  # sid: (start, recorded, dropped)
+        self._throttled = Throttled(audit, per_minute)
 
     def __call__(self, peer: SandboxPeer | None, method: str, why: str) -> None:
         log.warning("sandbox call %.200r refused (%s): %s", method, peer, why)
-        if self._audit is None:
-            return
         sid = peer.sid if peer is not None else "?"
-        now = time.monotonic()
-        start, recorded, dropped = self._window.get(sid, (now, 0, 0))
-        if now - start >= 60:
-            start, recorded = now, 0
-        if recorded >= self._per_minute:
-            self._window[sid] = (start, recorded, dropped + 1)
-            return
-        self._window[sid] = (start, recorded + 1, 0)
-        fields: dict[str, object] = {"socket": peer.socket if peer else "?", "method": method[:200]}
-        if dropped:
-            fields["unrecorded_before"] = dropped
-        self._audit.record("sandbox.refused", f"session:{sid}", reason=why, **fields)
+        socket = peer.socket if peer is not None else "?"
+        self._throttled.record(sid, "sandbox.refused", f"session:{sid}", reason=why,
+                               socket=socket, method=method[:200])  # fmt: skip
 
 
 class _PeerInterceptor(_Interceptor):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ironclawd.errors import HostError
+from ironclawd.ports import AuditSink
 from ironclawd.store.audit import AuditLog, VerifyResult
 from ironclawd.store.state import StateStore
 
@@ -48,3 +51,38 @@ class Audit:
     @property
     def append_only(self) -> bool:
         return self._log.append_only
+
+
+class Throttled:
+    """Records an untrusted party can cause at will (its refused requests): at most
+    ``per_minute`` a minute per key, so a looping agent cannot fill the disk through the audit
+    log; the next record after a quiet spell says how many were left out (``unrecorded_before``).
+    """
+
+    def __init__(
+        self,
+        audit: AuditSink | None,
+        per_minute: int = 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._audit = audit
+        self._per_minute = per_minute
+        self._clock = clock
+        self._window: dict[str, tuple[float, int, int]] = {}  # key: (start, recorded, dropped)
+
+    def record(self, key: str, event: str, actor: str, **fields: Any) -> bool:
+        """Record unless ``key`` is over its rate; whether it was recorded."""
+        if self._audit is None:
+            return False
+        now = self._clock()
+        start, recorded, dropped = self._window.get(key, (now, 0, 0))
+        if now - start >= 60:
+            start, recorded = now, 0
+        if recorded >= self._per_minute:
+            self._window[key] = (start, recorded, dropped + 1)
+            return False
+        self._window[key] = (start, recorded + 1, 0)
+        if dropped:
+            fields["unrecorded_before"] = dropped
+        self._audit.record(event, actor, **fields)
+        return True

@@ -32,6 +32,7 @@ from ironclawd.domain.changes import (
 )
 from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
 from ironclawd.ports import AuditSink
+from ironclawd.services.audit import Throttled
 from ironclawd.services.registry import Registry
 from ironclawd.store.state import StateStore
 
@@ -70,6 +71,8 @@ class Gateway:
         self._restart = restart_agent_sessions
         self._clock = clock
         self._lock = asyncio.Lock()
+        # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
+        self._refusals = Throttled(audit, clock=clock)
 
     # -- submit ---------------------------------------------------------------------------
 
@@ -91,9 +94,10 @@ class Gateway:
                 kind, agent, payload_json, reason, submitter, only_agent=only_agent
             )
         except (InvalidArgument, NotFound, Conflict, PolicyDenied) as exc:
-            self._audit.record(
-                "change.refused", submitter, kind=kind, agent=agent, reason=str(exc)[:500]
-            )
+            self._refusals.record(
+                submitter, "change.refused", submitter, kind=kind, agent=agent,
+                reason=str(exc)[:500],
+            )  # fmt: skip
             raise
         payload_text = canonical(payload)
         change = Change(

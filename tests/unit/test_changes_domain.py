@@ -380,6 +380,21 @@ def test_floods_are_refused_per_submitter_and_each_refusal_is_audited() -> None:
     w.gateway.submit("persona", "demo", '{"persona": "P10"}', "", agent)
 
 
+def test_a_refusal_loop_is_recorded_but_not_without_end() -> None:
+    w = World(GatewayPolicy(submissions_per_hour=1))
+    agent = "session:loop"
+    w.gateway.submit("persona", "demo", '{"persona": "P"}', "", agent)
+    for _ in range(100):
+        with pytest.raises(RateLimited):
+            w.gateway.submit("persona", "demo", '{"persona": "Q"}', "", agent)
+    refusals = [r for r in w.audit.records if r[0] == "change.refused"]
+    assert len(refusals) == 20
+    w.now += 60
+    with pytest.raises(RateLimited):
+        w.gateway.submit("persona", "demo", '{"persona": "Q"}', "", agent)
+    assert w.audit.records[-1][2]["unrecorded_before"] == 80
+
+
 def test_verifiers_refuse_no_ops_missing_agents_and_duplicates_before_queueing() -> None:
     w = World()
     for args, error, needle in [

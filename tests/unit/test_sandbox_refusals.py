@@ -1,13 +1,12 @@
-"""A sandbox's refused gRPC calls are audited (ironclawd/api/sandbox.py), but a looping agent
-cannot fill the disk through the audit log: at most N records a minute per session, and the
-next record after a quiet spell counts what was left out."""
+"""Refusals an untrusted party can cause at will are audited, but a looping agent cannot fill
+the disk through the audit log (ironclawd/services/audit.Throttled): at most N records a minute
+per key, and the next record after a quiet spell counts what was left out. A sandbox's refused
+gRPC calls (ironclawd/api/sandbox.py) and change submissions the gateway refuses use it."""
 
 from __future__ import annotations
 
-import pytest
-
-from ironclawd.api import sandbox
 from ironclawd.api.sandbox import SandboxPeer, _RefusalAudit
+from ironclawd.services.audit import Throttled
 
 
 class Recorder:
@@ -18,38 +17,34 @@ class Recorder:
         self.records.append((event, actor, fields))
 
 
-def test_refusals_are_recorded_per_session_at_a_bounded_rate(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_records_are_bounded_per_key_and_the_gap_is_counted() -> None:
     now = [100.0]
-    monkeypatch.setattr(sandbox.time, "monotonic", lambda: now[0])
     audit = Recorder()
-    refused = _RefusalAudit(audit, per_minute=3)
-    peer, other = SandboxPeer("s1", "gateway"), SandboxPeer("s2", "model")
-    approve = "/ironclaw.admin.v1.AdminService/ApproveChange"
-    for _ in range(10):
-        refused(peer, approve, "no such method")
-    refused(other, "/x/" + "y" * 500, "not served on this socket")
-    assert [(e, a) for e, a, _ in audit.records] == [("sandbox.refused", "session:s1")] * 3 + [
-        ("sandbox.refused", "session:s2")
-    ]
-    assert audit.records[0][2] == {
-        "reason": "no such method",
-        "socket": "gateway",
-        "method": approve,
-    }
-    assert len(str(audit.records[-1][2]["method"])) == 200  # clipped
-    now[0] += 60
-    refused(peer, approve, "no such method")
-    assert audit.records[-1][2]["unrecorded_before"] == 7
-    refused(peer, approve, "no such method")
+    throttled = Throttled(audit, per_minute=3, clock=lambda: now[0])
+    recorded = [throttled.record("s1", "x.refused", "session:s1", n=n) for n in range(10)]
+    assert recorded == [True] * 3 + [False] * 7
+    assert throttled.record("s2", "x.refused", "session:s2")  # another key is not held up
+    assert [r[2].get("n") for r in audit.records] == [0, 1, 2, None]
+    now[0] += 59.9
+    assert not throttled.record("s1", "x.refused", "session:s1")
+    now[0] += 0.1
+    assert throttled.record("s1", "x.refused", "session:s1", n=99)
+    assert audit.records[-1] == ("x.refused", "session:s1", {"n": 99, "unrecorded_before": 8})
+    assert throttled.record("s1", "x.refused", "session:s1")
     assert "unrecorded_before" not in audit.records[-1][2]
 
 
-def test_an_unknown_peer_is_still_recorded() -> None:
+def test_a_sandbox_refusal_names_session_socket_and_clipped_method() -> None:
     audit = Recorder()
-    _RefusalAudit(audit)(None, "/a/b", "not served on this socket")
-    assert audit.records == [
-        ("sandbox.refused", "session:?", {"reason": "not served on this socket", "socket": "?",
-                                          "method": "/a/b"}),
-    ]  # fmt: skip
+    refused = _RefusalAudit(audit)
+    approve = "/ironclaw.admin.v1.AdminService/ApproveChange"
+    refused(SandboxPeer("s1", "gateway"), approve, "no such method")
+    refused(None, "/x/" + "y" * 500, "not served on this socket")
+    assert audit.records[0] == (
+        "sandbox.refused",
+        "session:s1",
+        {"reason": "no such method", "socket": "gateway", "method": approve},
+    )
+    event, actor, fields = audit.records[1]
+    assert (event, actor, fields["socket"]) == ("sandbox.refused", "session:?", "?")
+    assert len(str(fields["method"])) == 200
