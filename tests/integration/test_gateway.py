@@ -619,6 +619,9 @@ def _flags(sysd: Any) -> str:
 
 def test_audit_verify_names_the_first_bad_record_after_tampering(gw: Any) -> None:
     sysd = gw
+    for n in range(5):  # records enough to cut, swap and delete in the middle of
+        held = submit(sysd, "persona", "--persona", f"Filler {n}.")
+        ok(sysd, "change", "reject", held["id"], "--yes")
     doc = ok(sysd, "audit", "verify")
     assert doc["ok"] is True, doc
     n = int(doc["records"])
@@ -627,6 +630,7 @@ def test_audit_verify_names_the_first_bad_record_after_tampering(gw: Any) -> Non
     lines = original.splitlines(keepends=True)
     assert len(lines) == n
 
+    print(f"\naudit log append-only flag: {doc['append_only']} ({_flags(sysd)})")
     if doc["append_only"]:
         # The daemon set FS_APPEND_FL: even root cannot rewrite or cut the log without first
         # removing the flag (CAP_LINUX_IMMUTABLE), which is itself an act an admin must take.
