@@ -14,6 +14,7 @@ def main() -> int:
         "scripts/install-dev >/dev/null && .venv/bin/python -m benchmarks.sessions"
         " && .venv/bin/python -m benchmarks.egress"
         " && .venv/bin/python -m benchmarks.model_proxy"
+        " && .venv/bin/python -m benchmarks.messages"
     )
     return subprocess.call([str(ROOT / "scripts/with-systemd"), "bash", "-c", inner], cwd=ROOT)
 
