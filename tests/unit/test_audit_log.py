@@ -15,7 +15,7 @@ import itertools
 import json
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,37 +165,53 @@ class HeadStore:
         return self.head
 
 
+@pytest.fixture
+def opened() -> Iterator[Callable[[AuditLog, HeadStore], Audit]]:
+    """Audit services over a log and a head store; each closed (if it can be) at the end."""
+    made: list[Audit] = []
+
+    def open_one(audit_log: AuditLog, store: HeadStore) -> Audit:
+        made.append(Audit(audit_log, store))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield open_one
+    for audit in made:
+        getattr(audit, "close", lambda: None)()
+
+
 def test_a_truncation_stays_visible_after_the_daemon_restarts(
-    tmp_path: Path, no_append_flag: None
+    tmp_path: Path, no_append_flag: None, opened: Callable[[AuditLog, HeadStore], Audit]
 ) -> None:
     """The daemon remembers the head; reopening a shortened log must not let new records
     overwrite that memory and so hide the cut."""
     path, store = tmp_path / "audit.log", HeadStore()
-    audit = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    audit = opened(AuditLog(path, KEY), store)
     for n in range(N):
         audit.record("session.started", "ironclawd", sid=f"s{n}")
     assert audit.verify().ok
     path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:2]))
-    restarted = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    restarted = opened(AuditLog(path, KEY), store)
     restarted.record("daemon.started", "ironclawd")
     result = restarted.verify()
     assert (result.ok, result.first_bad) == (False, 3), result
     # Emptied entirely: the same.
     path.write_bytes(b"")
-    again = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    again = opened(AuditLog(path, KEY), store)
     again.record("daemon.started", "ironclawd")
     result = again.verify()
     assert (result.ok, result.first_bad) == (False, 1), result
 
 
-def test_a_head_that_lags_the_file_is_not_tampering(tmp_path: Path, no_append_flag: None) -> None:
+def test_a_head_that_lags_the_file_is_not_tampering(
+    tmp_path: Path, no_append_flag: None, opened: Callable[[AuditLog, HeadStore], Audit]
+) -> None:
     """A crash between the append and remembering the head leaves the file one ahead."""
     path, store = tmp_path / "audit.log", HeadStore()
     log = AuditLog(path, KEY)
     for _ in range(3):
         log.append("x", "ironclawd")
     store.set_audit_head(2, "stale")
-    audit = Audit(AuditLog(path, KEY), store)  # type: ignore[arg-type]
+    audit = opened(AuditLog(path, KEY), store)
     audit.record("daemon.started", "ironclawd")
     assert audit.verify().ok
     assert store.head is not None and store.head[0] == 4
