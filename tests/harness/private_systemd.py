@@ -1,8 +1,9 @@
 """Boot a private systemd for tests and demos, and tear it down without a trace.
 
 The recipe is the one in docs (TESTING.md, "A private systemd for tests and demos"): new PID,
-mount and UTS namespaces; an overlay whose lower layer is the host's root and whose upper layer is
-a tmpfs; `pivot_root` into it; `exec systemd`. systemd at boot runs tmpfiles, sysusers, sysctl,
+mount and UTS namespaces; an overlay whose lower layer is the host's root (or, with ``lower=``,
+another root tree such as a debootstrapped Debian) and whose upper layer is a tmpfs;
+`pivot_root` into it; `exec systemd`. systemd at boot runs tmpfiles, sysusers, sysctl,
 modules-load, udev and timers against whatever it sees, so everything it could reach on the host
 is either private (overlay, tmpfs, a `/dev` of its own), read-only (`/proc/sys`, `/sys`) or masked.
 
@@ -97,7 +98,7 @@ for d in $H_CGROUPS; do echo 0 > "$d/cgroup.procs"; done
 mount --make-rprivate /
 mount -t tmpfs -o mode=0700 ironclaw-harness "$state"
 mkdir "$state/upper" "$state/work" "$m"
-mount -t overlay overlay -o "lowerdir=/,upperdir=$state/upper,workdir=$state/work" "$m"
+mount -t overlay overlay -o "lowerdir=$H_LOWER,upperdir=$state/upper,workdir=$state/work" "$m"
 mount -t proc proc "$m/proc"
 mount --bind "$m/proc/sys" "$m/proc/sys"
 mount -o remount,bind,ro "$m/proc/sys"
@@ -264,15 +265,28 @@ class PrivateSystemd(SystemdHarness):
         name: str = "ironclaw-test",
         *,
         timeout: float = BOOT_TIMEOUT,
+        lower: str | os.PathLike[str] | None = None,
     ) -> SystemdHarness:
         """Boot a private systemd with `binds` writable inside; wait until it is ready.
 
         With IRONCLAW_USE_HOST_SYSTEMD=1 on a host booted with systemd, return the host's
-        instead. The first bind is the working directory of commands run inside.
+        instead (unless `lower` is given). The first bind is the working directory of commands
+        run inside. `lower`: a root tree to boot instead of the host's root (it is the overlay's
+        read-only lower layer: never written, shareable by concurrent boots; its own systemd
+        runs, at SYSTEMD inside it).
         """
         paths = [Path(b).resolve(strict=True) for b in binds]
         workdir = paths[0] if paths else Path("/")
-        if (
+        lower_dir = Path(lower).resolve(strict=True) if lower is not None else Path("/")
+        if lower is not None:
+            if lower_dir == Path("/"):
+                raise HarnessError("booting private systemd: lower= the host's root is the default")
+            if not (lower_dir / SYSTEMD.lstrip("/")).exists():
+                raise HarnessError(f"booting private systemd: no {SYSTEMD} in {lower_dir}")
+            # overlayfs takes ':' as the separator of lower layers and ',' of options.
+            if re.search(r"[:,\\\s]", str(lower_dir)):
+                raise HarnessError(f"booting private systemd: unusable lower path {lower_dir}")
+        elif (
             os.environ.get("IRONCLAW_USE_HOST_SYSTEMD") == "1"
             and Path("/run/systemd/system").is_dir()
         ):
@@ -293,6 +307,7 @@ class PrivateSystemd(SystemdHarness):
         env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "H_STATE": str(state_dir),
+            "H_LOWER": str(lower_dir),
             "H_NAME": name,
             "H_TARGET": TARGET,
             "H_TARGET_UNIT": _TARGET_UNIT,
