@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent clean
+.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent clean deb e2e
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -30,8 +30,18 @@ test-unit: venv
 	$(PY) -m pytest -q tests/unit
 
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
+# The e2e tier (the .deb on a debootstrapped Debian: minutes cold) skips unless IRONCLAW_E2E=1.
 test: check
 	$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/redteam tests/e2e)
+
+# dist/ironclaw_<version>_<arch>.deb (packaging/build-deb; cached under build/deb/).
+deb:
+	scripts/install-deps
+	packaging/build-deb
+
+# The .deb installed, run and purged on a clean Debian 12 under a private systemd.
+e2e: venv deb
+	IRONCLAW_E2E=1 IRONCLAW_E2E_DEB=$$(ls dist/ironclaw_*.deb) $(PY) -m pytest -q -p no:cacheprovider tests/e2e
 
 agent: venv
 	packaging/build-agent
@@ -46,4 +56,4 @@ docs: venv
 	scripts/gen-config-doc
 
 clean:
-	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache
+	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache  # build/e2e: the cached Debian root
