@@ -24,6 +24,7 @@ from tests.redteam.conftest import (
     RUNNING,
     RUNSC_ROOT,
     HostListener,
+    Sandbox,
     Sessions,
     journal_cursor,
     journal_since,
@@ -48,7 +49,20 @@ SESSION_SOCKETS = {"control.sock", "model.sock", "egress.sock", "gateway.sock"}
 
 
 def only_own_sockets(listing: list[str] | None) -> bool:
-    return listing is not None and "control.sock" in listing and set(listing) <= SESSION_SOCKETS
+    """What the agent sees of its sockets directory. The directory is 0711 on the host, so the
+    agent cannot list it at all (None); if it ever can, only its own sockets may be there."""
+    return listing is None or ("control.sock" in listing and set(listing) <= SESSION_SOCKETS)
+
+
+def assert_only_own_sockets(box: Sandbox, report: dict[str, Any]) -> None:
+    """The mounted directory, seen from both sides: the host's copy holds only this session's
+    sockets, and inside the agent reaches its control socket without being able to list."""
+    assert only_own_sockets(report["run_ironclaw"]), report["run_ironclaw"]
+    host = box.sysd.run(["ls", "-A", f"/run/ironclaw/sessions/{box.sid}"])
+    names = set(host.stdout.decode().split())
+    assert "control.sock" in names and names <= SESSION_SOCKETS, names
+    inside = box.probe("--probe-path=/run/ironclaw/control.sock")["paths"]
+    assert inside["/run/ironclaw/control.sock"]["exists"] is True, inside
 
 
 def by_target(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -126,7 +140,7 @@ def test_host_paths_are_not_there(sessions: Sessions, daemon: SystemdHarness) ->
     # Control: the probe does see what the agent rootfs has.
     assert seen.pop("/etc/passwd")["readable"] is True
     assert seen == {}, f"host paths visible inside: {seen}"
-    assert only_own_sockets(report["run_ironclaw"]), report["run_ironclaw"]
+    assert_only_own_sockets(box, report)
     assert "var" not in report["top_level"]
 
 
@@ -187,7 +201,7 @@ def test_a_session_sees_nothing_of_another(sessions: Sessions) -> None:
     plain = a.probe()
     control = b.probe()
 
-    assert only_own_sockets(report["run_ironclaw"]), report["run_ironclaw"]
+    assert_only_own_sockets(a, report)
     assert not any(r["exists"] for r in report["paths"].values()), report["paths"]
     assert report["unix"] == [
         {"path": b_socket, "connected": False, "errno": "ENOENT"},
@@ -271,7 +285,7 @@ def test_host_user_is_turned_away_from_the_control_socket(
     assert box.state() == RUNNING
     assert daemon.run(["systemctl", "is-active", box.unit]).stdout.decode().strip() == "active"
     assert "sandbox exited" not in journal_since(daemon, mark)
-    assert only_own_sockets(box.probe()["run_ironclaw"])
+    assert_only_own_sockets(box, box.probe())
 
 
 def test_host_user_with_a_delegated_cgroup_named_like_the_unit_is_turned_away(
