@@ -139,6 +139,7 @@ class Daemon:
         await control.close_all_listeners()
         await wired.sandbox_api.stop()
         await wired.http.aclose()
+        wired.audit.close()
         wired.store.close()
         wired.master.zero()
         log.info("stopped")
@@ -234,7 +235,7 @@ class Daemon:
             ),
             credentials=CredentialStore(config.daemon.master_key_file.parent),
             limits=config.egress,
-            record=lambda d: audit.record(
+            record=lambda d: audit.record_soon(
                 "egress.decision", f"session:{d.sid}",
                 **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
             ),

@@ -143,7 +143,13 @@ class AuditSink(Protocol):
     """Where gateway transitions, session lifecycle, model calls and egress decisions are
     recorded (real: services/audit.py over store/audit.py)."""
 
-    def record(self, event: str, actor: str, **fields: object) -> None: ...
+    def record(self, event: str, actor: str, **fields: object) -> None:
+        """Append and fsync before returning."""
+        ...
+
+    def record_soon(self, event: str, actor: str, **fields: object) -> None:
+        """Queue for a group commit (hot paths); durable within milliseconds."""
+        ...
 
 
 class Resolver(Protocol):

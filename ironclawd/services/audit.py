@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +21,10 @@ class Audit:
     def __init__(self, audit_log: AuditLog, store: StateStore) -> None:
         self._log = audit_log
         self._store = store
+        self._queue: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None] = queue.SimpleQueue()
+        # Owned by this object: started here, stopped (after draining) by close().
+        self._writer = threading.Thread(target=self._write_batches, name="audit-writer")
+        self._writer.start()
         if not audit_log.append_only:
             log.warning(
                 "audit log: the filesystem has no append-only flag; relying on the MAC chain"
@@ -41,6 +47,36 @@ class Audit:
             # Losing an audit record silently would be worse than a loud error in the journal.
             log.critical("AUDIT RECORD LOST (%s by %s): %s", event, actor, exc)
             raise
+
+    def record_soon(self, event: str, actor: str, **fields: Any) -> None:
+        """Queue a record for the group-committing writer (model calls and egress decisions,
+        which sit on a request's hot path): appended in order within milliseconds, one fsync
+        per batch. Gateway and lifecycle records use ``record`` and are durable on return."""
+        self._queue.put((event, actor, fields))
+
+    def _write_batches(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty() and len(batch) < 256:
+                batch.append(self._queue.get_nowait())
+            stop = None in batch
+            items = [item for item in batch if item is not None]
+            try:
+                last: dict[str, Any] | None = None
+                for event, actor, fields in items:
+                    last = self._log.append(event, actor, sync=False, **fields)
+                if last is not None:
+                    self._log.sync()
+                    self._store.set_audit_head(int(last["seq"]), str(last["mac"]))
+            except HostError as exc:
+                log.critical("AUDIT RECORDS LOST (%d queued): %s", len(items), exc)
+            if stop:
+                return
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer."""
+        self._queue.put(None)
+        self._writer.join(timeout=10)
 
     def verify(self) -> VerifyResult:
         return self._log.verify(self._store.audit_head())

@@ -152,7 +152,7 @@ def _audit(
     """One journal and one audit record per model call (refused ones too): never its content
     or key."""
     if audit is not None:
-        audit.record(
+        audit.record_soon(
             "model.call", f"session:{sid}", agent=agent.name, provider=agent.provider,
             model=agent.model, status=status, tokens_in=tokens[0], tokens_out=tokens[1],
             ms=round(took * 1e3, 1),

@@ -92,8 +92,8 @@ class AuditLog:
                 return True
         return False
 
-    def append(self, event: str, actor: str, **fields: Any) -> dict[str, Any]:
-        """Append one record and fsync it before returning."""
+    def append(self, event: str, actor: str, *, sync: bool = True, **fields: Any) -> dict[str, Any]:
+        """Append one record; with ``sync`` (the default) fsync it before returning."""
         with self._lock:
             record: dict[str, Any] = {
                 "seq": self._seq + 1,
@@ -109,11 +109,18 @@ class AuditLog:
                 raise HostError(f"audit record for {event} is too large ({len(line)} bytes)")
             try:
                 os.write(self._fd, line)
-                os.fsync(self._fd)
+                if sync:
+                    os.fsync(self._fd)
             except OSError as exc:
                 raise HostError(f"appending to audit log {self._path}: {exc.strerror}") from exc
             self._seq, self._prev = record["seq"], record["mac"]
             return record
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise HostError(f"syncing audit log {self._path}: {exc.strerror}") from exc
 
     def _mac(self, record: Mapping[str, Any]) -> str:
         body = {k: v for k, v in record.items() if k != "mac"}

@@ -265,6 +265,8 @@ class Recorder:
     def record(self, event: str, actor: str, **fields: object) -> None:
         self.records.append((event, actor, fields))
 
+    record_soon = record
+
     def events(self) -> list[str]:
         return [event for event, _, _ in self.records]
 

@@ -16,6 +16,8 @@ class Recorder:
     def record(self, event: str, actor: str, **fields: object) -> None:
         self.records.append((event, actor, fields))
 
+    record_soon = record
+
 
 def test_records_are_bounded_per_key_and_the_gap_is_counted() -> None:
     now = [100.0]
