@@ -19,6 +19,7 @@ class CredentialStore:
     def __init__(self, directory: Path) -> None:
         self._dirs = [Path(d) for d in [os.environ.get("CREDENTIALS_DIRECTORY")] if d]
         self._dirs.append(directory)
+        self._cache: tuple[tuple[tuple[str, int, int, int], ...], list[str]] | None = None
 
     def get(self, name: str) -> str:
         if not NAME_RE.fullmatch(name) or name in RESERVED:
@@ -43,7 +44,28 @@ class CredentialStore:
         raise NotFound(f"credential '{name}' not found (put it in {self._dirs[-1]}/{name}, 0600)")
 
     def all_values(self) -> list[str]:
-        """Every readable credential value (for redaction)."""
+        """Every readable credential value (for redaction). Re-read only when a credentials
+        directory or one of its files changed (the model proxy asks on every call)."""
+        stamp = self._stamp()
+        if self._cache is not None and self._cache[0] == stamp:
+            return self._cache[1]
+        values = self._read_all()
+        self._cache = (stamp, values)
+        return values
+
+    def _stamp(self) -> tuple[tuple[str, int, int, int], ...]:
+        found = []
+        for directory in self._dirs:
+            try:
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        st = entry.stat(follow_symlinks=False)
+                        found.append((entry.path, st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                continue
+        return tuple(sorted(found))
+
+    def _read_all(self) -> list[str]:
         values = []
         for directory in self._dirs:
             try:
