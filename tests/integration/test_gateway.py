@@ -20,7 +20,6 @@ import hashlib
 import json
 import re
 import secrets
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclaw.gateway.v1 import gateway_pb2
 from ironclaw.model.v1 import model_pb2
 from ironclawd.domain.agents import AgentSpec
+from tests.harness.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -86,17 +86,6 @@ def refused(sysd: Any, args: tuple[str, ...], exit_code: int, *needles: str, **k
 
 def new_sid(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(4)}"
-
-
-def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:g}s; last seen: {value!r}")
-        time.sleep(0.1)
 
 
 def invocation(sysd: Any, sid: str) -> str:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,6 +26,7 @@ import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.fake_providers import FakeProvider
+from tests.harness.polling import in_netns, wait_for
 from tests.harness.private_systemd import SystemdHarness
 
 pytestmark = pytest.mark.integration
@@ -64,21 +64,6 @@ def ctl(sysd: SystemdHarness, *args: str, timeout: float = 120) -> tuple[int, An
         return proc.returncode, json.loads(proc.stdout.decode())
     except json.JSONDecodeError:
         pytest.fail(f"ironctl {' '.join(args)}: not JSON (exit {proc.returncode}):\n{out(proc)}")
-
-
-def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:g}s; last seen: {value!r}")
-        time.sleep(0.1)
-
-
-def in_netns(sid: str, command: str) -> str:
-    return f"nsenter --net=/run/netns/ironclaw-{sid} {command}"
 
 
 def cursor(sysd: SystemdHarness) -> str:

@@ -16,11 +16,13 @@ import re
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from tests.harness.polling import in_netns, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -95,24 +97,6 @@ def cursor(sysd: Any) -> str:
 
 def journal_since(sysd: Any, mark: str) -> str:
     return out(sysd.run(["journalctl", "--no-pager", "-o", "cat", "--after-cursor", mark]))
-
-
-def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
-    """Poll ``probe`` until ``done`` holds (bounded); fail naming the last value seen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:g}s; last seen: {value!r}")
-        time.sleep(0.1)
-
-
-def in_netns(sid: str, command: str) -> str:
-    """runsc's control socket of a sandbox is an abstract Unix socket, which belongs to a
-    network namespace: ``runsc ps/exec`` must run in the session's netns to reach it."""
-    return f"nsenter --net=/run/netns/ironclaw-{sid} {command}"
 
 
 def daemon_pid(sysd: Any) -> str:

@@ -1,0 +1,30 @@
+"""Small helpers the integration tiers share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
+    """Poll ``probe`` until ``done`` holds (bounded); fail naming the last value seen. For
+    conditions with no event to wait on (a unit's state seen through systemctl, say)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:g}s; last seen: {value!r}")
+        time.sleep(0.1)
+
+
+def in_netns(sid: str, command: str) -> str:
+    """runsc's control socket of a sandbox is an abstract Unix socket, which belongs to a
+    network namespace: ``runsc ps/exec`` must run in the session's netns to reach it."""
+    return f"nsenter --net=/run/netns/ironclaw-{sid} {command}"
