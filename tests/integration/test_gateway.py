@@ -21,7 +21,7 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -41,8 +41,6 @@ BOX_RUN = "/run/ironclaw"
 BASE_CONFIG = "[gateway]\nsubmissions_per_hour = 1000\n"
 DEMO = AgentSpec("demo")
 CHANGE_ID = re.compile(r"chg-[0-9a-f]{12}")
-
-T = TypeVar("T")
 
 
 # -- helpers ---------------------------------------------------------------------------------

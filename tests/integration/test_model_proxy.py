@@ -19,7 +19,7 @@ import json
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -40,7 +40,6 @@ AGENT = "/app/agent/agent"
 AGENT_UID = 10000
 RPC_TIMEOUT = 60.0
 SUFFIX = secrets.token_hex(3)
-T = TypeVar("T")
 MOCK_FAIL = "mock: upstream failure requested by /fail"
 SAID = "tool write_file said:"
 

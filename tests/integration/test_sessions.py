@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -34,7 +34,6 @@ AGENT_UID = 10000
 ORPHAN = "orphan0001"
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "test_sessions-timings.json"
 
-T = TypeVar("T")
 TIMINGS: dict[str, list[float]] = {}
 
 
