@@ -101,6 +101,28 @@ def open_db(path: Path, key: bytes, *, read_only: bool = True) -> sqlcipher3.Con
     return conn
 
 
+@contextlib.contextmanager
+def host_copy(src: Path, tmp_path: Path, *, write_back: bool = False) -> Iterator[Path]:
+    """A copy of a database that lives in the private systemd, to open on the host side.
+
+    SQLite resolves symlinks in a database path, and ``/proc/<pid>/root`` reads as ``/``, so it
+    cannot open a file through ``host_path`` (plain reads and writes can). With ``write_back``
+    the edited copy is written over the original in place: same inode, owner and mode.
+    """
+    where = tmp_path / f"db-{secrets.token_hex(4)}"
+    where.mkdir()
+    for suffix in ("", "-wal", "-journal"):
+        part = Path(f"{src}{suffix}")
+        if part.exists():
+            shutil.copyfile(part, where / part.name)
+    yield where / src.name
+    if write_back:
+        data = (where / src.name).read_bytes()
+        with open(src, "r+b") as original:
+            original.write(data)
+            original.truncate()
+
+
 @dataclass
 class Box:
     """One real session: its id and the means to act on it from outside and inside."""
@@ -372,8 +394,10 @@ def test_session_rm_destroys_the_key_and_the_data_with_it(
     assert not daemon.host_path(f"{QUEUES}/{doomed.sid}").exists()
     master = MasterKey(daemon.host_path(MASTER_KEY).read_bytes(), "test")
     state_key = master.derive("ironclaw state db v1")
-    with contextlib.closing(open_db(daemon.host_path(f"{STATE_DIR}/state.db"), state_key,
-                                    read_only=False)) as state:  # fmt: skip
+    with (
+        host_copy(daemon.host_path(f"{STATE_DIR}/state.db"), tmp_path) as copy,
+        contextlib.closing(open_db(copy, state_key, read_only=False)) as state,
+    ):
         keys = dict(state.execute("SELECT sid, wrapped FROM session_keys").fetchall())
         left = state.execute("SELECT count(*) FROM replies WHERE sid = ?", (doomed.sid,))
         assert left.fetchone()[0] == 0
@@ -440,7 +464,7 @@ def _tamper_reorder(conn: sqlcipher3.Connection) -> None:
     ids=["rewrite", "delete", "reorder"],
 )
 def test_tampering_with_ingested_replies_is_named(
-    daemon: SystemdHarness, boxes: Boxes, tamper: Any, problem: str
+    daemon: SystemdHarness, boxes: Boxes, tamper: Any, problem: str, tmp_path: Path
 ) -> None:
     box = boxes.create()
     texts = ["one", "two", "three", "four"]
@@ -454,7 +478,10 @@ def test_tampering_with_ingested_replies_is_named(
     key = box.key()
     # Stopped, so the only writer is this test (root, with the session's key).
     box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
-    with contextlib.closing(open_db(box.outbound_db, key, read_only=False)) as conn:
+    with (
+        host_copy(box.outbound_db, tmp_path, write_back=True) as copy,
+        contextlib.closing(open_db(copy, key, read_only=False)) as conn,
+    ):
         tamper(conn)
     assert box.outbound_db.stat().st_uid == AGENT_UID
 

@@ -92,10 +92,13 @@ def test_rootfs_holds_only_agent_template_libraries_and_mountpoints(rootfs: Path
         "lib",
         "lib64",
         "proc",
+        "queue",
         "run",
         "tmp",
         "workspace",
     ]
+    assert sorted(os.listdir(rootfs / "queue")) == ["inbound", "outbound"]
+    assert (rootfs / "run" / "ironclaw-key").is_file()  # a single-file bind lands on a file
     assert sorted(os.listdir(rootfs / "etc")) == ["group", "hosts", "nsswitch.conf", "passwd"]
     for mountpoint in ("dev", "proc", "tmp", "workspace", "run/ironclaw"):
         assert os.listdir(rootfs / mountpoint) == []
@@ -277,6 +280,8 @@ class Sandbox:
             str(self.state),
             "--network=none",
             "--platform=ptrace",
+            # As the daemon does: otherwise runsc makes cgroups of its own at the host's roots.
+            "--ignore-cgroups",
             f"--debug-log={self.logs}/",
             *(["--host-uds=open"] if host_uds else []),
             "run",
@@ -377,9 +382,23 @@ def test_agent_says_hello_and_reconnects_when_the_host_goes_away(
         "source": str(sockets),
         "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
     }
+    # The agent opens its session key and queues before it says hello (agent/loop.py).
+    key = tmp_path / "key"
+    key.write_text(os.urandom(32).hex())
+    os.chown(key, AGENT_UID, AGENT_GID)  # gVisor checks host files against the agent's uid
+    key.chmod(0o400)
+    queues = [
+        {"destination": "/run/ironclaw-key", "type": "bind", "source": str(key),
+         "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]},
+        {"destination": "/queue/inbound", "type": "tmpfs", "source": "tmpfs",
+         "options": ["ro", "nosuid", "nodev", "noexec", "size=64k"]},
+        {"destination": "/queue/outbound", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "nodev", "noexec", "size=1m", f"uid={AGENT_UID}",
+                     f"gid={AGENT_GID}", "mode=700"]},
+    ]  # fmt: skip
     workdir = tmp_path / "sbx"
     workdir.mkdir()
-    sandbox = Sandbox(workdir, _spec(rootfs, [AGENT_IN_BOX], [bind]), host_uds=True)
+    sandbox = Sandbox(workdir, _spec(rootfs, [AGENT_IN_BOX], [bind, *queues]), host_uds=True)
     lines = []
     try:
         proc = sandbox.start()
@@ -398,4 +417,4 @@ def test_agent_says_hello_and_reconnects_when_the_host_goes_away(
         sandbox.close()
     assert len(lines) == 2
     for line in lines:
-        assert re.fullmatch(rb"hello [0-9]+ 10000\n", line), line
+        assert re.fullmatch(rb"hello [0-9]+ 10000 0\n", line), line

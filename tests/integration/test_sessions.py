@@ -509,7 +509,8 @@ def test_bad_requests_get_precise_errors_and_leave_sessions_alone(clean: Any) ->
         5,
         "NOT_FOUND",
         "agent 'nosuch' not found",
-        "known agents: demo",
+        "known agents: ",
+        "demo",
     )
     refused(["session", "create", "--agent", ""], 7, "INVALID_ARGUMENT", "agent")
     refused(
