@@ -9,6 +9,8 @@ from pathlib import Path
 from pystemd.systemd1 import Manager
 
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
+from ironclawd.errors import HostError
+from ironclawd.host.runsc import RunscInfo, detect
 
 RUNSC_TRY_TIMEOUT = 20.0
 
@@ -32,33 +34,21 @@ def probe_systemd() -> CheckResult:
     return passed(name, detail)
 
 
-def probe_runsc_version(runsc: Path) -> tuple[CheckResult, str]:
+def probe_runsc(runsc: Path) -> tuple[CheckResult, RunscInfo | None]:
+    """Is runsc there, which version, which flags and platforms (host/runsc.py's detection)."""
     name = "runsc.version"
     try:
-        out = subprocess.run(
-            [str(runsc), "--version"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return failed(name, f"{runsc}: {exc}", "apt-get install runsc"), ""
-    version = out.splitlines()[0].removeprefix("runsc version ").strip() if out else "?"
-    return passed(name, f"{runsc} {version}"), version
-
-
-def list_platforms(runsc: Path) -> list[str]:
-    """Platforms this runsc was built with (``runsc help platforms``)."""
-    try:
-        # In runsc 20221219 "platforms" is a help topic, not a command: bare "runsc platforms"
-        # prints usage to stderr and exits 128.
-        out = subprocess.run(
-            [str(runsc), "help", "platforms"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+        info = detect(runsc)
+    except HostError as exc:
+        return failed(name, str(exc), "apt-get install runsc"), None
+    missing = [f for f in ("host-uds", "ignore-cgroups") if f not in info.flags]
+    if missing:
+        return failed(
+            name,
+            f"{runsc} {info.version} lacks --{', --'.join(missing)}",
+            "install a runsc from 2022 or later (Debian 12's works)",
+        ), info
+    return passed(name, f"{runsc} {info.version}"), info
 
 
 def probe_platform(runsc: Path, platform: str) -> CheckResult:

@@ -31,8 +31,8 @@ class Doctor:
 
     async def run(self) -> list[CheckResult]:
         runsc = self._config.sandbox.runsc
-        version_check, _version = await asyncio.to_thread(probes.probe_runsc_version, runsc)
-        platforms = await asyncio.to_thread(probes.list_platforms, runsc) if _version else []
+        version_check, info = await asyncio.to_thread(probes.probe_runsc, runsc)
+        platforms = list(info.platforms) if info is not None else []
         jobs: list[tuple[str, Callable[[], CheckResult]]] = [
             ("config.file", self._check_config),
             ("admin.socket", self._check_admin_socket),
