@@ -60,7 +60,6 @@ class MessageService:
         agent_uid: int,
         agent_gid: int,
     ) -> None:
-        self._store = store
         self.store = store
         self._sessions = sessions
         self._data = data
@@ -83,7 +82,7 @@ class MessageService:
             # An idle-stopped session starts again on the next message (ARCHITECTURE.md §3).
             session = await self._sessions.start(sid)
         writer = await asyncio.to_thread(self._writer, sid)
-        replies_before, _chain = self._store.last_reply(sid)
+        replies_before, _chain = self.store.last_reply(sid)
         seq, new = await asyncio.to_thread(writer.append, body, time.time(), client_id or None)
         self._sessions.touch(sid)
         if not await self._control.send(sid, "inbound", seq):
@@ -132,8 +131,8 @@ class MessageService:
 
     def _has_unanswered(self, sid: str) -> bool:
         newest = self._writer(sid).last_seq()
-        last, _chain = self._store.last_reply(sid)
-        answered = self._store.replies_after(sid, last - 1, limit=1) if last else []
+        last, _chain = self.store.last_reply(sid)
+        answered = self.store.replies_after(sid, last - 1, limit=1) if last else []
         return newest > (answered[0].in_reply_to if answered else 0)
 
     def forget(self, sid: str) -> None:
@@ -151,7 +150,7 @@ class MessageService:
         """Copy the agent's new outbound rows into the record; return how many."""
         lock = self._ingest_locks.setdefault(sid, asyncio.Lock())
         async with lock:
-            last, chain = self._store.last_reply(sid)
+            last, chain = self.store.last_reply(sid)
             if up_to is not None and up_to <= last:
                 return 0
             reader = OutboundReader(self._data.outbound_dir(sid), self._data.key(sid), self._uid)
@@ -163,7 +162,7 @@ class MessageService:
                 chain = chain_link(chain, seq, in_reply_to, created_at, body)
                 replies.append(Reply(seq, in_reply_to, created_at, body, chain))
             if replies:
-                await asyncio.to_thread(self._store.add_replies, sid, replies)
+                await asyncio.to_thread(self.store.add_replies, sid, replies)
                 self._sessions.touch(sid)
                 condition = self._condition(sid)
                 async with condition:
@@ -179,7 +178,7 @@ class MessageService:
         condition = self._condition(sid)
         while True:
             async with condition:
-                batch = self._store.replies_after(sid, after)
+                batch = self.store.replies_after(sid, after)
                 if not batch:
                     if not follow:
                         return
@@ -196,7 +195,7 @@ class MessageService:
         reader = OutboundReader(self._data.outbound_dir(sid), self._data.key(sid), self._uid)
         checked, after = 0, 0
         while True:
-            record = self._store.replies_after(sid, after, limit=1000)
+            record = self.store.replies_after(sid, after, limit=1000)
             if not record:
                 return ChainReport(checked, True)
             try:

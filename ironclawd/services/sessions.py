@@ -36,6 +36,7 @@ from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.sessions")
 
+TOUCH_PERSIST_SECONDS = 10.0
 AGENT_ARGV = ("/app/agent/agent",)
 
 
@@ -74,6 +75,8 @@ class SessionService:
         self.sockets = sockets
         self.audit: AuditSink | None = None
         self._remove_hooks: list[Callable[[str], None]] = []
+        self._last_active: dict[str, float] = {}
+        self._persisted_active: dict[str, float] = {}
         self._exit_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._agents = agents
         self._clock = clock
@@ -84,10 +87,10 @@ class SessionService:
     # -- queries ---------------------------------------------------------------------------
 
     def list_sessions(self) -> list[Session]:
-        return self._store.list_sessions()
+        return [self._with_activity(s) for s in self._store.list_sessions()]
 
     def get(self, sid: str) -> Session:
-        return self._store.get(check_sid(sid))
+        return self._with_activity(self._store.get(check_sid(sid)))
 
     # -- commands --------------------------------------------------------------------------
 
@@ -134,6 +137,8 @@ class SessionService:
             # The key goes first: from then on the queue files are unreadable, even copies.
             await asyncio.to_thread(self.data.destroy, sid)
             self._store.delete(sid)
+            self._last_active.pop(sid, None)
+            self._persisted_active.pop(sid, None)
             self._audit(session, "removed")
         self._locks.pop(sid, None)
 
@@ -197,10 +202,21 @@ class SessionService:
             return await self._stop(session, final, error="" if final is State.STOPPED else reason)
 
     def touch(self, sid: str) -> None:
-        """Record activity (a message) so the idle timer starts over."""
-        session = self._store.get(sid)
-        self._store.save(replace(session, last_active_at=self._clock()))
+        """Record activity (a message) so the idle timer starts over. Kept in memory and written
+        to the state DB at most every TOUCH_PERSIST_SECONDS: every send and every ingested reply
+        touches, and each write is an fsync on the message path."""
+        now = self._clock()
+        self._last_active[sid] = now
+        if now - self._persisted_active.get(sid, 0.0) >= TOUCH_PERSIST_SECONDS:
+            self._store.save(replace(self._store.get(sid), last_active_at=now))
+            self._persisted_active[sid] = now
         self._arm_idle(sid)
+
+    def _with_activity(self, session: Session) -> Session:
+        recent = self._last_active.get(session.sid, 0.0)
+        if recent > session.last_active_at:
+            return replace(session, last_active_at=recent)
+        return session
 
     # -- lifecycle internals ---------------------------------------------------------------
 
@@ -394,7 +410,7 @@ class SessionService:
 
         async def stop_idle() -> None:
             with contextlib.suppress(IronclawError):
-                session = self._store.get(sid)
+                session = self._with_activity(self._store.get(sid))
                 idle_for = self._clock() - session.last_active_at
                 if session.state is State.RUNNING and idle_for >= self.layout.idle_timeout:
                     log.info("session %s idle for %.0fs: stopping", sid, idle_for)
