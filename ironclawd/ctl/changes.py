@@ -81,8 +81,9 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
         print_json(reply)
         return exitcodes.OK
     table = Table()
+    # Ids and submitters are what an operator copies into the next command: never cut them.
     for column in ("ID", "KIND", "AGENT", "STATE", "SUBMITTER", "CREATED"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("ID", "SUBMITTER"), overflow="fold")
     for c in reply.changes:
         table.add_row(c.id, c.kind, c.agent, c.state, escape(c.submitter), _when(c.created_at))
     render.console().print(table)
