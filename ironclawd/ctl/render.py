@@ -95,7 +95,7 @@ def _when(stamp: float) -> str:
 def sessions(items: Sequence[admin_pb2.Session], names: dict[int, str]) -> None:
     table = Table()
     for column in ("SID", "AGENT", "STATE", "CREATED", "ERROR"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=column == "SID", overflow="fold")
     for s in items:
         table.add_row(
             s.sid, escape(s.agent), names.get(s.state, "?"), _when(s.created_at),
