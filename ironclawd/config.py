@@ -62,6 +62,7 @@ class GatewayConfig:
     expiry_hours: float = 168.0
     four_eyes: tuple[str, ...] = ()
     submissions_per_hour: int = 20
+    mount_allowlist: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,18 @@ def _cidrs(v: Any) -> tuple[Any, ...]:
         ) from None
 
 
+def _mount_allowlist(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or len(v) > 64:
+        raise ValueError("a list of at most 64 absolute directory paths")
+    out = []
+    for item in v:
+        path = str(_abs_path(item))
+        if path == "/" or path != item.rstrip("/") or "//" in item:
+            raise ValueError("absolute, normalised directory paths other than '/'")
+        out.append(path)
+    return tuple(dict.fromkeys(out))
+
+
 def _optional_path(v: Any) -> str:
     return "" if v == "" else str(_abs_path(v))
 
@@ -157,6 +170,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 "the human decision itself).",
             ),
             "submissions_per_hour": _Key(_int(1, 10_000), "Change submissions per submitter."),
+            "mount_allowlist": _Key(
+                _mount_allowlist,
+                "Host directories below which a `mounts` change may grant an agent a directory "
+                "(empty: none can ever be granted).",
+            ),
         },
     ),
     "daemon": (

@@ -168,6 +168,7 @@ class Daemon:
             rootfs=rootfs,
             start_timeout=config.sandbox.start_timeout_seconds,
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
+            mount_allowlist=config.gateway.mount_allowlist,
         )
         data = SessionData(store, master, DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR))
         audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)
@@ -218,6 +219,7 @@ class Daemon:
                 expiry_seconds=config.gateway.expiry_hours * 3600.0,
                 four_eyes=frozenset(config.gateway.four_eyes),
                 submissions_per_hour=config.gateway.submissions_per_hour,
+                mount_allowlist=config.gateway.mount_allowlist,
             ),
             restart_agent_sessions=service.restart_agent_sessions,
         )

@@ -8,7 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ironclawd.bundle.rootfs import assemble_rootfs
+from ironclawd.bundle.rootfs import FILE_MOUNTPOINTS, MOUNTPOINTS, assemble_rootfs
 from ironclawd.errors import SandboxError
 
 
@@ -35,7 +35,11 @@ def content_digest(*roots: Path) -> str:
 def ensure_rootfs(frozen_dir: Path, template_dir: Path, images_dir: Path) -> Path:
     """Return the assembled rootfs for this agent build, assembling it if it is not there."""
     try:
-        digest = content_digest(frozen_dir, template_dir)[:24]
+        # The layout is part of the image: a rootfs assembled before a mountpoint was added must
+        # not be reused (runsc would create the missing one inside it).
+        layout = hashlib.sha256(repr((MOUNTPOINTS, FILE_MOUNTPOINTS)).encode()).hexdigest()
+        content = content_digest(frozen_dir, template_dir)
+        digest = hashlib.sha256(f"{content}\0{layout}".encode()).hexdigest()[:24]
         images_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         dest = images_dir / digest
         lock_path = images_dir / ".lock"

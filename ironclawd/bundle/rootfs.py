@@ -25,7 +25,7 @@ APP_DIR = Path("app/agent")
 AGENT_EXECUTABLE = "agent"
 # Mount targets must exist in a read-only root: runsc cannot create them there.
 MOUNTPOINTS: tuple[str, ...] = (
-    "proc", "dev", "tmp", "run/ironclaw", "workspace", "queue/inbound", "queue/outbound",
+    "proc", "dev", "tmp", "run/ironclaw", "workspace", "queue/inbound", "queue/outbound", "mnt",
 )  # fmt: skip
 # Single-file bind mounts need a file, not a directory, to land on (the session key).
 FILE_MOUNTPOINTS: tuple[str, ...] = ("run/ironclaw-key",)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ironclawd import paths
+from ironclawd.domain.agents import MOUNT_NAME_RE, AgentMount
 from ironclawd.domain.policy import SID_PATTERN, Mount, SandboxPolicy
 from ironclawd.errors import SandboxError
 
@@ -42,6 +43,15 @@ KEY_FILE = "/run/ironclaw-key"
 QUEUE_INBOUND_DIR = "/queue/inbound"
 QUEUE_OUTBOUND_DIR = "/queue/outbound"
 QUEUES_DIR = paths.STATE_DIR / "queues"
+# Granted host directories appear at /mnt/<name>. The shared rootfs has only an empty /mnt; a
+# per-session host directory holding one empty <name>/ per grant (the "frame") is bound read-only
+# over it first, so the mountpoints runsc looks for (and would create) are in the frame, never in
+# the shared rootfs (seen with runsc 20221219: a tmpfs at /mnt does not help, its gofer still
+# created /mnt/<name> in the host rootfs).
+GRANTS_DIR = "/mnt"
+FRAMES_DIR = paths.STATE_DIR / "mount-frames"
+# Host paths a grant may never name, whatever the operator's allowlist says.
+NEVER_GRANTED = (str(paths.STATE_DIR), "/run/ironclaw", "/etc/ironclaw", "/proc", "/sys", "/dev")
 
 HYGIENE = ("nosuid", "nodev", "noexec")
 CAPABILITY_SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")
@@ -75,9 +85,22 @@ def session_mounts(sid: str) -> tuple[Mount, ...]:
     )
 
 
-def _allowed_mounts(sid: str) -> dict[str, tuple[str, str, bool]]:
+def granted_mounts(sid: str, grants: Sequence[AgentMount]) -> tuple[Mount, ...]:
+    """The mounts for an agent's granted directories: the session's frame at /mnt, then one
+    bind per grant at /mnt/<name> (order matters: the frame must be there first)."""
+    if not grants:
+        return ()
+    frame = Mount(GRANTS_DIR, str(FRAMES_DIR / sid))
+    binds = tuple(Mount(f"{GRANTS_DIR}/{g.name}", g.source, read_only=g.read_only) for g in grants)
+    return (frame, *binds)
+
+
+def _allowed_mounts(sid: str, granted: Sequence[Mount]) -> dict[str, tuple[str, str, bool]]:
     """destination -> (type, source, must be read-only), for this session only."""
     allowed = {m.destination: (m.type, m.source, m.read_only) for m in session_mounts(sid)}
+    for mount in granted:
+        _check_grant(mount, sid)
+        allowed[mount.destination] = (mount.type, mount.source, mount.read_only)
     allowed.update(
         {
             "/proc": ("proc", "proc", False),
@@ -87,6 +110,25 @@ def _allowed_mounts(sid: str) -> dict[str, tuple[str, str, bool]]:
         }
     )
     return allowed
+
+
+def _check_grant(mount: Mount, sid: str) -> None:
+    """A granted mount the caller vouches for: only /mnt (this session's frame, read-only) and
+    binds of a host directory at /mnt/<name> that is none of the daemon's own places."""
+    where = f"granted mount {mount.destination}"
+    if mount.destination == GRANTS_DIR:
+        if (mount.type, mount.source, mount.read_only) != ("bind", str(FRAMES_DIR / sid), True):
+            raise _Refusal("mount-granted", f"{where}: expected this session's read-only frame")
+        return
+    parent, _, name = mount.destination.rpartition("/")
+    if parent != GRANTS_DIR or MOUNT_NAME_RE.fullmatch(name) is None or mount.type != "bind":
+        raise _Refusal("mount-granted", f"{where}: expected a bind at {GRANTS_DIR}/<name>")
+    source = mount.source
+    if source == "/" or any(
+        source == p or source.startswith(p + "/") or p.startswith(source + "/")
+        for p in NEVER_GRANTED
+    ):
+        raise _Refusal("mount-granted", f"{where}: source {source} is never granted")
 
 
 REQUIRED_MOUNTS = ("/proc", "/dev", "/tmp", WORKSPACE_DIR)
@@ -133,8 +175,9 @@ def _env(policy: SandboxPolicy) -> list[str]:
     return [f"{name}={value}" for name, value in env.items()]
 
 
-def build_spec(policy: SandboxPolicy) -> dict[str, Any]:
-    """The config.json for ``policy``'s sandbox; raises SandboxError if it fails ``check_spec``."""
+def build_spec(policy: SandboxPolicy, granted: Sequence[Mount] = ()) -> dict[str, Any]:
+    """The config.json for ``policy``'s sandbox; raises SandboxError if it fails ``check_spec``
+    (``granted``: the agent's approved mounts among ``policy.mounts``, see ``check_spec``)."""
     mounts = _fixed_mounts(policy)
     mounts += [
         {
@@ -180,7 +223,7 @@ def build_spec(policy: SandboxPolicy) -> dict[str, Any]:
             "readonlyPaths": list(READONLY_PATHS),
         },
     }
-    check_spec(spec)
+    check_spec(spec, granted)
     return spec
 
 
@@ -202,20 +245,25 @@ def _obj(value: object, where: str) -> dict[str, Any]:
     return value
 
 
-def check_spec(spec: Mapping[str, Any]) -> None:
+def check_spec(spec: Mapping[str, Any], granted: Sequence[Mount] = ()) -> None:
     """Refuse (SandboxError naming the rule) a spec that lacks any sandbox wall.
+
+    ``granted`` are mounts the caller vouches for beyond the session's own (an agent's approved
+    directories, from ``granted_mounts``): each must be this session's frame at /mnt or a bind at
+    /mnt/<name> of a host path that is none of the daemon's; the frame must come first.
 
     Rules: ``shape``, ``sid``, ``hooks``, ``network``, ``namespaces``, ``user-namespace``,
     ``root-readonly``, ``capabilities``, ``no-new-privileges``, ``user``, ``devices``,
-    ``mount-allowlist``, ``mount-readonly``, ``mount-hygiene``, ``mounts-required``.
+    ``mount-allowlist``, ``mount-granted``, ``mount-order``, ``mount-readonly``,
+    ``mount-hygiene``, ``mounts-required``.
     """
     try:
-        _check(spec)
+        _check(spec, granted)
     except _Refusal as refusal:
         raise SandboxError(f"refusing spec: {refusal}") from None
 
 
-def _check(spec: Mapping[str, Any]) -> None:
+def _check(spec: Mapping[str, Any], granted: Sequence[Mount]) -> None:
     if not isinstance(spec, Mapping):
         raise _Refusal("shape", "spec: expected an object")
     annotations = _obj(spec.get("annotations"), "annotations")
@@ -231,10 +279,10 @@ def _check(spec: Mapping[str, Any]) -> None:
     if _obj(spec.get("root"), "root").get("readonly") is not True:
         raise _Refusal("root-readonly", "root.readonly: expected true")
     capabilities = _obj(process.get("capabilities"), "process.capabilities")
-    for name, granted in sorted(capabilities.items()):
-        if granted:
+    for name, caps in sorted(capabilities.items()):
+        if caps:
             raise _Refusal(
-                "capabilities", f"process.capabilities.{name}: expected empty, got {granted!r}"
+                "capabilities", f"process.capabilities.{name}: expected empty, got {caps!r}"
             )
     if process.get("noNewPrivileges") is not True:
         raise _Refusal("no-new-privileges", "process.noNewPrivileges: expected true")
@@ -242,7 +290,7 @@ def _check(spec: Mapping[str, Any]) -> None:
     # runtime-spec config-linux.md "Devices": nodes the runtime must create; gVisor has its own.
     if linux.get("devices"):
         raise _Refusal("devices", "linux.devices: expected none")
-    _check_mounts(spec.get("mounts"), sid)
+    _check_mounts(spec.get("mounts"), sid, granted)
 
 
 def _check_namespaces(linux: dict[str, Any], sid: str) -> None:
@@ -290,10 +338,10 @@ def _check_user(user: dict[str, Any]) -> None:
         raise _Refusal("user", "process.user.additionalGids: expected no gid 0")
 
 
-def _check_mounts(mounts: object, sid: str) -> None:
+def _check_mounts(mounts: object, sid: str, granted: Sequence[Mount]) -> None:
     if not isinstance(mounts, list) or not all(isinstance(m, dict) for m in mounts):
         raise _Refusal("shape", "mounts: expected a list of objects")
-    allowed = _allowed_mounts(sid)
+    allowed = _allowed_mounts(sid, granted)
     seen: set[str] = set()
     for mount in mounts:
         destination = mount.get("destination")
@@ -302,6 +350,9 @@ def _check_mounts(mounts: object, sid: str) -> None:
             raise _Refusal("mount-allowlist", f"{where}: expected a normalised absolute path")
         if destination in seen:
             raise _Refusal("mount-allowlist", f"{where}: mounted twice")
+        if destination.startswith(GRANTS_DIR + "/") and GRANTS_DIR not in seen:
+            # Without the frame first, runsc would create the mountpoint in the shared rootfs.
+            raise _Refusal("mount-order", f"{where}: expected after the {GRANTS_DIR} frame")
         seen.add(destination)
         expected = allowed.get(destination)
         actual = (mount.get("type"), mount.get("source"))

@@ -15,6 +15,9 @@ from ironclawd.errors import NotFound
 
 MIB = 1024 * 1024
 AGENT_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+# A granted host directory appears at /mnt/<name> inside the box (ironclawd/bundle/spec.py).
+MOUNT_NAME_RE = re.compile(r"[a-z0-9-]{1,32}")
+MAX_AGENT_MOUNTS = 8
 # The agent's uid/gid inside the box, and on the host for files its gofer serves (runsc 20221219
 # does not translate ids: ironclawd/bundle/spec.py). Not 65534, which host daemons share.
 AGENT_UID = 10000
@@ -25,6 +28,16 @@ DEFAULT_PERSONA = (
     "You are the IronClaw demo agent. You run in a sandbox with no network. Answer briefly. "
     "Use your workspace tools when asked to keep notes."
 )
+
+
+@dataclass(frozen=True)
+class AgentMount:
+    """A host directory granted to an agent: ``source`` (resolved, under an operator allowlist,
+    checked again at every session start) appears at ``/mnt/<name>``, read-only unless granted."""
+
+    name: str
+    source: str
+    read_only: bool = True
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class AgentSpec:
     uid: int = AGENT_UID
     gid: int = AGENT_GID
     egress: tuple[EgressRule, ...] = ()  # deny by default; rules only from approved changes
+    mounts: tuple[AgentMount, ...] = ()  # none by default; only from approved changes
 
 
 BUILTIN: dict[str, AgentSpec] = {"demo": AgentSpec("demo")}

@@ -12,11 +12,18 @@ import difflib
 import enum
 import hashlib
 import json
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from ironclawd.domain.agents import AGENT_NAME_RE, AgentSpec
+from ironclawd.domain.agents import (
+    AGENT_NAME_RE,
+    MAX_AGENT_MOUNTS,
+    MOUNT_NAME_RE,
+    AgentMount,
+    AgentSpec,
+)
 from ironclawd.domain.egress import EgressRule, rule_from_mapping
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import Conflict, InvalidArgument
@@ -27,7 +34,14 @@ KINDS = (
 )  # fmt: skip
 # Kinds this version can apply. The others are validated and refused with a clear reason by
 # the verifiers rather than accepted and left to rot.
-APPLIABLE = frozenset({"persona", "tools", "egress", "create_agent"})
+APPLIABLE = frozenset({"persona", "tools", "egress", "mounts", "create_agent"})
+# Why a kind is not appliable, when there is more to say than "not yet".
+NOT_APPLIABLE_WHY = {
+    "packages": (
+        "packages are not installed into agent images yet; the design (host-side apt download "
+        "and signature check, unpacked into a per-agent read-only layer) is in docs/packages.md"
+    ),
+}
 MAX_EGRESS_RULES = 64
 MAX_PERSONA = 16_000
 MAX_REASON = 2_000
@@ -76,7 +90,7 @@ def agent_view(spec: AgentSpec | None) -> dict[str, Any] | None:
     """The parts of an agent a change can touch (what the approver sees diffed)."""
     if spec is None:
         return None
-    return {
+    view: dict[str, Any] = {
         "name": spec.name,
         "persona": spec.persona,
         "provider": spec.provider,
@@ -84,6 +98,10 @@ def agent_view(spec: AgentSpec | None) -> dict[str, Any] | None:
         "tools": list(spec.tools),
         "egress": [rule_to_mapping(r) for r in spec.egress],
     }
+    # Only when there are any: changes submitted before mounts existed keep their `before`.
+    if spec.mounts:
+        view["mounts"] = [dataclasses.asdict(m) for m in spec.mounts]
+    return view
 
 
 def _text(payload: dict[str, Any], key: str, limit: int) -> str:
@@ -130,6 +148,54 @@ def _egress_rules(payload: dict[str, Any]) -> list[EgressRule]:
     return parsed
 
 
+def _mount_list(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Mount syntax: at most MAX_AGENT_MOUNTS of {source, name, read_only}; names unique and
+    [a-z0-9-]{1,32}; sources absolute and normalised (no '..'), none inside another. Whether a
+    source is a real directory under the operator's allowlist is the gateway's check (host I/O),
+    repeated at every session start. The list replaces the agent's mounts as a whole."""
+    mounts = payload.get("mounts")
+    if not isinstance(mounts, list) or len(mounts) > MAX_AGENT_MOUNTS:
+        raise InvalidArgument(
+            f"payload.mounts: expected a list of at most {MAX_AGENT_MOUNTS} mounts"
+        )
+    out: list[dict[str, Any]] = []
+    for index, raw in enumerate(mounts):
+        where = f"payload.mounts[{index}]"
+        if not isinstance(raw, dict):
+            raise InvalidArgument(f"{where}: expected an object with source, name, read_only")
+        _only(raw, "mounts", {"source", "name", "read_only"})
+        name, source, read_only = raw.get("name"), raw.get("source"), raw.get("read_only", True)
+        if not isinstance(name, str) or MOUNT_NAME_RE.fullmatch(name) is None:
+            raise InvalidArgument(f"{where}.name: expected [a-z0-9-]{{1,32}}, got {name!r}")
+        if (
+            not isinstance(source, str)
+            or not source.startswith("/")
+            or source.startswith("//")
+            or "\0" in source
+            or posixpath.normpath(source) != source
+            or source == "/"
+        ):
+            raise InvalidArgument(
+                f"{where}.source: expected an absolute, normalised directory path below / "
+                f"(no '..', '//', trailing '/'), got {source!r}"
+            )
+        if not isinstance(read_only, bool):
+            raise InvalidArgument(f"{where}.read_only: expected true or false")
+        out.append({"name": name, "source": source, "read_only": read_only})
+    names = [m["name"] for m in out]
+    if len(set(names)) != len(names):
+        raise InvalidArgument("payload.mounts: expected each name once")
+    for a in out:
+        for b in out:
+            if a is not b and (
+                a["source"] == b["source"] or b["source"].startswith(a["source"] + "/")
+            ):
+                raise InvalidArgument(
+                    f"payload.mounts: {b['source']} overlaps {a['source']}; grant one of them"
+                )
+    return out
+
+
 def rule_to_mapping(rule: EgressRule) -> dict[str, Any]:
     out = dataclasses.asdict(rule)
     out["methods"] = list(rule.methods)
@@ -150,8 +216,10 @@ def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise InvalidArgument("payload: expected a JSON object")
     if kind not in APPLIABLE:
+        why = NOT_APPLIABLE_WHY.get(kind, "")
         raise InvalidArgument(
             f"kind {kind}: this ironclawd cannot apply {kind} changes yet; nothing was queued"
+            + (f" ({why})" if why else "")
         )
     if kind == "persona":
         _only(payload, kind, {"persona"})
@@ -162,6 +230,9 @@ def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
     if kind == "egress":
         _only(payload, kind, {"rules"})
         return {"rules": [rule_to_mapping(r) for r in _egress_rules(payload)]}
+    if kind == "mounts":
+        _only(payload, kind, {"mounts"})
+        return {"mounts": _mount_list(payload)}
     _only(payload, kind, {"persona", "tools", "provider", "model"})
     out: dict[str, Any] = {"persona": _text(payload, "persona", MAX_PERSONA)}
     out["tools"] = list(_tool_list(payload)) if "tools" in payload else []
@@ -196,6 +267,9 @@ def apply_payload(
     if kind == "egress":
         rules = tuple(rule_from_mapping(r) for r in payload["rules"])
         return dataclasses.replace(spec, egress=rules)
+    if kind == "mounts":
+        mounts = tuple(AgentMount(**m) for m in payload["mounts"])
+        return dataclasses.replace(spec, mounts=mounts)
     raise InvalidArgument(f"kind {kind}: no applier")
 
 

@@ -31,6 +31,7 @@ from ironclawd.domain.changes import (
     transition,
 )
 from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
+from ironclawd.host.mounts import resolve_mount_source
 from ironclawd.ports import AuditSink
 from ironclawd.services.audit import Throttled
 from ironclawd.services.registry import Registry
@@ -44,6 +45,7 @@ class GatewayPolicy:
     expiry_seconds: float = 7 * 24 * 3600
     four_eyes: frozenset[str] = frozenset()
     submissions_per_hour: int = 20  # per submitter
+    mount_allowlist: tuple[str, ...] = ()  # host dirs under which mounts may be granted
 
 
 class RateLimited(PolicyDenied):
@@ -138,6 +140,7 @@ class Gateway:
                 f"a session of agent '{only_agent}' may only request changes to itself"
             )
         payload = check_payload(kind, agent, payload_json)
+        self._check_mount_sources(kind, payload)
         # A rule that injects a host-held credential towards a host of the agent's choosing is a
         # key-exfiltration request: only an operator may write one.
         if (
@@ -156,6 +159,12 @@ class Gateway:
         if before == after:
             raise InvalidArgument(f"change to agent '{agent}' would change nothing")
         return payload, before, after
+
+    def _check_mount_sources(self, kind: str, payload: dict[str, Any]) -> None:
+        """Mount allowlist: every source a real directory below an allowlisted one."""
+        if kind == "mounts":
+            for mount in payload["mounts"]:
+                resolve_mount_source(mount["source"], self._policy.mount_allowlist)
 
     def _check_rate(self, submitter: str, now: float) -> None:
         recent = self._store.count_changes_since(submitter, now - 3600)
@@ -222,7 +231,7 @@ class Gateway:
     async def _apply(self, change: Change) -> Change:
         try:
             self._registry.put(self._new_spec(change))
-        except (Conflict, InvalidArgument) as exc:
+        except (Conflict, InvalidArgument, PolicyDenied) as exc:
             failed = transition(change, ChangeState.FAILED, note=str(exc))
             self._store.save_change(failed)
             self._audit.record("change.failed", "ironclawd", change=change.id, reason=str(exc))
@@ -243,6 +252,7 @@ class Gateway:
                 f"agent '{change.agent}' changed since {change.id} was submitted; resubmit"
             )
         payload = check_payload(change.kind, change.agent, change.payload)
+        self._check_mount_sources(change.kind, payload)
         return apply_payload(change.kind, change.agent, current, payload)
 
     async def resume(self) -> None:
@@ -250,7 +260,7 @@ class Gateway:
         for change in self._store.list_changes(ChangeState.APPROVED.value):
             try:
                 await self._apply(change)
-            except (Conflict, InvalidArgument) as exc:
+            except (Conflict, InvalidArgument, PolicyDenied) as exc:
                 log.warning("change %s could not be applied after restart: %s", change.id, exc)
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.egress import rule_from_mapping
 from ironclawd.store.state import StateStore
 
@@ -26,6 +26,7 @@ def spec_from_json(text: str) -> AgentSpec:
     }
     # Egress rules are stored as tables; back to checked values (a bad one fails loudly).
     values["egress"] = tuple(rule_from_mapping(r) for r in raw.get("egress", ()))
+    values["mounts"] = tuple(AgentMount(**m) for m in raw.get("mounts", ()))
     return AgentSpec(**values)
 
 

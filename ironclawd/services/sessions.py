@@ -16,12 +16,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, session_mounts
+from ironclawd.bundle.spec import (
+    FRAMES_DIR,
+    SOCKETS_DIR,
+    build_spec,
+    granted_mounts,
+    session_mounts,
+)
 from ironclawd.bundle.writer import write_bundle
 from ironclawd.domain.agents import AgentSpec, find_agent
-from ironclawd.domain.policy import SandboxPolicy
+from ironclawd.domain.policy import Mount, SandboxPolicy
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, SandboxError
+from ironclawd.host.mounts import make_frame, remove_frame, resolve_mount_source
 from ironclawd.ports import (
     AuditSink,
     ControlPlane,
@@ -48,6 +55,7 @@ class SandboxLayout:
     stop_timeout: float = 15.0
     adopt_timeout: float = 20.0
     idle_timeout: float = 0.0  # 0: never stop idle sessions
+    mount_allowlist: tuple[str, ...] = ()  # [gateway] mount_allowlist, re-checked at each start
 
 
 class SessionService:
@@ -239,9 +247,15 @@ class SessionService:
                 undo.push_async_callback(
                     self._quietly_sync, "removing session key", self.data.release, sid
                 )
+                granted = await asyncio.to_thread(self._grant_mounts, sid, agent)
+                undo.push_async_callback(
+                    self._quietly_sync, "removing mount frame", remove_frame,
+                    FRAMES_DIR / sid,
+                )  # fmt: skip
                 bundle = self.layout.bundles_dir / sid
-                policy = self._policy(session, agent, netns)
-                await asyncio.to_thread(write_bundle, bundle, build_spec(policy))
+                policy = self._policy(session, agent, netns, granted)
+                spec = build_spec(policy, granted)
+                await asyncio.to_thread(write_bundle, bundle, spec, granted)
                 undo.push_async_callback(self._quietly_sync, "removing bundle", remove_tree, bundle)
                 undo.push_async_callback(
                     self._quietly_sync,
@@ -293,8 +307,20 @@ class SessionService:
         await self._quietly("closing sockets", self._close_sockets, session.sid)
         await self._quietly("closing control socket", self.control.close, session.sid)
         await self._quietly_sync("removing session key", self.data.release, session.sid)
+        await self._quietly_sync("removing mount frame", remove_frame, FRAMES_DIR / session.sid)
 
-    def _policy(self, session: Session, agent: AgentSpec, netns: Path) -> SandboxPolicy:
+    def _grant_mounts(self, sid: str, agent: AgentSpec) -> tuple[Mount, ...]:
+        """The agent's approved mounts, each source checked again against the allowlist (it may
+        have been shrunk, or a path turned into a symlink, since approval); the frame made."""
+        for grant in agent.mounts:
+            resolve_mount_source(grant.source, self.layout.mount_allowlist)
+        if agent.mounts:
+            make_frame(FRAMES_DIR / sid, [g.name for g in agent.mounts])
+        return granted_mounts(sid, agent.mounts)
+
+    def _policy(
+        self, session: Session, agent: AgentSpec, netns: Path, granted: tuple[Mount, ...] = ()
+    ) -> SandboxPolicy:
         return SandboxPolicy(
             sid=session.sid,
             agent=agent.name,
@@ -311,7 +337,7 @@ class SessionService:
             tasks_max=agent.tasks_max,
             cpu_percent=agent.cpu_percent,
             workspace_bytes=agent.workspace_bytes,
-            mounts=session_mounts(session.sid),
+            mounts=session_mounts(session.sid) + granted,
         )  # fmt: skip
 
     def _unit_spec(self, session: Session, agent: AgentSpec, bundle: Path, netns: Path) -> UnitSpec:

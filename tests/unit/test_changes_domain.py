@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.changes import (
     APPLIABLE,
     KINDS,
@@ -404,7 +407,7 @@ def test_verifiers_refuse_no_ops_missing_agents_and_duplicates_before_queueing()
          "would change nothing"),
         (("persona", "ghost", '{"persona": "x"}'), NotFound, "agent 'ghost' not found"),
         (("create_agent", "demo", '{"persona": "x"}'), Conflict, "already exists"),
-        (("mounts", "demo", '{"path": "/"}'), InvalidArgument, "cannot apply mounts"),
+        (("packages", "demo", '{"packages": ["jq"]}'), InvalidArgument, "docs/packages.md"),
     ]:  # fmt: skip
         with pytest.raises(error, match=needle):
             w.gateway.submit(*args, "", ROOT)
@@ -431,3 +434,116 @@ def test_a_session_may_target_only_its_own_agent_and_the_refusal_is_audited() ->
     assert w.audit.records[-1][2]["agent"] == "other"
     mine = w.gateway.submit("persona", "demo", '{"persona": "x"}', "", session, only_agent="demo")
     assert mine.state is ChangeState.PENDING
+
+
+# -- mounts ------------------------------------------------------------------------------------
+
+
+def _mounts(*entries: dict[str, Any]) -> str:
+    return json.dumps({"mounts": list(entries)})
+
+
+def test_mounts_payload_syntax_names_sources_flags_and_count() -> None:
+    good = _mounts({"source": "/srv/x/y", "name": "y"}, {"source": "/srv/z", "name": "z-1",
+                                                          "read_only": False})  # fmt: skip
+    assert check_payload("mounts", "demo", good) == {
+        "mounts": [
+            {"name": "y", "source": "/srv/x/y", "read_only": True},
+            {"name": "z-1", "source": "/srv/z", "read_only": False},
+        ]
+    }
+    assert check_payload("mounts", "demo", _mounts()) == {"mounts": []}
+    bad = [
+        (_mounts({"source": "/srv/x/../etc", "name": "y"}), ".source: expected an absolute"),
+        (_mounts({"source": "srv/x", "name": "y"}), ".source: expected an absolute"),
+        (_mounts({"source": "/srv/x/", "name": "y"}), ".source: expected an absolute"),
+        (_mounts({"source": "//srv/x", "name": "y"}), ".source: expected an absolute"),
+        (_mounts({"source": "/", "name": "y"}), ".source: expected an absolute"),
+        (_mounts({"source": "/srv/\u0000x", "name": "y"}), ".source: expected an absolute"),
+        (_mounts({"source": "/srv/x", "name": "Y"}), ".name: expected [a-z0-9-]{1,32}"),
+        (_mounts({"source": "/srv/x", "name": "../y"}), ".name: expected"),
+        (_mounts({"source": "/srv/x", "name": "a" * 33}), ".name: expected"),
+        (_mounts({"source": "/srv/x", "name": ""}), ".name: expected"),
+        (_mounts({"source": "/srv/x", "name": "y", "read_only": "no"}), ".read_only: expected"),
+        (_mounts({"source": "/srv/x", "name": "y", "options": ["exec"]}), "unexpected key(s)"),
+        (_mounts({"source": "/srv/x", "name": "y"}, {"source": "/srv/z", "name": "y"}),
+         "each name once"),
+        (_mounts({"source": "/srv/x", "name": "a"}, {"source": "/srv/x/in", "name": "b"}),
+         "overlaps"),
+        (_mounts(*({"source": f"/srv/{i}", "name": f"m{i}"} for i in range(9))), "at most 8"),
+        ('{"mounts": {"source": "/srv/x"}}', "at most 8"),
+        ('{"mounts": [], "extra": 1}', "unexpected key(s) extra"),
+    ]  # fmt: skip
+    for payload, needle in bad:
+        with pytest.raises(InvalidArgument) as err:
+            check_payload("mounts", "demo", payload)
+        assert needle in str(err.value), (payload, str(err.value))
+
+
+def test_mounts_apply_replaces_the_agents_grants_and_show_in_the_view() -> None:
+    payload = check_payload("mounts", "demo", _mounts({"source": "/srv/x", "name": "x"}))
+    after = apply_payload("mounts", "demo", DEMO, payload)
+    assert after.mounts == (AgentMount("x", "/srv/x", True),)
+    assert agent_view(after)["mounts"] == [  # type: ignore[index]
+        {"name": "x", "source": "/srv/x", "read_only": True}
+    ]
+    assert "mounts" not in agent_view(DEMO)  # type: ignore[operator]
+
+
+@pytest.fixture
+def allowed(tmp_path: Path) -> Path:
+    root = tmp_path / "allowed"
+    (root / "data").mkdir(parents=True)
+    (root / "file").write_text("x")
+    (tmp_path / "secret").mkdir()
+    os.symlink(tmp_path / "secret", root / "escape")
+    os.symlink("data", root / "alias")
+    return root
+
+
+def test_mount_sources_must_be_real_directories_below_the_allowlist(
+    allowed: Path, tmp_path: Path
+) -> None:
+    w = World(GatewayPolicy(mount_allowlist=(str(allowed),)))
+    for source, needle in [
+        (allowed / "escape", "resolves to"),
+        (allowed / "alias", "resolves to"),
+        (allowed / "file", "not a directory"),
+        (allowed / "missing", "No such file"),
+        (tmp_path / "secret", "not below [gateway] mount_allowlist"),
+        (allowed, "not below"),  # the allowlisted directory itself is not granted whole
+    ]:
+        with pytest.raises(PolicyDenied, match=re.escape(needle)):
+            w.gateway.submit("mounts", "demo", _mounts({"source": str(source), "name": "m"}),
+                             "", ROOT)  # fmt: skip
+    assert w.store.changes == {}
+    change = w.gateway.submit(
+        "mounts", "demo", _mounts({"source": str(allowed / "data"), "name": "data"}), "", ROOT
+    )
+    applied = w.approve(change)
+    assert applied.state is ChangeState.APPLIED
+    assert w.registry["demo"].mounts == (AgentMount("data", str(allowed / "data"), True),)
+    assert w.restarted == ["demo"]
+
+
+def test_no_mount_can_be_granted_with_an_empty_allowlist(allowed: Path) -> None:
+    w = World()
+    with pytest.raises(PolicyDenied, match="mount_allowlist is empty"):
+        w.gateway.submit(
+            "mounts", "demo", _mounts({"source": str(allowed / "data"), "name": "d"}), "", ROOT
+        )
+
+
+def test_a_source_turned_into_a_symlink_after_submission_fails_on_approval(
+    allowed: Path, tmp_path: Path
+) -> None:
+    w = World(GatewayPolicy(mount_allowlist=(str(allowed),)))
+    source = allowed / "data"
+    change = w.gateway.submit("mounts", "demo", _mounts({"source": str(source), "name": "d"}),
+                              "", ROOT)  # fmt: skip
+    source.rmdir()
+    os.symlink(tmp_path / "secret", source)
+    with pytest.raises(PolicyDenied, match="resolves to"):
+        w.approve(change)
+    assert w.store.changes[change.id].state is ChangeState.FAILED
+    assert w.registry["demo"].mounts == ()

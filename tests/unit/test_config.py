@@ -26,6 +26,9 @@ def test_values_are_applied() -> None:
     assert config.admin.max_message_bytes == 2048
     assert config.admin.group == "ops"
     assert config.sandbox.platform == "ptrace"
+    assert Config().gateway.mount_allowlist == ()  # nothing can be granted by default
+    grants = parse_config("[gateway]\nmount_allowlist = ['/srv/share', '/srv/share/']\n", "t")
+    assert grants.gateway.mount_allowlist == ("/srv/share",)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,11 @@ def test_values_are_applied() -> None:
         ("[daemon]\nlog_level = 'loud'\n", ["daemon.log_level", "'debug'"]),
         ("admin = 3\n", ["'admin' must be a table"]),
         ("[admin\n", ["not valid TOML"]),
+        ("[gateway]\nmount_allowlist = '/srv'\n", ["gateway.mount_allowlist", "a list"]),
+        ("[gateway]\nmount_allowlist = ['/']\n", ["gateway.mount_allowlist", "other than '/'"]),
+        ("[gateway]\nmount_allowlist = ['srv']\n", ["gateway.mount_allowlist", "absolute"]),
+        ("[gateway]\nmount_allowlist = ['/srv/../etc']\n", ["gateway.mount_allowlist", ".."]),
+        ("[gateway]\nmount_allowlist = ['/srv//x']\n", ["gateway.mount_allowlist", "normal"]),
     ],
 )
 def test_bad_config_names_key_and_expectation(text: str, names: list[str]) -> None:

@@ -22,7 +22,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
 from ironclawd.bundle import spec as S
+from ironclawd.bundle.rootfs import MOUNTPOINTS
 from ironclawd.domain import policy as P
+from ironclawd.domain.agents import AgentMount
 from ironclawd.domain.policy import SandboxPolicy
 from ironclawd.errors import InvalidArgument, SandboxError
 
@@ -421,3 +423,82 @@ def test_any_dropped_wall_is_refused(policy: SandboxPolicy, data: st.DataObject)
     del spec[top][key]
     with pytest.raises(SandboxError):
         S.check_spec(spec)
+
+
+# --- granted mounts (an agent's approved host directories at /mnt/<name>) ----------------------
+
+GRANTS = (AgentMount("data", "/srv/share/data"), AgentMount("out", "/srv/share/out", False))
+
+
+def _granted_spec() -> tuple[dict[str, Any], tuple[P.Mount, ...]]:
+    granted = S.granted_mounts(SID, GRANTS)
+    policy = make_policy(mounts=S.session_mounts(SID) + granted)
+    return S.build_spec(policy, granted), granted
+
+
+def test_granted_mounts_sit_on_the_sessions_frame_after_it() -> None:
+    spec, granted = _granted_spec()
+    S.check_spec(spec, granted)
+    destinations = [m["destination"] for m in spec["mounts"]]
+    assert destinations.index("/mnt") < destinations.index("/mnt/data")
+    assert _mount(spec, "/mnt")["source"] == str(S.FRAMES_DIR / SID)
+    assert _mount(spec, "/mnt")["options"][:2] == ["rbind", "ro"]
+    assert "ro" in _mount(spec, "/mnt/data")["options"]
+    assert {"rw", "nosuid", "nodev", "noexec"} <= set(_mount(spec, "/mnt/out")["options"])
+    assert S.granted_mounts(SID, ()) == ()
+
+
+def test_granted_mounts_are_refused_unless_the_caller_vouches_for_them() -> None:
+    spec, granted = _granted_spec()
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-allowlist: mount /mnt: "):
+        S.check_spec(spec)
+    with pytest.raises(SandboxError, match=r"mount-allowlist: mount /mnt/out: "):
+        S.check_spec(spec, granted[:2])
+
+
+@pytest.mark.parametrize(
+    ("grant", "needle"),
+    [
+        (P.Mount("/mnt", "/srv/elsewhere"), "expected this session's read-only frame"),
+        (P.Mount("/mnt", str(S.FRAMES_DIR / "other123")), "read-only frame"),
+        (P.Mount("/mnt", str(S.FRAMES_DIR / SID), read_only=False), "read-only frame"),
+        (P.Mount("/etc/x", "/srv/x"), "expected a bind at /mnt/<name>"),
+        (P.Mount("/mnt/a/b", "/srv/x"), "expected a bind at /mnt/<name>"),
+        (P.Mount("/mnt/UP", "/srv/x"), "expected a bind at /mnt/<name>"),
+        (P.Mount("/mnt/x", "tmpfs", type="tmpfs"), "expected a bind at /mnt/<name>"),
+        (P.Mount("/mnt/x", "/var/lib/ironclaw/state.db"), "is never granted"),
+        (P.Mount("/mnt/x", "/var/lib"), "is never granted"),
+        (P.Mount("/mnt/x", "/run/ironclaw/sessions/x"), "is never granted"),
+        (P.Mount("/mnt/x", "/etc/ironclaw"), "is never granted"),
+        (P.Mount("/mnt/x", "/proc/1/root"), "is never granted"),
+    ],
+)
+def test_a_granted_mount_must_be_the_frame_or_a_bind_under_mnt(grant: P.Mount, needle: str) -> None:
+    spec = S.build_spec(make_policy())
+    with pytest.raises(SandboxError, match=f"^refusing spec: mount-granted: .*{re.escape(needle)}"):
+        S.check_spec(spec, (grant,))
+
+
+def test_granted_mount_rules_refuse_reordering_and_loosening() -> None:
+    spec, granted = _granted_spec()
+    frame = _mount(spec, "/mnt")
+    spec["mounts"].remove(frame)
+    spec["mounts"].append(frame)
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-order: mount /mnt/data"):
+        S.check_spec(spec, granted)
+    spec, granted = _granted_spec()
+    _mount(spec, "/mnt/data")["options"].remove("ro")
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-readonly: mount /mnt/data"):
+        S.check_spec(spec, granted)
+    spec, granted = _granted_spec()
+    _mount(spec, "/mnt/out")["options"].remove("noexec")
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-hygiene: mount /mnt/out"):
+        S.check_spec(spec, granted)
+    spec, granted = _granted_spec()
+    _mount(spec, "/mnt/data")["source"] = "/srv/share/other"
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-allowlist: mount /mnt/data"):
+        S.check_spec(spec, granted)
+
+
+def test_the_shared_rootfs_has_an_empty_mnt_for_the_frame() -> None:
+    assert "mnt" in MOUNTPOINTS
