@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 import httpx
 
+from benchmarks.stats import summary_ms
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
 from ironclawd.api.egress import EgressServicer
 from ironclawd.domain.agents import AgentSpec
@@ -65,13 +66,7 @@ class _NoCredentials:
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median_ms": round(statistics.median(ordered) * 1e3, 2),
-        "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1] * 1e3, 2),
-        "min_ms": round(ordered[0] * 1e3, 2),
-        "n": len(ordered),
-    }
+    return summary_ms(samples)
 
 
 async def _timed(call: Any, rounds: int) -> list[float]:

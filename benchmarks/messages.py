@@ -24,7 +24,6 @@ import json
 import os
 import queue
 import sqlite3
-import statistics
 import subprocess
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -56,13 +56,7 @@ session_tokens_per_day = 10000000000
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median_ms": round(statistics.median(ordered) * 1e3, 2),
-        "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1] * 1e3, 2),
-        "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1e3, 2),
-        "n": len(ordered),
-    }
+    return summary_ms(samples)
 
 
 class Replies:

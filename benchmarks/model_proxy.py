@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import summary_ms
 from ironclawd.domain.agents import DEFAULT_PERSONA
 from tests.harness.fake_providers import FakeProvider
 
@@ -90,15 +90,7 @@ print(json.dumps(samples))
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median_ms": round(statistics.median(ordered) * 1e3, 3),
-        "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1] * 1e3, 3),
-        "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1e3, 3),
-        "over_30ms": sum(1 for x in ordered if x > 0.030),
-        "min_ms": round(ordered[0] * 1e3, 3),
-        "n": len(ordered),
-    }
+    return {**summary_ms(samples, 3), "over_30ms": sum(1 for x in samples if x > 0.030)}
 
 
 def _sh(*argv: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:

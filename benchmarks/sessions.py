@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, netns_path
 from ironclawd.bundle.writer import write_bundle
@@ -38,13 +38,7 @@ CALLS = int(os.environ.get("BENCH_CALLS", "300"))
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median_ms": round(statistics.median(ordered) * 1e3, 2),
-        "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1] * 1e3, 2),
-        "min_ms": round(ordered[0] * 1e3, 2),
-        "n": len(ordered),
-    }
+    return summary_ms(samples)
 
 
 def bare_runsc(rootfs: Path) -> list[float]:

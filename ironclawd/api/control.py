@@ -106,7 +106,7 @@ class ControlServer:
         writer: asyncio.StreamWriter,
     ) -> None:
         sock: socket.socket = writer.get_extra_info("socket")
-        if not _peer_in_unit(sock, unit_name(sid)):
+        if not peer_in_unit(sock, unit_name(sid)):
             log.warning("session %s: refused a control connection from outside its unit", sid)
             writer.close()
             return
@@ -208,7 +208,7 @@ def _parse_event(line: bytes) -> tuple[str, int]:
     return words[0], int(words[1])
 
 
-def _peer_in_unit(sock: socket.socket, unit: str) -> bool:
+def peer_in_unit(sock: socket.socket, unit: str) -> bool:
     """Whether the connecting process is in ``unit``'s own cgroup (proc(5) /proc/<pid>/cgroup)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid = struct.unpack("3i", raw)[0]

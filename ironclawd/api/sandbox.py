@@ -284,7 +284,7 @@ class SandboxApi:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        if slots.locked() or not control._peer_in_unit(
+        if slots.locked() or not control.peer_in_unit(
             writer.get_extra_info("socket"), unit_name(sid)
         ):
             log.warning("session %s: refused a %s.sock connection (outside its unit or too many)",
