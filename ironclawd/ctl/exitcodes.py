@@ -14,6 +14,11 @@ CONFLICT = 6
 INVALID = 7  # the daemon refused an argument
 TIMEOUT = 8
 INTERNAL = 9
+# ironctl containment verify (no daemon involved):
+BAD_SIGNATURE = 10  # signature missing, malformed, by another key, or not matching the report
+MALFORMED_REPORT = 11  # the report is missing, not JSON, or not ironclaw-containment-report/1
+ESCAPED = 12  # a validly signed report in which an attack escaped
+INCONCLUSIVE = 13  # an attack errored, or the negative control saw no escape
 
 _BY_CODE = {
     grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
@@ -36,7 +41,10 @@ HELP = """exit codes:
   3  daemon not reachable (is ironclawd running? systemctl status ironclawd)
   4  permission denied (join group ironclaw-admin, then log in again)
   5  not found      6  conflict with current state      7  invalid argument
-  8  timed out      9  internal error in the daemon"""
+  8  timed out      9  internal error in the daemon
+  containment verify: 10 bad or missing signature   11 malformed report
+                      12 an attack escaped          13 inconclusive (an attack errored, or
+                         the negative control saw no escape)"""
 
 
 def for_status(code: grpc.StatusCode) -> int:

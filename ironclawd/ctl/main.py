@@ -10,7 +10,7 @@ import sys
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import changes, chat, exitcodes, render, sessions
+from ironclawd.ctl import changes, chat, containment, exitcodes, render, sessions
 from ironclawd.ctl.common import Stub, add_command, common_options, print_json
 
 DEFAULT_SOCKET = "/run/ironclaw/admin.sock"
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ironctl",
         description="Operate ironclawd: health, sandboxed agent sessions, changes, audit.",
         epilog="examples:\n  ironctl doctor\n  ironctl session create --agent demo\n"
-        "  ironctl status --json\n\n" + exitcodes.HELP,
+        "  ironctl status --json\n  ironctl containment verify REPORT.json --pubkey KEY.pub\n\n"
+        + exitcodes.HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(top=True, socket_default=socket_default)],
     )
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = sessions.register(sub)
     chat.register(sub, verbs)
     changes.register(sub)
+    containment.register(sub)
     return parser
 
 

@@ -1,0 +1,160 @@
+"""ironctl containment verify: check a red-team run's signed containment report, offline.
+
+Trust comes only from the public key the operator names: the ``.pub`` written beside a report
+proves nothing, since whoever changed the report could have replaced it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ironclawd.ctl import exitcodes
+from ironclawd.ctl.common import Stub, add_command
+from ironclawd.formats import containment, minisign
+
+PUBKEY_ENV = "IRONCLAW_CONTAINMENT_PUBKEY"
+_OUTCOME_EXIT = {
+    containment.Outcome.CONTAINED: exitcodes.OK,
+    containment.Outcome.INCONCLUSIVE: exitcodes.INCONCLUSIVE,
+    containment.Outcome.ESCAPED: exitcodes.ESCAPED,
+}
+_ERROR_CODES = {
+    exitcodes.USAGE: "USAGE",
+    exitcodes.BAD_SIGNATURE: "BAD_SIGNATURE",
+    exitcodes.MALFORMED_REPORT: "MALFORMED_REPORT",
+}
+
+
+class VerifyFailed(Exception):
+    """Verification stopped; ``exit_code`` says why (exitcodes), the message says what."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def register(sub: Any) -> None:
+    group = sub.add_parser(
+        "containment",
+        help="check a red-team run's signed containment report",
+        description="Check the containment report a red-team run writes (make test).",
+        epilog=exitcodes.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbs = group.add_subparsers(dest="verb", metavar="VERB", required=True)
+    verify = add_command(
+        verbs,
+        "verify",
+        "verify a containment report's signature and format, print it, judge it",
+        "ironctl containment verify results/containment-report.json "
+        "--pubkey build/containment/minisign.pub\n"
+        "  ironctl containment verify REPORT.json --pubkey KEY.pub --json | jq .outcome\n\n"
+        "exit 0 only if the signature is good, every attack was contained and the negative\n"
+        "control saw an escape",
+        cmd_verify,
+    )
+    verify.add_argument("report", metavar="REPORT.json", help="containment-report.json")
+    verify.add_argument(
+        "--pubkey",
+        help=f"trusted minisign public key file (required unless ${PUBKEY_ENV} names one)",
+    )
+    verify.add_argument("--signature", help="signature file (default: REPORT.json.minisig)")
+
+
+def cmd_verify(args: argparse.Namespace, _stub: Stub) -> int:
+    try:
+        result = verify_files(args)
+    except VerifyFailed as exc:
+        return _fail(args, exc)
+    report: containment.Report = result["report"]
+    code = _OUTCOME_EXIT[report.outcome()]
+    if args.json:
+        doc = {
+            "valid": True,
+            "outcome": report.outcome().name.lower(),
+            "exit": code,
+            "key_id": result["key_id"],
+            "trusted_comment": result["trusted_comment"],
+            "generated_at": report.generated_at,
+            "versions": dict(report.versions),
+            "summary": {
+                "attacks": containment.summarize(report.attacks),
+                "negative_control": containment.summarize(report.negative_control),
+            },
+            "escaped": [a.id for a in report.attacks if a.verdict == "escaped"],
+            "errors": [a.id for a in report.attacks if a.verdict == "error"],
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        sys.stdout.write(containment.render(report))
+        print(
+            f"signature: good, by key {result['key_id']} "
+            f"({containment.clean(result['trusted_comment'])})"
+        )
+    return code
+
+
+def verify_files(args: argparse.Namespace) -> dict[str, Any]:
+    """Signature first (with the trusted key), then the format; VerifyFailed names the step."""
+    key = _public_key(args.pubkey or os.environ.get(PUBKEY_ENV, ""))
+    report_path = Path(args.report)
+    sig_path = Path(args.signature or f"{report_path}{minisign.SIG_SUFFIX}")
+    try:
+        data = report_path.read_bytes()
+    except OSError as exc:
+        raise VerifyFailed(
+            exitcodes.MALFORMED_REPORT, f"reading report {report_path}: {exc.strerror}"
+        ) from None
+    try:
+        signature = minisign.parse_signature(sig_path.read_text(encoding="utf-8"))
+        trusted = minisign.verify(key, data, signature, allow_legacy=False)
+    except OSError as exc:
+        raise VerifyFailed(
+            exitcodes.BAD_SIGNATURE,
+            f"reading signature {sig_path}: {exc.strerror}: a report counts only with the "
+            "signature the run wrote beside it",
+        ) from None
+    except (UnicodeDecodeError, minisign.MinisignFormatError) as exc:
+        raise VerifyFailed(exitcodes.BAD_SIGNATURE, f"signature {sig_path}: {exc}") from None
+    except minisign.SignatureMismatch as exc:
+        raise VerifyFailed(exitcodes.BAD_SIGNATURE, f"report {report_path}: {exc}") from None
+    try:
+        report = containment.parse(json.loads(data.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise VerifyFailed(
+            exitcodes.MALFORMED_REPORT, f"report {report_path}: not UTF-8 JSON: {exc}"
+        ) from None
+    except containment.MalformedReport as exc:
+        raise VerifyFailed(exitcodes.MALFORMED_REPORT, f"{report_path}: {exc}") from None
+    return {"report": report, "key_id": key.id_hex, "trusted_comment": trusted}
+
+
+def _public_key(path: str) -> minisign.PublicKey:
+    if not path:
+        raise VerifyFailed(
+            exitcodes.USAGE,
+            f"no trusted public key: give --pubkey FILE (the key the build signs with, e.g. "
+            f"build/containment/minisign.pub) or set {PUBKEY_ENV}; the .pub beside a report "
+            "cannot vouch for it",
+        )
+    try:
+        return minisign.parse_public_key(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise VerifyFailed(exitcodes.USAGE, f"reading public key {path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, minisign.MinisignFormatError) as exc:
+        raise VerifyFailed(exitcodes.USAGE, f"public key {path}: {exc}") from None
+
+
+def _fail(args: argparse.Namespace, exc: VerifyFailed) -> int:
+    if args.json:
+        error = {"code": _ERROR_CODES[exc.exit_code], "message": str(exc), "exit": exc.exit_code}
+        print(json.dumps({"valid": False, "error": error}))
+    else:
+        print(f"ironctl: containment verify: {exc}", file=sys.stderr)
+        print(f"INVALID: {_ERROR_CODES[exc.exit_code].lower().replace('_', ' ')}", file=sys.stderr)
+    return exc.exit_code
