@@ -1,12 +1,14 @@
 """ironclawd/formats/minisign.py against Debian's real minisign, both ways: what we sign minisign
 verifies, what minisign signs we verify, and one changed byte fails both. Then a containment
 report end to end: written by the red-team module, checked by ``minisign -V`` and by the
-installed ``ironctl containment verify``. Needs no systemd; needs the minisign package
-(scripts/install-deps), and under CI fails rather than skips without it."""
+installed ``ironctl containment verify``; and the versions a report carries, read from the real
+daemon. Only the last needs the private systemd; the others need the minisign package
+(scripts/install-deps), and under CI fail rather than skip without it."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+import ironclawd
 from ironclawd.ctl import exitcodes
 from ironclawd.formats import minisign
 from ironclawd.formats.containment import AttackResult
+from ironclawd.host.runsc import KNOWN_PLATFORMS, parse_version
+from tests.harness.private_systemd import SystemdHarness
 from tests.redteam import report
 
 pytestmark = pytest.mark.integration
@@ -120,3 +125,15 @@ def test_a_containment_report_verifies_with_minisign_and_ironctl(
     assert run(tool, "-V", "-p", str(trusted), "-m", str(path)).returncode == 1
     proc = run(*ironctl, "--pubkey", str(trusted))
     assert proc.returncode == exitcodes.BAD_SIGNATURE, proc.stdout + proc.stderr
+
+
+def test_collect_versions_from_the_real_daemon(daemon: SystemdHarness) -> None:
+    """The facts a report carries, read inside the private systemd, match the host's own."""
+    versions = report.collect_versions(daemon.run)
+    host_runsc = run("runsc", "--version").stdout
+    assert versions["runsc"] == parse_version(host_runsc)[0]
+    assert versions["kernel"] == os.uname().release
+    assert re.fullmatch(r"systemd \d+ \(.*\)", versions["systemd"]), versions["systemd"]
+    assert versions["platform"] in KNOWN_PLATFORMS, versions["platform"]
+    assert versions["ironclaw"] == ironclawd.__version__
+    assert not any(v.startswith("unknown") for v in versions.values()), versions

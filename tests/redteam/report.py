@@ -166,15 +166,20 @@ def _status_json(run: Run) -> dict[str, Any]:
 
 
 def _platform(run: Run, status: dict[str, Any]) -> str:
-    """The platform ironclawd runs sandboxes with: its status says; else doctor's choice."""
+    """The runsc platform ironclawd runs sandboxes with: what its status or its sessions say
+    (what was really used), else the choice ``ironctl doctor`` reports."""
     if status.get("runsc_platform"):
         return str(status["runsc_platform"])
+    listing = json.loads(_stdout(run, ["ironctl", "session", "list", "--json"]))
+    used = sorted({s["platform"] for s in listing.get("sessions", []) if s.get("platform")})
+    if used:
+        return ",".join(used)
     doctor = json.loads(_stdout(run, ["ironctl", "doctor", "--json", "--only", "runsc.platform"]))
     for check in doctor.get("checks", []):
         found = re.search(r"will use '([^']+)'", check.get("detail", ""))
         if check.get("name") == "runsc.platform" and found:
             return found.group(1)
-    raise RuntimeError("neither ironctl status nor doctor names the runsc platform")
+    raise RuntimeError("neither ironctl status, session list nor doctor names the runsc platform")
 
 
 def _os_release(text: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ironclawd
 from ironclawd.formats import containment, minisign
 from ironclawd.formats.containment import AttackResult, MalformedReport, Outcome
 from tests.redteam import report
@@ -274,13 +275,20 @@ def test_collect_versions_reads_each_fact_and_names_what_it_could_not() -> None:
     assert versions["os"] == "Debian GNU/Linux 12 (bookworm)"
     assert versions["ironclaw"] == "0.1.0"
     assert versions["python"].count(".") == 2
-    # No status: doctor's choice names the platform; nothing at all: an explained unknown.
-    answers["ironctl status --json"] = b"not json"
+    # Status without a platform: the sessions' platform; no session: doctor's choice.
+    answers["ironctl status --json"] = b'{"version": "0.1.0", "runsc_platform": ""}'
+    answers["ironctl session list --json"] = json.dumps(
+        {"sessions": [{"sid": "a", "platform": "ptrace"}, {"sid": "b", "platform": ""}]}
+    ).encode()
+    assert report.collect_versions(run)["platform"] == "ptrace"
+    answers["ironctl session list --json"] = b'{"sessions": []}'
     answers["ironctl doctor --json --only runsc.platform"] = json.dumps(
         {"checks": [{"name": "runsc.platform", "detail": "will use 'systrap' (working: systrap)"}]}
     ).encode()
     assert report.collect_versions(run)["platform"] == "systrap"
     del answers["ironctl doctor --json --only runsc.platform"], answers["uname -r"]
+    answers["ironctl status --json"] = b"not json"
     versions = report.collect_versions(run)
-    assert versions["platform"].startswith("unknown (")
+    assert versions["platform"].startswith("unknown (ironctl doctor")
+    assert versions["ironclaw"] == ironclawd.__version__
     assert versions["kernel"] == "unknown (uname -r exited 1: no such thing)"
