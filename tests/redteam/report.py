@@ -92,6 +92,9 @@ def write_report(
     _write(out_dir / (REPORT_JSON + minisign.SIG_SUFFIX), signature.to_file().encode())
     _write(out_dir / REPORT_TEXT, containment.render(report).encode())
     _write(out_dir / PUBLIC_KEY, key.public_key().to_file().encode())
+    # What lies on disk now is what ironctl will check: prove it verifies before saying done.
+    written = minisign.parse_signature((out_dir / (REPORT_JSON + minisign.SIG_SUFFIX)).read_text())
+    minisign.verify(key.public_key(), path.read_bytes(), written, allow_legacy=False)
     return path
 
 
@@ -114,7 +117,13 @@ def load_or_create_key(env: dict[str, str] | None = None) -> minisign.SecretKey:
                 f"containment signing key {path}: mode {stat.filemode(mode)}: expected no access "
                 f"for group or others (chmod 600 {path})"
             )
-        return minisign.parse_secret_key(handle.read())
+        key = minisign.parse_secret_key(handle.read())
+    if not configured:
+        # The trusted half beside the build's key, from the key that won any race to be made.
+        public = path.parent / "minisign.pub"
+        if not public.exists() or public.read_text() != key.public_key().to_file():
+            _write(public, key.public_key().to_file().encode())
+    return key
 
 
 def _create_key(path: Path) -> None:
@@ -132,7 +141,6 @@ def _create_key(path: Path) -> None:
         pass
     finally:
         temp.unlink()
-    (path.parent / "minisign.pub").write_text(key.public_key().to_file())
 
 
 def _write(path: Path, data: bytes) -> None:
