@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent clean deb e2e
+.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent clean deb e2e verify-report
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -34,6 +34,15 @@ test-unit: venv
 # warm; network to the Debian mirror): IRONCLAW_E2E=0 skips it.
 test: check
 	$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/redteam tests/e2e)
+	@if [ -e results/containment-report.json ]; then $(MAKE) --no-print-directory verify-report; fi
+
+# The red-team run's signed containment report, checked as an operator would: signature by the
+# build's key, format, no escape, a negative control that saw one (docs/containment-report.md).
+# Quiet when it holds (pytest's summary stays the last line); the table and why when it does not.
+verify-report:
+	@$(VENV)/bin/ironctl containment verify results/containment-report.json \
+		--pubkey build/containment/minisign.pub >results/containment-verify.txt 2>&1 \
+		|| { cat results/containment-verify.txt; exit 1; }
 
 # dist/ironclaw_<version>_<arch>.deb (packaging/build-deb; cached under build/deb/).
 deb:
