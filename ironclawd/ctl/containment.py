@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,11 @@ def cmd_verify(args: argparse.Namespace, _stub: Stub) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
-        sys.stdout.write(containment.render(report))
+        # On a terminal wider than the file's table, evidence gets the extra room.
+        width = containment.TABLE_WIDTH
+        if sys.stdout.isatty():
+            width = max(width, shutil.get_terminal_size().columns)
+        sys.stdout.write(containment.render(report, width))
         print(
             f"signature: good, by key {result['key_id']} "
             f"({containment.clean(result['trusted_comment'])})"

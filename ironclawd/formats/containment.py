@@ -204,6 +204,8 @@ def render(report: Report, width: int = TABLE_WIDTH) -> str:
 def table(results: Sequence[AttackResult], width: int = TABLE_WIDTH) -> list[str]:
     """Rows of id, category, stance, verdict, evidence. Every column but evidence is as wide as
     its widest cell (never split); evidence fills the rest and is cut with an ellipsis."""
+    if not results:
+        return ["(none)"]
     header = ("ATTACK", "CATEGORY", "STANCE", "VERDICT")
     rows = [(a.id, a.category, a.stance, a.verdict.upper()) for a in results]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]

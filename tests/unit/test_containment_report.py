@@ -224,6 +224,8 @@ def test_outcomes() -> None:
     assert outcome([attack("net.a", "error")], escaped) is Outcome.INCONCLUSIVE
     assert outcome([attack("net.a")], [attack("net.b")]) is Outcome.INCONCLUSIVE  # blind probes
     assert outcome([attack("net.a")], []) is Outcome.INCONCLUSIVE
+    empty = containment.parse(containment.build([], [], VERSIONS, datetime.now(UTC)))
+    assert "attacks: 0\n(none)\n" in containment.render(empty)
 
 
 def test_the_build_key_is_made_once_with_mode_0600(
