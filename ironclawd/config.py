@@ -23,6 +23,7 @@ from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import KINDS
 from ironclawd.domain.egress import EgressLimits, EgressRule, rule_from_mapping
+from ironclawd.domain.messages import QueueLimits
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import ConfigError
 
@@ -72,6 +73,7 @@ class Config:
     sandbox: SandboxConfig = SandboxConfig()
     egress: EgressLimits = EgressLimits()  # noqa: RUF009
     gateway: GatewayConfig = GatewayConfig()
+    queues: QueueLimits = QueueLimits()  # noqa: RUF009
     agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
 
@@ -237,6 +239,25 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "requests_per_minute": _Key(_int(1, 100_000), "Egress requests per session."),
             "max_connections_per_session": _Key(_int(1, 1024), "Requests in flight per session."),
             "max_connections_total": _Key(_int(1, 65536), "Requests in flight, all sessions."),
+        },
+    ),
+    "queues": (
+        QueueLimits,
+        {
+            "max_reply_bytes": _Key(
+                _int(1024, 64 * 1024 * 1024),
+                "Longest reply body; a longer one is ingested as a placeholder (audited).",
+            ),
+            "rows_per_read": _Key(_int(1, 100_000), "Outbound rows ingested per read."),
+            "max_rows": _Key(_int(1, 2**40), "Replies per session; no more are ingested."),
+            "outbound_bytes": _Key(
+                _int(1024 * 1024, 64 * 1024**3),
+                "Size of each session's outbound tmpfs (RAM); the box gets ENOSPC past it.",
+            ),
+            "outbound_files": _Key(_int(4, 1_000_000), "Files and directories in it."),
+            "read_timeout_seconds": _Key(
+                _float(0.1, 3600.0), "One read of a session's outbound queue (its lane only)."
+            ),
         },
     ),
 }

@@ -170,7 +170,11 @@ class Daemon:
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
             mount_allowlist=config.gateway.mount_allowlist,
         )
-        data = SessionData(store, master, DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR))
+        data = SessionData(
+            store,
+            master,
+            DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR, config.queues),
+        )
         audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)
         # Seeded once with the built-in demo agent and the config's [agents.NAME] tables; after
         # that only approved changes alter the registry.
@@ -193,6 +197,8 @@ class Daemon:
             control=control,
             agent_uid=AGENT_UID,
             agent_gid=AGENT_GID,
+            limits=config.queues,
+            audit=audit,
         )
         service.on_remove(messages.forget)
         http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)

@@ -14,6 +14,8 @@ INTERNAL_DIR = RUN_DIR / "internal"
 INTERNAL_ADMIN_SOCKET = INTERNAL_DIR / "admin-grpc.sock"
 SESSIONS_RUN_DIR = RUN_DIR / "sessions"
 KEYS_RUN_DIR = RUN_DIR / "keys"
+# Root-only (0700): private copies of agents' outbound.db files, made from a checked descriptor.
+INGEST_DIR = RUN_DIR / "ingest"
 NETNS_DIR = Path("/run/netns")
 ADMIN_GROUP = "ironclaw-admin"
 SLICE = "ironclaw.slice"

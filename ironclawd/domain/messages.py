@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import struct
 import unicodedata
@@ -66,3 +67,51 @@ def chain_link(previous: bytes, seq: int, in_reply_to: int, created_at: float, b
     digest.update(struct.pack(">QQd", seq, in_reply_to, created_at))
     digest.update(body.encode("utf-8", "surrogatepass"))
     return digest.digest()
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """What one session's agent may put in its outbound queue (``[queues]`` in the config)."""
+
+    max_reply_bytes: int = 1024 * 1024  # a longer body is refused (a placeholder is ingested)
+    rows_per_read: int = 1000  # rows ingested per read of the file
+    max_rows: int = 1_000_000  # replies per session; past it nothing more is ingested
+    outbound_bytes: int = 64 * 1024 * 1024  # the outbound tmpfs's size (the box gets ENOSPC)
+    outbound_files: int = 64  # the outbound tmpfs's inodes (files and directories)
+    read_timeout_seconds: float = 30.0  # one read of the file; its session waits, none else
+
+
+# Largest in_reply_to accepted: an inbound seq fits in a signed 64-bit SQLite integer, and the
+# chain packs it unsigned.
+MAX_SEQ = 2**63 - 1
+
+
+def accept_row(
+    seq: int, in_reply_to: object, created_at: object, body: object, max_body: int
+) -> tuple[tuple[int, int, float, str], str]:
+    """One outbound row as the host ingests it, and why it was refused ("" if it was not).
+
+    The agent is untrusted and SQLite types are advisory: a row whose in_reply_to is not an
+    integer in 0..MAX_SEQ, whose created_at is not a finite number, or whose body is not
+    UTF-8 text of at most ``max_body`` bytes (``body`` is its bytes, or None when it was too
+    long to fetch) becomes a placeholder that names the problem, so the rows after it still
+    flow. Deterministic, so ``session verify`` recomputes the same placeholder from the file."""
+    problem = ""
+    if isinstance(in_reply_to, bool) or not isinstance(in_reply_to, int):
+        problem = "in_reply_to is not an integer"
+    elif not 0 <= in_reply_to <= MAX_SEQ:
+        problem = f"in_reply_to {in_reply_to} is out of range"
+    elif isinstance(created_at, bool) or not isinstance(created_at, int | float):
+        problem = "created_at is not a number"
+    elif not math.isfinite(created_at) or abs(created_at) > 1e15:
+        problem = "created_at is not a finite time"
+    elif body is None or not isinstance(body, bytes) or len(body) > max_body:
+        problem = f"body is not text of at most {max_body} bytes"
+    else:
+        try:
+            text = body.decode("utf-8", "strict")
+        except UnicodeDecodeError:
+            problem = "body is not valid UTF-8"
+        else:
+            return (seq, int(in_reply_to), float(created_at), text), ""
+    return (seq, 0, 0.0, f"[ironclawd refused reply {seq}: {problem}]"), problem

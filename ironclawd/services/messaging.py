@@ -17,13 +17,23 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ironclawd.domain.messages import Reply, chain_link, check_body, check_client_id
+from ironclawd.domain.messages import (
+    QueueLimits,
+    Reply,
+    accept_row,
+    chain_link,
+    check_body,
+    check_client_id,
+)
 from ironclawd.domain.session import State
 from ironclawd.errors import IronclawError
-from ironclawd.ports import ControlPlane
+from ironclawd.ports import AuditSink, ControlPlane
+from ironclawd.services.audit import Throttled
+from ironclawd.services.lanes import Lanes, LogLimiter
 from ironclawd.services.session_data import SessionData
 from ironclawd.services.sessions import SessionService
-from ironclawd.store.queues import InboundWriter, OutboundReader
+from ironclawd.store.outbound import RawRow
+from ironclawd.store.queues import InboundWriter
 from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.messages")
@@ -59,6 +69,8 @@ class MessageService:
         control: ControlPlane,
         agent_uid: int,
         agent_gid: int,
+        limits: QueueLimits | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
         self.store = store
         self._sessions = sessions
@@ -71,6 +83,12 @@ class MessageService:
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._restarts: dict[str, list[float]] = {}
+        self._limits = limits or QueueLimits()
+        # Each session reads its agent's file in its own lane: one hostile session cannot hold
+        # the threads every other session's sends and creates need.
+        self._lanes = Lanes(self._limits.read_timeout_seconds)
+        self._refusals = Throttled(audit)
+        self._complaints = LogLimiter(log)
         control.set_listener(self._on_event)
         sessions.on_sandbox_exit(self.resume_unanswered)
 
@@ -141,33 +159,67 @@ class MessageService:
             writer = self._inbound.pop(sid, None)
         if writer is not None:
             writer.close()
+        self._lanes.close(sid)
 
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
             await self.ingest(sid, value)
 
     async def ingest(self, sid: str, up_to: int | None = None) -> int:
-        """Copy the agent's new outbound rows into the record; return how many."""
+        """Copy the agent's new outbound rows into the record; return how many. Never raises
+        for what the agent wrote: a row that cannot be taken as it is becomes a placeholder
+        (audited), and a file that cannot be read is complained about at a bounded rate."""
         lock = self._ingest_locks.setdefault(sid, asyncio.Lock())
         async with lock:
-            last, chain = self.store.last_reply(sid)
-            if up_to is not None and up_to <= last:
-                return 0
-            reader = OutboundReader(self._data.outbound_dir(sid), self._data.key(sid), self._uid)
-            if not reader.exists():
-                return 0
-            rows = await asyncio.to_thread(reader.read_after, last, up_to)
-            replies = []
-            for seq, in_reply_to, created_at, body in rows:
-                chain = chain_link(chain, seq, in_reply_to, created_at, body)
-                replies.append(Reply(seq, in_reply_to, created_at, body, chain))
-            if replies:
-                await asyncio.to_thread(self.store.add_replies, sid, replies)
-                self._sessions.touch(sid)
-                condition = self._condition(sid)
-                async with condition:
-                    condition.notify_all()
-            return len(replies)
+            total = 0
+            while True:
+                last, chain = self.store.last_reply(sid)
+                if up_to is not None and up_to <= last:
+                    return total
+                room = self._limits.max_rows - last
+                if room <= 0:
+                    self._refused(sid, f"reply quota of {self._limits.max_rows} rows reached")
+                    return total
+                batch = min(room, self._limits.rows_per_read)
+                try:
+                    rows = await self._lanes.run(sid, self._read_batch, sid, last, batch)
+                except (IronclawError, OSError) as exc:
+                    self._refused(sid, str(exc))
+                    return total
+                replies: list[Reply] = []
+                for raw in rows:
+                    if raw[0] != last + 1 + len(replies):
+                        self._refused(sid, f"a gap after seq {last + len(replies)}")
+                        break
+                    row, problem = accept_row(*raw, self._limits.max_reply_bytes)
+                    if problem:
+                        self._refusals.record(
+                            sid, "reply.refused", f"session:{sid}", sid=sid, seq=row[0],
+                            reason=problem,
+                        )  # fmt: skip
+                    chain = chain_link(chain, *row)
+                    replies.append(Reply(*row, chain))
+                if replies:
+                    await asyncio.to_thread(self.store.add_replies, sid, replies)
+                    self._sessions.touch(sid)
+                    condition = self._condition(sid)
+                    async with condition:
+                        condition.notify_all()
+                    total += len(replies)
+                if len(replies) < batch:
+                    return total
+
+    def _read_batch(self, sid: str, after: int, limit: int) -> list[RawRow]:
+        """In the session's lane: clear setid bits the box planted, then read a batch."""
+        self._data.strip_setid(sid, self._uid)
+        reader = self._data.outbound_reader(sid, self._uid)
+        return reader.read_after(after, limit, self._limits.max_reply_bytes)
+
+    def _refused(self, sid: str, reason: str) -> None:
+        self._complaints.warning(sid, "session %s: ingesting outbound rows: %s", sid, reason)
+        self._refusals.record(
+            f"{sid}/outbound", "outbound.refused", f"session:{sid}", sid=sid, reason=reason[:300]
+        )
 
     def _condition(self, sid: str) -> asyncio.Condition:
         return self._changed.setdefault(sid, asyncio.Condition())
@@ -192,17 +244,21 @@ class MessageService:
         """Re-read everything ingested from the agent's file and recompute the chain: a
         rewrite, deletion or reorder of already-ingested rows is named by its first seq."""
         self._sessions.get(sid)
-        reader = OutboundReader(self._data.outbound_dir(sid), self._data.key(sid), self._uid)
+        reader = self._data.outbound_reader(sid, self._uid)
+        max_body = self._limits.max_reply_bytes
         checked, after = 0, 0
         while True:
             record = self.store.replies_after(sid, after, limit=1000)
             if not record:
                 return ChainReport(checked, True)
             try:
-                now = await asyncio.to_thread(reader.read_range, record[0].seq, record[-1].seq)
+                now = await self._lanes.run(
+                    sid, reader.read_range, record[0].seq, record[-1].seq, max_body
+                )
             except (IronclawError, OSError) as exc:
                 return ChainReport(checked, False, record[0].seq, f"cannot read outbound: {exc}")
-            by_seq = {row[0]: row for row in now}
+            # The same placeholders ingestion made, so refused rows compare equal.
+            by_seq = {raw[0]: accept_row(*raw, max_body)[0] for raw in now}
             for reply in record:
                 row = by_seq.get(reply.seq)
                 if row is None:

@@ -3,19 +3,28 @@ and its queue directories. Destroying the key makes the queues unreadable."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ironclawd.errors import HostError
+from ironclawd import paths
+from ironclawd.domain.messages import QueueLimits
+from ironclawd.errors import HostError, IronclawError
 from ironclawd.store import queues
 from ironclawd.store.keys import MasterKey, new_session_key, remove_tmpfs_key, write_tmpfs_key
+from ironclawd.store.outbound import OutboundReader, strip_setid
+from ironclawd.store.quota_mount import OutboundQuota
 from ironclawd.store.state import StateStore
+
+log = logging.getLogger("ironclawd.sessions")
 
 
 @dataclass(frozen=True)
 class DataLayout:
     queues_dir: Path  # /var/lib/ironclaw/queues
     keys_dir: Path  # /run/ironclaw/keys (tmpfs)
+    scratch_dir: Path = paths.INGEST_DIR  # root-only: private copies of outbound.db
+    limits: QueueLimits = field(default_factory=QueueLimits)
 
 
 class SessionData:
@@ -35,7 +44,13 @@ class SessionData:
         if self._store.wrapped_key(sid) is None:
             self._store.put_wrapped_key(sid, self._master.wrap(sid, new_session_key()))
         key = self.key(sid)
-        queues.prepare_queue_dirs(self.layout.queues_dir, sid, uid, gid)
+        limits = self.layout.limits
+        quota = OutboundQuota(limits.outbound_bytes, limits.outbound_files)
+        queues.prepare_queue_dirs(self.layout.queues_dir, sid, uid, gid, quota)
+        try:  # what an earlier sandbox of this session left, before the next one starts
+            self.strip_setid(sid, uid)
+        except (IronclawError, OSError) as exc:
+            log.warning("session %s: stripping setid bits from its outbound files: %s", sid, exc)
         write_tmpfs_key(self.key_path(sid), key, uid, gid)
         return key
 
@@ -47,6 +62,16 @@ class SessionData:
 
     def outbound_dir(self, sid: str) -> Path:
         return self.layout.queues_dir / sid / "outbound"
+
+    def outbound_reader(self, sid: str, uid: int) -> OutboundReader:
+        return OutboundReader(
+            self.outbound_dir(sid), self.key(sid), uid, self.layout.scratch_dir,
+            self.layout.limits.outbound_bytes,
+        )  # fmt: skip
+
+    def strip_setid(self, sid: str, uid: int) -> int:
+        """Clear setuid/setgid bits the box left in its outbound directory; how many."""
+        return strip_setid(self.outbound_dir(sid), uid, self.layout.limits.outbound_files + 1)
 
     def release(self, sid: str) -> None:
         """The sandbox is gone: take the unwrapped key off tmpfs."""

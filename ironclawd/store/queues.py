@@ -10,35 +10,29 @@ seen by the host, so nothing relies on them: each file has one writer, commits a
 the control socket, and a reader that meets a hot journal or a half-written page gets an error
 and retries (TESTING.md, "SQLite across the gVisor boundary").
 
-The outbound file is written by an untrusted agent: it is opened read-only, not through a
-symlink, and its schema must be exactly ours before any row is read.
+The outbound file is written by an untrusted agent: store/outbound.py reads it without trusting
+any path (descriptors only, a private copy for SQLite).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
-import time
 from pathlib import Path
 
 import sqlcipher3
 
 from ironclawd.errors import HostError, InvalidArgument
+from ironclawd.store.quota_mount import OutboundQuota, mount_outbound, unmount_outbound
 
 INBOUND_SCHEMA = (
     "CREATE TABLE messages (seq INTEGER PRIMARY KEY, created_at REAL NOT NULL, "
     "body TEXT NOT NULL, client_id TEXT UNIQUE)"
 )
-OUTBOUND_SCHEMA = (
-    "CREATE TABLE messages (seq INTEGER PRIMARY KEY, in_reply_to INTEGER NOT NULL, "
-    "created_at REAL NOT NULL, body TEXT NOT NULL)"
-)
 QUEUE_VERSION = 1
 INBOUND_FILE = "inbound.db"
-OUTBOUND_FILE = "outbound.db"
-READ_ATTEMPTS = 50
-READ_BACKOFF = 0.002
 
 
 def _keyed(conn: sqlcipher3.Connection, key: bytes) -> None:
@@ -110,72 +104,13 @@ class InboundWriter:
             self._db.close()
 
 
-class OutboundReader:
-    """Reads the agent's outbound.db, read-only, re-opened for every read (no cached pages
-    survive between reads: the file changes under us from the other side)."""
-
-    def __init__(self, directory: Path, key: bytes, agent_uid: int) -> None:
-        self._path = directory / OUTBOUND_FILE
-        self._key = key
-        self._agent_uid = agent_uid
-
-    def exists(self) -> bool:
-        return self._path.exists()
-
-    def read_after(self, after: int, up_to: int | None = None) -> list[tuple[int, int, float, str]]:
-        """Rows with seq > after (and <= up_to), retrying through torn reads and hot journals.
-        Rows must be contiguous from after+1; with up_to, all of them must be there."""
-        last_error: Exception | None = None
-        for _attempt in range(READ_ATTEMPTS):
-            try:
-                rows = self._read(after, up_to)
-            except (sqlcipher3.Error, OSError) as exc:
-                last_error = exc
-            else:
-                expected = list(range(after + 1, after + 1 + len(rows)))
-                complete = up_to is None or (rows and rows[-1][0] == up_to)
-                if [r[0] for r in rows] == expected and (complete or up_to == after):
-                    return rows
-                last_error = HostError(f"announced up to {up_to}, read {[r[0] for r in rows]}")
-            time.sleep(READ_BACKOFF)
-        raise HostError(f"reading {self._path}: gave up after {READ_ATTEMPTS} tries: {last_error}")
-
-    def read_range(self, first: int, last: int) -> list[tuple[int, int, float, str]]:
-        """Rows first..last as they are in the file now (for verifying ingested history)."""
-        return self._read(first - 1, last)
-
-    def _read(self, after: int, up_to: int | None) -> list[tuple[int, int, float, str]]:
-        st = os.lstat(self._path)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != self._agent_uid:
-            raise HostError(
-                f"refusing {self._path}: expected a regular file owned by uid {self._agent_uid}"
-            )
-        uri = f"file:{self._path}?mode=ro"
-        conn = sqlcipher3.connect(uri, uri=True, isolation_level=None)
-        try:
-            _keyed(conn, self._key)
-            conn.execute("PRAGMA trusted_schema = OFF")
-            conn.execute("PRAGMA cell_size_check = ON")
-            conn.execute("PRAGMA mmap_size = 0")
-            schema = conn.execute(
-                "SELECT group_concat(sql, ';') FROM sqlite_master WHERE sql IS NOT NULL"
-            ).fetchone()[0]
-            if schema != OUTBOUND_SCHEMA:
-                raise HostError(f"refusing {self._path}: unexpected schema {str(schema)[:120]!r}")
-            limit = up_to if up_to is not None else 2**62
-            rows = conn.execute(
-                "SELECT seq, in_reply_to, created_at, body FROM messages "
-                "WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT 10000",
-                (after, limit),
-            ).fetchall()
-        finally:
-            conn.close()
-        return [(int(a), int(b), float(c), str(d)) for a, b, c, d in rows]
-
-
-def prepare_queue_dirs(base: Path, sid: str, uid: int, gid: int) -> tuple[Path, Path]:
+def prepare_queue_dirs(
+    base: Path, sid: str, uid: int, gid: int, quota: OutboundQuota | None = None
+) -> tuple[Path, Path]:
     """``<base>/<sid>/inbound`` (root-owned, the agent's group may read) and
-    ``<base>/<sid>/outbound`` (owned by the agent's uid: gVisor checks host files against it)."""
+    ``<base>/<sid>/outbound`` (owned by the agent's uid: gVisor checks host files against it).
+    With ``quota``, the outbound directory is a tmpfs of that size and inode count (mounted
+    once, kept until the session is removed): the box meets ENOSPC, the host disk nothing."""
     session = base / sid
     inbound, outbound = session / "inbound", session / "outbound"
     base.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -185,19 +120,26 @@ def prepare_queue_dirs(base: Path, sid: str, uid: int, gid: int) -> tuple[Path, 
         st = os.lstat(directory)
         if not stat.S_ISDIR(st.st_mode):
             raise HostError(f"refusing queue directory {directory}: not a directory")
+        if directory is outbound and quota is not None:
+            mount_outbound(outbound, uid, gid, quota)
         os.chown(directory, *owner, follow_symlinks=False)
         os.chmod(directory, mode, follow_symlinks=False)
     return inbound, outbound
 
 
 def remove_queue_dirs(base: Path, sid: str) -> None:
+    """Remove a session's queue files: the outbound tmpfs is unmounted first, then everything
+    is removed through directory descriptors, never following a link the box planted."""
     session = base / sid
     if session.is_symlink():
         session.unlink()
         return
     if not session.exists():
         return
-    for directory, _dirs, files in os.walk(session, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
+    unmount_outbound(session / "outbound")
+    if not shutil.rmtree.avoids_symlink_attacks:
+        raise HostError(f"removing {session}: this platform's rmtree may follow symlinks")
+    try:
+        shutil.rmtree(session)
+    except OSError as exc:
+        raise HostError(f"removing {session}: {exc}") from exc

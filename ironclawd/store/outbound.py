@@ -1,0 +1,272 @@
+"""Reading the agent's outbound.db with no trust in any path the agent can change.
+
+The outbound directory belongs to the agent (uid 10000), which can rename, link or replace
+anything in it at any moment. So the daemon (root) never hands SQLite a path there:
+
+1. the directory is opened ``O_DIRECTORY|O_NOFOLLOW`` and checked on the descriptor (a directory
+   owned by the agent uid: the session's tmpfs, store/quota_mount.py);
+2. ``outbound.db`` is opened ``O_PATH|O_NOFOLLOW`` relative to that descriptor, so nothing is
+   opened at all yet: a symlink fails with ELOOP, and a FIFO or device node is refused by
+   ``fstat`` before it is ever opened for reading; only a regular file owned by the agent uid
+   with one link and at most the quota's size is then re-opened (through its descriptor,
+   ``O_RDONLY|O_NONBLOCK``);
+3. that descriptor is copied into a root-only directory of the daemon's (the file is SQLCipher:
+   no plaintext lands), and SQLite opens the private copy ``immutable``. (A memfd does not do:
+   SQLite canonicalises ``/proc/self/fd/N`` through readlink to ``/memfd:… (deleted)``.)
+
+File locks do not cross the gVisor boundary, so a copy can catch the agent mid-commit. The
+agent's rollback journal exists for the whole of a commit and every page write changes the
+file's mtime: a copy is kept only if no ``-journal`` existed before or after it and size, mtime
+and ctime did not change meanwhile; otherwise it is taken again (bounded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlcipher3
+
+from ironclawd.errors import HostError
+
+OUTBOUND_FILE = "outbound.db"
+JOURNAL_FILE = OUTBOUND_FILE + "-journal"
+OUTBOUND_SCHEMA = (
+    "CREATE TABLE messages (seq INTEGER PRIMARY KEY, in_reply_to INTEGER NOT NULL, "
+    "created_at REAL NOT NULL, body TEXT NOT NULL)"
+)
+READ_ATTEMPTS = 50
+READ_BACKOFF = 0.002
+SETID = stat.S_ISUID | stat.S_ISGID
+_COPY_CHUNK = 1024 * 1024
+
+# A row as read: seq, then in_reply_to, created_at and the body's UTF-8 bytes exactly as SQLite
+# holds them (None where the value has the wrong type or the body is over the cap).
+RawRow = tuple[int, object, object, bytes | None]
+
+
+class Changing(HostError):
+    """The agent was writing the file while it was copied: take it again."""
+
+
+def open_outbound_dir(directory: Path, agent_uid: int) -> int:
+    """A descriptor of the session's outbound directory, checked to be the agent's directory."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(f"opening {directory}: {exc.strerror or exc}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != agent_uid:
+        os.close(fd)
+        raise HostError(f"refusing {directory}: expected a directory owned by uid {agent_uid}")
+    return fd
+
+
+def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bool:
+    """Copy outbound.db (see the module doc) to ``dest``; False if there is no file yet."""
+    if _exists(dir_fd, JOURNAL_FILE):
+        raise Changing("the agent is committing (journal present)")
+    try:
+        path_fd = os.open(OUTBOUND_FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # ELOOP: a symlink
+        raise HostError(f"refusing {OUTBOUND_FILE}: {exc.strerror or exc}") from exc
+    try:
+        before = os.fstat(path_fd)
+        _check_file(before, agent_uid, max_bytes)
+        # Re-opening through the descriptor names this inode, whatever the name now points at.
+        src = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+    try:
+        opened = os.fstat(src)
+        if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+            raise HostError(f"refusing {OUTBOUND_FILE}: it changed while it was opened")
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600)  # fmt: skip
+        try:
+            copied = 0
+            while chunk := os.read(src, _COPY_CHUNK):
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise HostError(f"refusing {OUTBOUND_FILE}: over {max_bytes} bytes")
+                os.write(out, chunk)
+        finally:
+            os.close(out)
+        after = os.fstat(src)
+    finally:
+        os.close(src)
+    if _fingerprint(after) != _fingerprint(before) or copied != before.st_size:
+        raise Changing("the agent wrote the file while it was copied")
+    if _exists(dir_fd, JOURNAL_FILE):
+        raise Changing("the agent began a commit while the file was copied")
+    return True
+
+
+def _check_file(st: os.stat_result, agent_uid: int, max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != agent_uid or st.st_nlink != 1:
+        raise HostError(
+            f"refusing {OUTBOUND_FILE}: expected a regular file owned by uid {agent_uid} "
+            "with one link"
+        )
+    if st.st_size > max_bytes:
+        raise HostError(f"refusing {OUTBOUND_FILE}: {st.st_size} bytes, over {max_bytes}")
+
+
+def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class OutboundReader:
+    """Reads a session's outbound.db through a private copy, one consistent copy per read."""
+
+    def __init__(
+        self, directory: Path, key: bytes, agent_uid: int, scratch: Path, max_bytes: int
+    ) -> None:
+        self._dir = directory
+        self._key = key
+        self._agent_uid = agent_uid
+        self._scratch = scratch
+        self._max_bytes = max_bytes
+
+    def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
+        """Up to ``limit`` rows with seq > after, in seq order, from one consistent copy."""
+        with self._copy() as copy:
+            if copy is None:
+                return []
+            return _select(copy, self._key, after, 2**62, limit=limit, max_body=max_body)
+
+    def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]:
+        """Rows first..last as they are in the file now (for verifying ingested history)."""
+        with self._copy() as copy:
+            if copy is None:
+                raise HostError(f"{self._dir / OUTBOUND_FILE} does not exist")
+            return _select(
+                copy, self._key, first - 1, last, limit=last - first + 1, max_body=max_body
+            )
+
+    @contextlib.contextmanager
+    def _copy(self) -> Iterator[Path | None]:
+        ensure_scratch(self._scratch)
+        dest = self._scratch / f"outbound-{secrets.token_hex(8)}.db"
+        dir_fd = open_outbound_dir(self._dir, self._agent_uid)
+        try:
+            last: Exception | None = None
+            for _attempt in range(READ_ATTEMPTS):
+                try:
+                    found = _private_copy(dir_fd, self._agent_uid, self._max_bytes, dest)
+                except Changing as exc:
+                    last = exc
+                    dest.unlink(missing_ok=True)
+                    time.sleep(READ_BACKOFF)
+                    continue
+                except OSError as exc:
+                    raise HostError(f"reading {self._dir / OUTBOUND_FILE}: {exc}") from exc
+                try:
+                    yield dest if found else None
+                finally:
+                    dest.unlink(missing_ok=True)
+                return
+            raise HostError(
+                f"reading {self._dir / OUTBOUND_FILE}: no quiet moment in {READ_ATTEMPTS} tries:"
+                f" {last}"
+            )
+        finally:
+            dest.unlink(missing_ok=True)
+            os.close(dir_fd)
+
+
+def ensure_scratch(scratch: Path) -> None:
+    """The daemon's root-only directory for private copies (refused if anyone else could
+    reach into it)."""
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(scratch)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
+        raise HostError(f"refusing scratch directory {scratch}: expected root's, mode 0700")
+
+
+def _select(
+    copy: Path, key: bytes, after: int, up_to: int, *, limit: int, max_body: int
+) -> list[RawRow]:
+    try:
+        conn = sqlcipher3.connect(f"file:{copy}?mode=ro&immutable=1", uri=True,
+                                  isolation_level=None)  # fmt: skip
+    except sqlcipher3.Error as exc:
+        raise HostError(f"opening a copy of {OUTBOUND_FILE}: {exc}") from exc
+    try:
+        conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+        conn.execute("PRAGMA cipher_memory_security = ON")
+        conn.execute("PRAGMA trusted_schema = OFF")
+        conn.execute("PRAGMA cell_size_check = ON")
+        conn.execute("PRAGMA mmap_size = 0")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        schema = conn.execute(
+            "SELECT group_concat(sql, ';') FROM sqlite_master WHERE sql IS NOT NULL"
+        ).fetchone()[0]
+        if schema != OUTBOUND_SCHEMA:
+            raise HostError(f"refusing {OUTBOUND_FILE}: unexpected schema {str(schema)[:120]!r}")
+        # SQLite types are advisory: wrong types come back as NULL, and a body is fetched
+        # only when it is text within the cap (its length is known without converting it).
+        rows = conn.execute(
+            "SELECT seq, CASE typeof(in_reply_to) WHEN 'integer' THEN in_reply_to END, "
+            "CASE WHEN typeof(created_at) IN ('real', 'integer') THEN created_at END, "
+            "CASE WHEN typeof(body) = 'text' AND octet_length(body) <= ? "
+            "THEN CAST(body AS BLOB) END "
+            "FROM messages WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            (max_body, after, up_to, limit),
+        ).fetchall()
+    except sqlcipher3.Error as exc:
+        raise HostError(f"reading a copy of {OUTBOUND_FILE}: {exc}") from exc
+    finally:
+        conn.close()
+    return [(int(seq), irt, at, body) for seq, irt, at, body in rows]
+
+
+def strip_setid(directory: Path, agent_uid: int, max_entries: int) -> int:
+    """Clear setuid/setgid bits on everything under the outbound directory (gVisor's gofer
+    creates the agent's files with the modes it asks for); never follows a link and never opens
+    a file for reading. Returns how many entries were changed."""
+    dir_fd = open_outbound_dir(directory, agent_uid)
+    changed, seen = 0, 0
+    try:
+        for _root, dirs, files, root_fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+            for name in (*dirs, *files):
+                seen += 1
+                if seen > max_entries:
+                    return changed
+                changed += _strip_one(root_fd, name)
+    finally:
+        os.close(dir_fd)
+    return changed
+
+
+def _strip_one(root_fd: int, name: str) -> int:
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError:
+        return 0  # gone, or a symlink raced in: nothing of ours to change
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or not st.st_mode & SETID:
+            return 0
+        # chmod through the O_PATH descriptor's magic link: the inode we checked, by no name.
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~SETID)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return 1

@@ -1,0 +1,297 @@
+"""Issue 10, second escape: reading the agent's outbound.db with no path trust, hostile rows,
+setid bits, removal that never follows a link, and per-session lanes. Real files and real
+SQLCipher; the agent's uid is the test's own (the unit tier may not chown)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+import sqlcipher3
+
+from ironclawd.config import parse_config
+from ironclawd.domain.messages import QueueLimits, accept_row, chain_link
+from ironclawd.errors import ConfigError, HostError
+from ironclawd.services.lanes import Lanes, LogLimiter
+from ironclawd.store import outbound
+from ironclawd.store.outbound import OUTBOUND_SCHEMA, OutboundReader, strip_setid
+from ironclawd.store.queues import remove_queue_dirs
+
+KEY = bytes(range(32))
+UID = os.getuid()
+CAP = 1024
+
+
+@pytest.fixture
+def outdir(tmp_path: Path) -> Path:
+    d = tmp_path / "queues" / "s1" / "outbound"
+    d.mkdir(parents=True, mode=0o700)
+    return d
+
+
+def reader(outdir: Path, max_bytes: int = 1 << 20) -> OutboundReader:
+    return OutboundReader(outdir, KEY, UID, outdir.parents[2] / "scratch", max_bytes)
+
+
+def write_db(path: Path, rows: list[tuple[object, object, object]]) -> None:
+    conn = sqlcipher3.connect(str(path), isolation_level=None)
+    conn.execute(f"PRAGMA key = \"x'{KEY.hex()}'\"")
+    conn.execute("PRAGMA journal_mode = DELETE")
+    if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+        conn.executescript(f"BEGIN; {OUTBOUND_SCHEMA}; PRAGMA user_version = 1; COMMIT;")
+    conn.execute("BEGIN")
+    for in_reply_to, created_at, body in rows:
+        conn.execute(
+            "INSERT INTO messages (in_reply_to, created_at, body) VALUES (?, ?, ?)",
+            (in_reply_to, created_at, body),
+        )
+    conn.execute("COMMIT")
+    conn.close()
+
+
+# -- hostile rows become placeholders (pure) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("in_reply_to", "created_at", "body", "problem"),
+    [
+        (-1, 1.0, b"x", "in_reply_to -1 is out of range"),
+        (None, 1.0, b"x", "in_reply_to is not an integer"),
+        (1, float("nan"), b"x", "created_at is not a finite time"),
+        (1, None, b"x", "created_at is not a number"),
+        (1, 1.0, b"\xff\xfe", "body is not valid UTF-8"),
+        (1, 1.0, None, f"body is not text of at most {CAP} bytes"),
+        (1, 1.0, b"x" * (CAP + 1), f"body is not text of at most {CAP} bytes"),
+    ],
+)
+def test_a_hostile_row_becomes_a_placeholder_that_chains(
+    in_reply_to: object, created_at: object, body: object, problem: str
+) -> None:
+    row, why = accept_row(7, in_reply_to, created_at, body, CAP)
+    assert why == problem
+    assert row == (7, 0, 0.0, f"[ironclawd refused reply 7: {problem}]")
+    chain_link(b"\0" * 32, *row)  # the placeholder always chains (a negative value did not)
+    assert accept_row(7, in_reply_to, created_at, body, CAP) == (row, why)  # verify agrees
+
+
+def test_a_good_row_is_taken_as_it_is() -> None:
+    assert accept_row(3, 2, 5.5, "héllo".encode(), CAP) == ((3, 2, 5.5, "héllo"), "")
+
+
+# -- the reader: descriptors only, a private copy ----------------------------------------------
+
+
+def test_rows_come_back_raw_and_hostile_ones_typed_as_none(outdir: Path) -> None:
+    write_db(outdir / "outbound.db", [(1, 1.0, "ok"), (-5, 2.0, "neg"), (2, 3.0, b"\xff"),
+                                      (3, 4.0, "y" * (CAP + 1)), (4, 5.0, "after")])  # fmt: skip
+    rows = reader(outdir).read_after(0, 100, CAP)
+    assert rows == [(1, 1, 1.0, b"ok"), (2, -5, 2.0, b"neg"), (3, 2, 3.0, None),
+                    (4, 3, 4.0, None), (5, 4, 5.0, b"after")]  # fmt: skip
+    accepted = [accept_row(*r, CAP) for r in rows]
+    assert [why != "" for _row, why in accepted] == [False, True, True, True, False]
+    assert accepted[-1][0] == (5, 4, 5.0, "after")  # good rows after bad ones still flow
+    assert not list((outdir.parents[2] / "scratch").iterdir())  # the copy is gone
+
+
+def test_twenty_thousand_rows_arrive_in_batches(outdir: Path) -> None:
+    write_db(outdir / "outbound.db", [(i, float(i), f"r{i}") for i in range(20_000)])
+    r, after, got = reader(outdir), 0, 0
+    while batch := r.read_after(after, 1000, CAP):
+        assert [row[0] for row in batch] == list(range(after + 1, after + 1 + len(batch)))
+        after, got = batch[-1][0], got + len(batch)
+    assert got == 20_000
+
+
+def test_no_file_yet_reads_nothing(outdir: Path) -> None:
+    assert reader(outdir).read_after(0, 10, CAP) == []
+
+
+def fifo_reader_count(fifo: Path) -> bool:
+    """Whether anything holds the FIFO open for reading (the write end opens only then)."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        assert exc.errno == errno.ENXIO
+        return False
+    os.close(fd)
+    return True
+
+
+@pytest.mark.parametrize("target", ["fifo", "devzero", "hostfile"])
+def test_a_symlinked_outbound_db_is_refused_without_opening_its_target(
+    outdir: Path, tmp_path: Path, target: str
+) -> None:
+    fifo = tmp_path / "host.fifo"
+    os.mkfifo(fifo)
+    host = tmp_path / "host.db"
+    write_db(host, [(1, 1.0, "host secret")])
+    dest = {"fifo": fifo, "devzero": Path("/dev/zero"), "hostfile": host}[target]
+    (outdir / "outbound.db").symlink_to(dest)
+    stop = threading.Event()
+    seen: list[bool] = []
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(fifo_reader_count(fifo))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(HostError, match=r"refusing outbound\.db"):
+            reader(outdir).read_after(0, 10, CAP)
+    finally:
+        stop.set()
+        watcher.join()
+    assert not any(seen)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "hardlink", "owner", "size"])
+def test_anything_but_a_lone_regular_agent_file_is_refused(outdir: Path, kind: str) -> None:
+    db = outdir / "outbound.db"
+    if kind == "fifo":
+        os.mkfifo(db)
+    else:
+        write_db(db, [(1, 1.0, "x")])
+    if kind == "hardlink":
+        os.link(db, outdir / "other")
+    r = reader(outdir, max_bytes=1024 if kind == "size" else 1 << 20)
+    if kind == "owner":
+        r = OutboundReader(outdir, KEY, UID + 1, outdir.parents[2] / "scratch", 1 << 20)
+    with pytest.raises(HostError, match="refusing"):
+        r.read_after(0, 10, CAP)
+
+
+def test_a_commit_in_progress_is_waited_out(outdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_db(outdir / "outbound.db", [(1, 1.0, "x")])
+    journal = outdir / "outbound.db-journal"
+    journal.write_bytes(b"hot")
+    monkeypatch.setattr(outbound, "READ_BACKOFF", 0)
+    with pytest.raises(HostError, match="no quiet moment"):
+        reader(outdir).read_after(0, 10, CAP)
+    calls = []
+    real = outbound._exists
+
+    def journal_goes_away(dir_fd: int, name: str) -> bool:
+        calls.append(name)
+        if len(calls) == 3:
+            journal.unlink()
+        return real(dir_fd, name)
+
+    monkeypatch.setattr(outbound, "_exists", journal_goes_away)
+    assert [row[0] for row in reader(outdir).read_after(0, 10, CAP)] == [1]
+
+
+def test_a_write_during_the_copy_is_detected(outdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = outdir / "outbound.db"
+    write_db(db, [(1, 1.0, "x")])
+    real_read, writes = os.read, []
+
+    def read_then_agent_writes(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        if not writes:
+            writes.append(1)
+            write_db(db, [(2, 2.0, "y")])  # the agent commits mid-copy
+        return data
+
+    monkeypatch.setattr(outbound.os, "read", read_then_agent_writes)
+    rows = reader(outdir).read_after(0, 10, CAP)
+    assert [row[0] for row in rows] == [1, 2]  # the torn copy was taken again
+
+
+def test_a_symlinked_directory_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    link = tmp_path / "outbound"
+    link.symlink_to(real)
+    with pytest.raises(HostError, match="opening"):
+        OutboundReader(link, KEY, UID, tmp_path / "scratch", 1 << 20).read_after(0, 1, CAP)
+
+
+# -- setid bits and removal --------------------------------------------------------------------
+
+
+def test_setid_bits_are_stripped_and_links_never_followed(outdir: Path, tmp_path: Path) -> None:
+    host = tmp_path / "host-suid"
+    host.write_bytes(b"x")
+    os.chmod(host, 0o4755)
+    (outdir / "sub").mkdir()
+    for path, mode in ((outdir / "a", 0o6755), (outdir / "sub" / "b", 0o4700)):
+        path.write_bytes(b"x")
+        os.chmod(path, mode)
+    os.chmod(outdir / "sub", 0o2770)
+    (outdir / "link").symlink_to(host)
+    assert strip_setid(outdir, UID, 100) == 3
+    for path in (outdir / "a", outdir / "sub" / "b", outdir / "sub"):
+        assert not os.lstat(path).st_mode & (stat.S_ISUID | stat.S_ISGID), path
+    assert stat.S_IMODE(os.lstat(outdir / "a").st_mode) == 0o755
+    assert stat.S_IMODE(host.stat().st_mode) == 0o4755  # the link's target is untouched
+
+
+def test_session_rm_removes_planted_links_without_following_them(
+    outdir: Path, tmp_path: Path
+) -> None:
+    victim = tmp_path / "host-dir"
+    victim.mkdir()
+    (victim / "keep").write_text("host data")
+    (outdir / "to-dir").symlink_to(victim)
+    (outdir / "nested").mkdir()
+    (outdir / "nested" / "to-dir").symlink_to(victim)
+    (outdir / "nested" / "f").write_bytes(b"x")
+    base = outdir.parents[1]
+    remove_queue_dirs(base, "s1")
+    assert not (base / "s1").exists()
+    assert (victim / "keep").read_text() == "host data"
+
+
+# -- lanes: one session cannot starve another --------------------------------------------------
+
+
+def test_a_hung_read_holds_only_its_own_lane() -> None:
+    release = threading.Event()
+
+    async def scenario() -> None:
+        lanes = Lanes(timeout=0.3)
+        with pytest.raises(HostError, match=r"did not finish in 0\.3s"):
+            await lanes.run("bad", release.wait)
+        for _ in range(10):  # many sessions' work goes on while "bad" is stuck
+            assert await lanes.run("good", lambda: 42) == 42
+        with pytest.raises(HostError, match="did not finish"):
+            await lanes.run("bad", lambda: 1)  # waits behind its own stuck read, bounded
+        release.set()
+        assert await lanes.run("bad", lambda: 2) == 2
+        lanes.close("bad")
+        lanes.close("good")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+
+
+def test_complaints_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    limiter = LogLimiter(logging.getLogger("t"), per_minute=3, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, "t"):
+        results = [limiter.warning("s1", "bad %d", i) for i in range(1000)]
+        now[0] = 61.0
+        assert limiter.warning("s1", "again")
+    assert sum(results) == 3
+    assert len(caplog.records) == 4
+    assert "997 similar lines left out" in caplog.records[-1].getMessage()
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_queue_limits_are_configurable_with_safe_defaults() -> None:
+    assert parse_config("", "t").queues == QueueLimits()
+    got = parse_config("[queues]\nmax_reply_bytes = 4096\noutbound_files = 10\n", "t").queues
+    assert (got.max_reply_bytes, got.outbound_files) == (4096, 10)
+    with pytest.raises(ConfigError, match=r"queues\.outbound_bytes"):
+        parse_config("[queues]\noutbound_bytes = 1\n", "t")
