@@ -33,6 +33,7 @@ from pathlib import Path
 import sqlcipher3
 
 from ironclawd.errors import HostError
+from ironclawd.store import fdwalk
 
 OUTBOUND_FILE = "outbound.db"
 JOURNAL_FILE = OUTBOUND_FILE + "-journal"
@@ -57,7 +58,7 @@ class Changing(HostError):
 def open_outbound_dir(directory: Path, agent_uid: int) -> int:
     """A descriptor of the session's outbound directory, checked to be the agent's directory."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = fdwalk.open_dir(directory)
     except OSError as exc:
         raise HostError(f"opening {directory}: {exc.strerror or exc}") from exc
     st = os.fstat(fd)
@@ -239,30 +240,31 @@ def _select(
 def strip_setid(directory: Path, agent_uid: int, max_entries: int) -> int:
     """Clear setuid/setgid bits on everything under the outbound directory (gVisor's gofer
     creates the agent's files with the modes it asks for); never follows a link and never opens
-    a file for reading. Returns how many entries were changed."""
+    a file for reading (store/fdwalk.py). Returns how many entries were changed."""
     dir_fd = open_outbound_dir(directory, agent_uid)
-    changed, seen = 0, 0
+    changed = [0]
+
+    def strip(parent_fd: int, name: str) -> None:
+        changed[0] += _strip_one(parent_fd, name)
+
     try:
-        for _root, dirs, files, root_fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-            for name in (*dirs, *files):
-                seen += 1
-                if seen > max_entries:
-                    return changed
-                changed += _strip_one(root_fd, name)
+        fdwalk.visit(dir_fd, strip, max_entries)
+    except OSError as exc:
+        raise HostError(f"stripping setid bits under {directory}: {exc}") from exc
     finally:
         os.close(dir_fd)
-    return changed
+    return changed[0]
 
 
-def _strip_one(root_fd: int, name: str) -> int:
+def _strip_one(parent_fd: int, name: str) -> int:
     try:
-        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
     except OSError:
-        return 0  # gone, or a symlink raced in: nothing of ours to change
+        return 0  # gone meanwhile
     try:
         st = os.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or not st.st_mode & SETID:
-            return 0
+            return 0  # O_PATH|O_NOFOLLOW on a symlink names the link itself: never changed
         # chmod through the O_PATH descriptor's magic link: the inode we checked, by no name.
         os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~SETID)
     except OSError:

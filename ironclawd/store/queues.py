@@ -17,7 +17,6 @@ any path (descriptors only, a private copy for SQLite).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import threading
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import sqlcipher3
 
 from ironclawd.errors import HostError, InvalidArgument
+from ironclawd.store.fdwalk import remove_tree
 from ironclawd.store.quota_mount import OutboundQuota, mount_outbound, unmount_outbound
 
 INBOUND_SCHEMA = (
@@ -137,9 +137,4 @@ def remove_queue_dirs(base: Path, sid: str) -> None:
     if not session.exists():
         return
     unmount_outbound(session / "outbound")
-    if not shutil.rmtree.avoids_symlink_attacks:
-        raise HostError(f"removing {session}: this platform's rmtree may follow symlinks")
-    try:
-        shutil.rmtree(session)
-    except OSError as exc:
-        raise HostError(f"removing {session}: {exc}") from exc
+    remove_tree(session)

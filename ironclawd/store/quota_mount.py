@@ -61,15 +61,18 @@ def mount_outbound(directory: Path, uid: int, gid: int, quota: OutboundQuota) ->
 
 
 def _read_legacy(directory: Path, uid: int, max_bytes: int) -> bytes | None:
-    try:
-        fd = os.open(directory / LEGACY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC)  # fmt: skip
+    try:  # O_PATH: nothing is opened until fstat says it is the agent's regular file
+        path_fd = os.open(directory / LEGACY_FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        st = os.fstat(fd)
+        st = os.fstat(path_fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size > max_bytes:
             return None
+        fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+    try:
         return os.read(fd, max_bytes)
     finally:
         os.close(fd)

@@ -19,7 +19,8 @@ from ironclawd.config import parse_config
 from ironclawd.domain.messages import QueueLimits, accept_row, chain_link
 from ironclawd.errors import ConfigError, HostError
 from ironclawd.services.lanes import Lanes, LogLimiter
-from ironclawd.store import outbound
+from ironclawd.store import fdwalk, outbound
+from ironclawd.store.fdwalk import remove_tree
 from ironclawd.store.outbound import OUTBOUND_SCHEMA, OutboundReader, strip_setid
 from ironclawd.store.queues import remove_queue_dirs
 
@@ -295,3 +296,45 @@ def test_queue_limits_are_configurable_with_safe_defaults() -> None:
     assert (got.max_reply_bytes, got.outbound_files) == (4096, 10)
     with pytest.raises(ConfigError, match=r"queues\.outbound_bytes"):
         parse_config("[queues]\noutbound_bytes = 1\n", "t")
+
+
+def test_a_directory_swapped_for_a_fifo_link_mid_walk_is_never_opened(
+    outdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.fwalk and shutil.rmtree check, then open by name without O_NOFOLLOW: a swap in
+    between made them open (and block on) a FIFO. The walker's open refuses it instead."""
+    fifo = tmp_path / "host.fifo"
+    os.mkfifo(fifo)
+    (outdir / "d").mkdir()
+    (outdir / "d" / "f").write_bytes(b"x")
+    os.chmod(outdir / "d" / "f", 0o4755)
+    real_names = fdwalk._names
+
+    def names_then_swap(dir_fd: int) -> list[str]:
+        names = real_names(dir_fd)
+        if "d" in names:  # listed as a directory; now the box swaps it
+            os.rename(outdir / "d", outdir / "d.old")
+            (outdir / "d").symlink_to(fifo)
+        return names
+
+    monkeypatch.setattr(fdwalk, "_names", names_then_swap)
+    done = threading.Event()
+    stuck: list[bool] = []
+
+    def unblock_if_stuck() -> None:  # a blocked opener would hang the test: free it, then fail
+        while not done.wait(0.01):
+            if fifo_reader_count(fifo):
+                stuck.append(True)
+
+    guard = threading.Thread(target=unblock_if_stuck)
+    guard.start()
+    try:
+        strip_setid(outdir, UID, 100)
+        monkeypatch.setattr(fdwalk, "_names", real_names)
+        remove_tree(outdir)
+    finally:
+        done.set()
+        guard.join()
+    assert not stuck, "the walker opened the FIFO"
+    assert not outdir.exists()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

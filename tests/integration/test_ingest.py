@@ -1,0 +1,347 @@
+"""Issue 10, second escape, against the real thing: a real session, and a process standing in
+for its compromised agent from the host side (in the session unit's cgroup, so its control
+socket takes it; as the agent's uid 10000, on the agent's own outbound directory).
+
+Shown: swapping outbound.db for a symlink (to a host FIFO, /dev/zero, a host directory) while
+announcing commits never makes the root daemon open the target, other sessions' sends still
+answer in time while the hostile session hammers its own reads, and ingestion resumes; hostile
+rows become placeholders and later rows still flow; the outbound directory is a capped tmpfs
+(ENOSPC inside); setid bits do not survive; ``session rm`` removes planted links without
+following them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import json
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from tests.harness.private_systemd import SystemdHarness
+from tests.integration.test_messages import AGENT_CONFIG, CONFIG, QUEUES, SOCKET, Box, Boxes, out
+
+pytestmark = pytest.mark.integration
+
+AGENT_UID = 10000
+QUOTA_BYTES = 32 * 1024 * 1024
+QUOTA_FILES = 64
+MAX_REPLY = 65536
+CONFIG_TEXT = (
+    AGENT_CONFIG
+    + f"""
+[queues]
+outbound_bytes = {QUOTA_BYTES}
+outbound_files = {QUOTA_FILES}
+max_reply_bytes = {MAX_REPLY}
+rows_per_read = 1000
+read_timeout_seconds = 10
+"""
+)
+FIFO = "/run/ingest-test.fifo"
+VICTIM = "/run/ingest-test-victim"
+SEND_DEADLINE = 20.0
+
+# Runs inside the private systemd as root, joins the session unit's cgroup (as a process of the
+# sandbox would be), becomes uid/gid 10000, says hello on the control socket, then runs "ops".
+AGENT_SIDE = r"""
+import json, os, socket, subprocess, sys, time
+req = json.load(sys.stdin)
+sid, outdir = req["sid"], req["outdir"]
+main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
+                      capture_output=True, text=True, check=True).stdout.strip()
+for line in open(f"/proc/{main}/cgroup"):
+    _, ctrls, path = line.rstrip("\n").split(":", 2)
+    if ctrls == "name=systemd":
+        with open(f"/sys/fs/cgroup/systemd{path}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+key = open(f"/run/ironclaw/keys/{sid}").read().strip()
+os.chdir(outdir)  # as root: the state directory above it is root's alone
+os.setgroups([]); os.setresgid(10000, 10000, 10000); os.setresuid(10000, 10000, 10000)
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(f"/run/ironclaw/sessions/{sid}/control.sock")
+sock.sendall(f"hello {os.getpid()} 10000\n".encode())
+result = {}
+
+def announce(seq):
+    sock.sendall(f"outbound {seq}\n".encode())
+
+for op in req["ops"]:
+    kind = op["op"]
+    if kind == "swap":
+        os.rename("outbound.db", "saved.db")
+        swaps, end, i = 0, time.monotonic() + op["seconds"], 0
+        try:
+            while time.monotonic() < end:
+                target = op["targets"][i % len(op["targets"])]
+                i += 1
+                os.symlink(target, "evil")
+                os.rename("evil", "outbound.db")     # the swap the daemon used to lose
+                announce(op["seq"] + i)
+                time.sleep(0.001)
+                os.unlink("outbound.db")
+                swaps += 1
+            if op.get("steady"):
+                # Left in place now; the test acts when the marker appears, and ends this
+                # phase by removing it.
+                os.symlink(op["steady"], "outbound.db")
+                announce(op["seq"] + i + 1)
+                open(op["marker"], "w").close()
+                end = time.monotonic() + 120
+                while os.path.exists(op["marker"]) and time.monotonic() < end:
+                    announce(op["seq"] + i + 1)
+                    time.sleep(0.01)
+                os.unlink("outbound.db")
+        finally:
+            os.rename("saved.db", "outbound.db")
+        result["swaps"] = swaps
+    elif kind == "rows":
+        import sqlcipher3
+        conn = sqlcipher3.connect("outbound.db", isolation_level=None)
+        conn.execute(f"PRAGMA key = \"x'{key}'\"")
+        conn.execute("BEGIN IMMEDIATE")
+        for sql, args in op["rows"]:
+            conn.execute(sql, args)
+        conn.execute("COMMIT")
+        result["last"] = conn.execute("SELECT max(seq) FROM messages").fetchone()[0]
+        conn.close()
+        announce(result["last"])
+    elif kind == "announce":
+        announce(op["seq"])
+    elif kind == "setid":
+        open("suid", "w").close(); os.chmod("suid", 0o6755)
+        os.mkdir("sgid-dir"); os.chmod("sgid-dir", 0o2770)
+    elif kind == "plant":
+        os.symlink(op["victim"], "to-host")
+        os.mkdir("nested"); os.symlink(op["victim"], "nested/to-host")
+        open("nested/file", "w").write("x")
+    elif kind == "fill":
+        try:
+            with open("big", "wb") as f:
+                for _ in range(op["bytes"] // 65536 + 1):
+                    f.write(b"\0" * 65536)
+            result["big"] = "written"
+        except OSError as exc:
+            result["big"] = exc.errno
+        os.unlink("big")
+        made = 0
+        try:
+            for made in range(op["files"]):
+                open(f"f{made}", "w").close()
+            result["files"] = "all"
+        except OSError as exc:
+            result["files"] = [exc.errno, made]
+        for n in range(made + 1):
+            if os.path.exists(f"f{n}"): os.unlink(f"f{n}")
+print(json.dumps(result), flush=True)
+"""
+
+
+def act_as_agent(daemon: SystemdHarness, box: Box, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    request = {
+        "sid": box.sid,
+        "unit": box.unit,
+        "outdir": f"{QUEUES}/{box.sid}/outbound",
+        "ops": ops,
+    }
+    proc = daemon.run(
+        [".venv/bin/python", "-c", AGENT_SIDE], input=json.dumps(request).encode(), timeout=600
+    )
+    assert proc.returncode == 0, out(proc)
+    result: dict[str, Any] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def small_quotas(daemon: SystemdHarness) -> Iterator[None]:
+    daemon.run(["tee", CONFIG], input=CONFIG_TEXT.encode(), check=True)
+    proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
+    assert proc.returncode == 0, out(proc)
+    yield
+    proc = daemon.run(
+        ["bash", "-c", f"rm -f {CONFIG}; systemctl reset-failed ironclawd; "
+         "systemctl restart ironclawd"]
+    )  # fmt: skip
+    assert proc.returncode == 0, out(proc)
+
+
+@pytest.fixture
+def boxes(daemon: SystemdHarness, small_quotas: None) -> Iterator[Boxes]:
+    with grpc.insecure_channel(f"unix:{daemon.host_path(SOCKET)}") as channel:
+        made = Boxes(daemon, admin_pb2_grpc.AdminServiceStub(channel))
+        yield made
+        failures = []
+        for box in list(made.made):
+            proc = daemon.run(["ironctl", "session", "rm", "--force", box.sid], timeout=120)
+            if proc.returncode != 0:
+                failures.append(f"{box.sid}: {out(proc)}")
+        assert not failures, failures
+
+
+def timed_exchange(box: Box, text: str) -> float:
+    """Send and wait for the reply; how long it took (the reply must come)."""
+    started = time.monotonic()
+    sent = box.send(text)
+    replies = box.wait_replies(1, after=sent.replies_before, timeout=SEND_DEADLINE)
+    assert [r.text for r in replies] == [f"mock: {text}"]
+    return time.monotonic() - started
+
+
+def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
+    daemon: SystemdHarness, boxes: Boxes
+) -> None:
+    hostile, other = boxes.create(), boxes.create()
+    assert timed_exchange(hostile, "before") < SEND_DEADLINE
+    fifo = daemon.host_path(FIFO)
+    daemon.run(["bash", "-c", f"rm -f {FIFO}; mkfifo -m 0666 {FIFO}"], check=True)
+    opened: list[float] = []
+    stop = threading.Event()
+
+    def watch_fifo() -> None:
+        # The write end opens non-blocking only while someone holds (or waits on) the read end.
+        while not stop.is_set():
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO, exc
+            else:
+                os.close(fd)
+                opened.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch_fifo)
+    watcher.start()
+    ops = [{"op": "swap", "seconds": 10, "seq": 100, "targets": [FIFO, "/dev/zero", "/etc"],
+            "steady": FIFO, "marker": "steady"}]  # fmt: skip
+    marker = daemon.host_path(f"{QUEUES}/{hostile.sid}/outbound/steady")
+    marker.unlink(missing_ok=True)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            attack = pool.submit(act_as_agent, daemon, hostile, ops)
+            took = [timed_exchange(other, f"during swaps {i}") for i in range(3)]
+            while not marker.exists() and not attack.done():
+                time.sleep(0.05)
+            assert not attack.done(), attack.result()
+            # The symlink stands still: eight verifies of the hostile session at once (each
+            # used to hold one of the few shared worker threads on the FIFO for good).
+            verify = admin_pb2.VerifySessionRequest(sid=hostile.sid)
+            verifies = [
+                pool.submit(hostile.stub.VerifySession, verify, timeout=SEND_DEADLINE)
+                for _ in range(8)
+            ]
+            took += [timed_exchange(other, f"while steady {i}") for i in range(3)]
+            created = boxes.create()  # and another session can still be created
+            reports = [f.result() for f in verifies]
+            marker.unlink()
+            result = attack.result(timeout=120)
+    finally:
+        marker.unlink(missing_ok=True)
+        stop.set()
+        watcher.join()
+    assert result["swaps"] > 100, result
+    assert not opened, f"the daemon opened the host FIFO {len(opened)} times"
+    assert max(took) < SEND_DEADLINE, took
+    assert all(not r.ok and "refusing" in r.problem for r in reports), reports
+    assert timed_exchange(hostile, "after") < SEND_DEADLINE  # ingestion resumes
+    assert timed_exchange(created, "new one") < SEND_DEADLINE
+    ok = daemon.run(["ironctl", "session", "verify", hostile.sid])
+    assert ok.returncode == 0, out(ok)
+    log = out(daemon.run(["journalctl", "--no-pager", "-o", "cat", "-u", "ironclawd.service"]))
+    complaints = log.count(f"session {hostile.sid}: ingesting outbound rows")
+    assert 0 < complaints <= 12, complaints  # bounded, whatever the box does
+    refused = audit_events(hostile, "outbound.refused")
+    assert 0 < len(refused) <= 40, len(refused)
+    assert all(r["sid"] == hostile.sid for r in refused)
+
+
+def audit_events(box: Box, event: str) -> list[dict[str, Any]]:
+    records, after = [], 0
+    while True:
+        page = box.stub.ListAudit(admin_pb2.ListAuditRequest(after_seq=after, limit=500),
+                                  timeout=60).records  # fmt: skip
+        if not page:
+            return records
+        for line in page:
+            record = json.loads(line)
+            after = int(record["seq"])
+            if record.get("event") == event and record.get("sid") == box.sid:
+                records.append(record)
+
+
+def test_hostile_rows_are_quarantined_and_later_rows_flow(
+    daemon: SystemdHarness, boxes: Boxes
+) -> None:
+    box = boxes.create()
+    timed_exchange(box, "first")
+    insert = "INSERT INTO messages (in_reply_to, created_at, body) VALUES (?, ?, ?)"
+    rows: list[list[Any]] = [
+        [insert, [-1, 1.0, "negative in_reply_to"]],
+        [insert, [2**62, 1.0, "absurd in_reply_to"]],
+        [
+            "INSERT INTO messages (in_reply_to, created_at, body) "
+            "VALUES (1, 1.0, CAST(x'fffe41' AS TEXT))",
+            [],
+        ],  # text that is not UTF-8
+        ["INSERT INTO messages (in_reply_to, created_at, body) VALUES (1, 1.0, x'fffe41')", []],
+        [insert, [1, 1.0, "y" * (20 * 1024 * 1024)]],
+        *[[insert, [1, 2.0, f"bulk {i}"]] for i in range(20_000)],
+        [insert, [1, 3.0, "good after all that"]],
+    ]
+    result = act_as_agent(daemon, box, [{"op": "rows", "rows": rows}])
+    total = result["last"]
+    assert total == 1 + len(rows)
+    got = box.wait_replies(len(rows), after=1, timeout=300)
+    texts = [r.text for r in got]
+    assert texts[0] == "[ironclawd refused reply 2: in_reply_to -1 is out of range]"
+    assert texts[1].startswith("[ironclawd refused reply 3: in_reply_to")
+    assert texts[2] == "[ironclawd refused reply 4: body is not valid UTF-8]"
+    assert texts[3].startswith("[ironclawd refused reply 5: body is not text")  # a BLOB
+    assert texts[4] == f"[ironclawd refused reply 6: body is not text of at most {MAX_REPLY} bytes]"
+    assert texts[5:8] == ["bulk 0", "bulk 1", "bulk 2"]
+    assert texts[-1] == "good after all that"
+    refused = audit_events(box, "reply.refused")
+    assert [r["seq"] for r in refused] == [2, 3, 4, 5, 6], refused
+    assert timed_exchange(box, "still answered") < SEND_DEADLINE
+    proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"], timeout=300)
+    assert proc.returncode == 0, out(proc)
+    assert int(json.loads(proc.stdout)["checked"]) == total + 1
+
+
+def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> None:
+    box = boxes.create()
+    timed_exchange(box, "hello")
+    outdir = f"{QUEUES}/{box.sid}/outbound"
+    mounts = out(daemon.run(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", outdir]))
+    assert mounts.startswith("tmpfs"), mounts
+    for option in ("nosuid", "nodev", "noexec", f"size={QUOTA_BYTES // 1024}k"):
+        assert option in mounts, mounts
+    daemon.run(["bash", "-c", f"mkdir -p {VICTIM} && echo keep > {VICTIM}/file"], check=True)
+    ops = [{"op": "fill", "bytes": QUOTA_BYTES + 1, "files": QUOTA_FILES * 2},
+           {"op": "setid"}, {"op": "announce", "seq": 10**6},
+           {"op": "plant", "victim": VICTIM}]  # fmt: skip
+    result = act_as_agent(daemon, box, ops)
+    assert result["big"] == errno.ENOSPC, result
+    assert result["files"][0] == errno.ENOSPC and result["files"][1] < QUOTA_FILES, result
+    # The announce made the daemon read (and sweep) the directory; wait for the sweep.
+    suid, sgid = daemon.host_path(f"{outdir}/suid"), daemon.host_path(f"{outdir}/sgid-dir")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        os.lstat(suid).st_mode & stat.S_ISUID or os.lstat(sgid).st_mode & stat.S_ISGID
+    ):
+        time.sleep(0.05)
+    assert stat.S_IMODE(os.lstat(suid).st_mode) == 0o755
+    assert stat.S_IMODE(os.lstat(sgid).st_mode) == 0o770
+    assert os.lstat(suid).st_uid == AGENT_UID
+
+    boxes.remove(box)
+    assert not daemon.host_path(f"{QUEUES}/{box.sid}").exists()
+    assert daemon.host_path(f"{VICTIM}/file").read_text() == "keep\n"
+    left = out(daemon.run(["findmnt", "-n", outdir]))
+    assert not left.strip(), left
