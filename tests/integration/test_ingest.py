@@ -54,6 +54,7 @@ SEND_DEADLINE = 20.0
 # sandbox would be), becomes uid/gid 10000, says hello on the control socket, then runs "ops".
 AGENT_SIDE = r"""
 import json, os, socket, subprocess, sys, time
+import sqlcipher3  # before dropping to uid 10000: the interpreter's files are root's
 req = json.load(sys.stdin)
 sid, outdir = req["sid"], req["outdir"]
 main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
@@ -65,7 +66,9 @@ for line in open(f"/proc/{main}/cgroup"):
             f.write(str(os.getpid()))
 key = open(f"/run/ironclaw/keys/{sid}").read().strip()
 os.chdir(outdir)  # as root: the state directory above it is root's alone
-os.setgroups([]); os.setresgid(10000, 10000, 10000); os.setresuid(10000, 10000, 10000)
+# Saved uid 0 kept only for "rows": SQLite opens by absolute path, and the state directory
+# above the outbound directory is root's (the row writer's identity does not matter there).
+os.setgroups([]); os.setresgid(10000, 10000, 0); os.setresuid(10000, 10000, 0)
 sock = socket.socket(socket.AF_UNIX)
 sock.connect(f"/run/ironclaw/sessions/{sid}/control.sock")
 sock.sendall(f"hello {os.getpid()} 10000\n".encode())
@@ -104,8 +107,8 @@ for op in req["ops"]:
             os.rename("saved.db", "outbound.db")
         result["swaps"] = swaps
     elif kind == "rows":
-        import sqlcipher3
-        conn = sqlcipher3.connect("outbound.db", isolation_level=None)
+        os.seteuid(0)
+        conn = sqlcipher3.connect(os.path.abspath("outbound.db"), isolation_level=None)
         conn.execute(f"PRAGMA key = \"x'{key}'\"")
         conn.execute("BEGIN IMMEDIATE")
         for sql, args in op["rows"]:
@@ -113,6 +116,7 @@ for op in req["ops"]:
         conn.execute("COMMIT")
         result["last"] = conn.execute("SELECT max(seq) FROM messages").fetchone()[0]
         conn.close()
+        os.seteuid(10000)
         announce(result["last"])
     elif kind == "announce":
         announce(op["seq"])
@@ -283,7 +287,8 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     insert = "INSERT INTO messages (in_reply_to, created_at, body) VALUES (?, ?, ?)"
     rows: list[list[Any]] = [
         [insert, [-1, 1.0, "negative in_reply_to"]],
-        [insert, [2**62, 1.0, "absurd in_reply_to"]],
+        [insert, [-(2**63), 1.0, "absurd in_reply_to"]],
+        [insert, [1e30, 1.0, "in_reply_to of the wrong type"]],
         [
             "INSERT INTO messages (in_reply_to, created_at, body) "
             "VALUES (1, 1.0, CAST(x'fffe41' AS TEXT))",
@@ -300,14 +305,15 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     got = box.wait_replies(len(rows), after=1, timeout=300)
     texts = [r.text for r in got]
     assert texts[0] == "[ironclawd refused reply 2: in_reply_to -1 is out of range]"
-    assert texts[1].startswith("[ironclawd refused reply 3: in_reply_to")
-    assert texts[2] == "[ironclawd refused reply 4: body is not valid UTF-8]"
-    assert texts[3].startswith("[ironclawd refused reply 5: body is not text")  # a BLOB
-    assert texts[4] == f"[ironclawd refused reply 6: body is not text of at most {MAX_REPLY} bytes]"
-    assert texts[5:8] == ["bulk 0", "bulk 1", "bulk 2"]
+    assert texts[1] == f"[ironclawd refused reply 3: in_reply_to {-(2**63)} is out of range]"
+    assert texts[2] == "[ironclawd refused reply 4: in_reply_to is not an integer]"
+    assert texts[3] == "[ironclawd refused reply 5: body is not valid UTF-8]"
+    assert texts[4].startswith("[ironclawd refused reply 6: body is not text")  # a BLOB
+    assert texts[5] == f"[ironclawd refused reply 7: body is not text of at most {MAX_REPLY} bytes]"
+    assert texts[6:9] == ["bulk 0", "bulk 1", "bulk 2"]
     assert texts[-1] == "good after all that"
     refused = audit_events(box, "reply.refused")
-    assert [r["seq"] for r in refused] == [2, 3, 4, 5, 6], refused
+    assert [r["seq"] for r in refused] == [2, 3, 4, 5, 6, 7], refused
     assert timed_exchange(box, "still answered") < SEND_DEADLINE
     proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"], timeout=300)
     assert proc.returncode == 0, out(proc)
