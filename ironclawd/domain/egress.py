@@ -4,7 +4,9 @@ A request is parsed strictly (no userinfo, no backslashes, no dot segments, ASCI
 matched against the agent's rules: scheme, host (exact, or an explicit ``*.example.com``), port,
 method and path prefix. Nothing matches: :class:`PolicyDenied` naming what was missing.
 Headers are checked (CR, LF, NUL; duplicate or conflicting framing headers) and agent-supplied
-credentials are stripped; a rule may inject a host-held one instead.
+credentials are stripped; a rule may inject a host-held one instead (then an agent header of that
+name, or a range request, is refused). The broker always asks for ``Accept-Encoding: identity``:
+it forwards no body it cannot inspect.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ HOP_HEADERS = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade", "expect"}
 )
 FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding"})
+# The broker asks for an uncompressed answer itself (it must read what it forwards).
+ENCODING_HEADERS = frozenset({"accept-encoding"})
+# On a rule that injects a credential: a partial answer to an echo would carry the credential in
+# pieces, each too short to be recognised.
+RANGE_HEADERS = frozenset({"range", "if-range"})
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2
 _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 _URL = re.compile(
@@ -39,6 +46,11 @@ MAX_URL = 8192
 
 class UpstreamFailed(IronclawError):
     """The upstream could not be reached or broke off (gRPC UNAVAILABLE)."""
+
+
+class ResponseRefused(PolicyDenied):
+    """The upstream answered, but the answer is not forwarded: it carries the injected
+    credential, or comes in a content coding the broker cannot inspect (audited as failed)."""
 
 
 @dataclass(frozen=True)
@@ -287,8 +299,9 @@ def prepare_headers(
     body_length: int,
     injected: tuple[str, str] | None = None,
 ) -> PreparedHeaders:
-    """The headers to send: checked, credentials and hop-by-hop headers dropped, Host set from
-    the URL, Content-Length from the body, and a rule's credential added."""
+    """The headers to send: checked, credentials, hop-by-hop and Accept-Encoding dropped, Host
+    set from the URL, Content-Length from the body, identity asked for, a rule's credential
+    added (PolicyDenied if the agent sent a header of that name, or a range, with it)."""
     seen: dict[str, int] = {}
     kept: list[tuple[str, str]] = []
     stripped: list[str] = []
@@ -299,15 +312,30 @@ def prepare_headers(
             raise PolicyDenied(f"header {name}: CR, LF and NUL are refused in header values")
         lower = name.lower()
         seen[lower] = seen.get(lower, 0) + 1
+        if injected is not None and lower == injected[0].lower():
+            raise PolicyDenied(
+                f"header {name}: this rule injects its own credential in {injected[0]}; an "
+                "agent-supplied one is refused"
+            )
+        if injected is not None and lower in RANGE_HEADERS:
+            raise PolicyDenied(
+                f"header {name}: range requests are refused on a rule that injects a credential"
+            )
         if lower in FRAMING_HEADERS:
             _check_framing(lower, value, seen[lower], target, body_length)
-        elif lower in CREDENTIAL_HEADERS or lower in HOP_HEADERS or lower.startswith("proxy-"):
+        elif (
+            lower in CREDENTIAL_HEADERS
+            or lower in HOP_HEADERS
+            or lower in ENCODING_HEADERS
+            or lower.startswith("proxy-")
+        ):
             stripped.append(name)
         else:
             kept.append((name, value.strip()))
     headers = [("Host", target.authority), *kept]
     if body_length or method in ("POST", "PUT", "PATCH"):
         headers.append(("Content-Length", str(body_length)))
+    headers.append(("Accept-Encoding", "identity"))
     if injected is not None:
         headers.append(injected)
     return PreparedHeaders(tuple(headers), tuple(stripped))

@@ -5,9 +5,13 @@ itself (once), refuses the whole request if *any* answer is an address it may no
 connects only to the address it validated, so a resolver that answers differently the second
 time (DNS rebinding) gains nothing. Redirects are **not followed**: a 3xx goes back to the agent
 with its Location, and fetching that is a new request checked from scratch. Agent-supplied
-credentials are stripped; a rule may inject a host-held one, which is then masked in whatever
-comes back. Caps: body sizes, one deadline for the whole exchange, requests per minute and
-connections per session, connections in total. Every decision is audited.
+credentials are stripped; a rule may inject a host-held one. The broker asks for identity and
+refuses any other content coding; the reason phrase is always the standard one. On a rule that
+injects a credential, the request may not carry it (or a header of its name), and the answer is
+read whole (it is capped) and refused if it carries the credential in any form
+(domain/egress_secrets.py), masked besides. Caps: body sizes, one deadline for the whole
+exchange, requests per minute and connections per session, connections in total. Every
+decision is audited.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ironclawd.domain.addresses import IPAddress, refusal_reason
@@ -26,12 +30,20 @@ from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.egress import (
     EgressDecision,
     EgressLimits,
+    ResponseRefused,
     Target,
     UpstreamFailed,
     check_method,
     match_rule,
     parse_url,
     prepare_headers,
+)
+from ironclawd.domain.egress_secrets import (
+    SecretDetector,
+    check_request,
+    checked_body,
+    checked_head,
+    secret_variants,
 )
 from ironclawd.domain.model import BudgetExceeded
 from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
@@ -40,6 +52,7 @@ from ironclawd.services.sessions import SessionService
 from ironclawd.store.credentials import CredentialStore
 
 log = logging.getLogger("ironclawd.egress")
+CHUNK_BYTES = 64 * 1024
 
 Recorder = Callable[[EgressDecision], None]
 
@@ -119,18 +132,28 @@ class EgressBroker:
         started = self._clock()
         deadline = started + self._limits.timeout_seconds
         audit = _Audit(sid, method[:16], url)
+        detector = SecretDetector(())
         try:
-            request, secrets = await self._admit(sid, method, url, headers, body=body, audit=audit)
+            request, detector = await self._admit(sid, method, url, headers, body=body,
+                                                  audit=audit)  # fmt: skip
             audit.allowed()
             async with self._slot(sid):
-                async for event in self._exchange(request, secrets, deadline, audit):
+                async for event in self._exchange(request, detector, deadline, audit):
                     yield event
+        except ResponseRefused as exc:
+            audit.verdict = "failed"
+            audit.note(str(exc))
+            raise
         except (PolicyDenied, InvalidArgument) as exc:
             audit.verdict, audit.reason = "denied", str(exc)
             raise
         except (UpstreamFailed, TimeoutError) as exc:
             audit.verdict = "failed"
             audit.reason = str(exc) if isinstance(exc, UpstreamFailed) else "timed out"
+            if isinstance(exc, UpstreamFailed) and detector.find(audit.reason.encode()):
+                # An error text may quote what the upstream sent (a malformed status line).
+                audit.reason = f"{audit.host}: the upstream broke off (its error text withheld)"
+                raise UpstreamFailed(audit.reason) from None
             if isinstance(exc, TimeoutError):
                 raise UpstreamFailed(
                     f"{audit.host}: no complete answer within {self._limits.timeout_seconds:g} s"
@@ -153,7 +176,7 @@ class EgressBroker:
         *,
         body: bytes,
         audit: _Audit,
-    ) -> tuple[UpstreamRequest, list[str]]:
+    ) -> tuple[UpstreamRequest, SecretDetector]:
         method = check_method(method)
         audit.method = method
         target = parse_url(url)
@@ -166,16 +189,18 @@ class EgressBroker:
                 f"{self._limits.max_request_bytes}"
             )
         self._admit_rate(sid)
-        address = await self._resolve_checked(target)
-        audit.address = str(address)
         injected = None
-        secrets: list[str] = []
+        detector = SecretDetector(())
         if rule.credential:
-            secrets.append(self._credentials.get(rule.credential))
-            injected = (rule.credential_header, rule.credential_format.format(secrets[0]))
+            secret = self._credentials.get(rule.credential)
+            detector = SecretDetector(secret_variants(secret, rule.credential_format))
+            check_request(detector, target.path, target.query, headers, body)
+            injected = (rule.credential_header, rule.credential_format.format(secret))
         prepared = prepare_headers(headers, target, method, len(body), injected)
         if prepared.stripped:
             audit.note(f"stripped {', '.join(sorted(set(prepared.stripped)))}")
+        address = await self._resolve_checked(target)
+        audit.address = str(address)
         request = UpstreamRequest(
             scheme=target.scheme,
             host=target.host,
@@ -187,7 +212,7 @@ class EgressBroker:
             body=body,
             connect_timeout=self._limits.connect_timeout_seconds,
         )
-        return request, secrets
+        return request, detector
 
     def _admit_rate(self, sid: str) -> None:
         use = self._use.setdefault(sid, _SessionUse())
@@ -245,43 +270,62 @@ class EgressBroker:
             self._connections -= 1
 
     async def _exchange(
-        self, request: UpstreamRequest, secrets: list[str], deadline: float, audit: _Audit
+        self, request: UpstreamRequest, detector: SecretDetector, deadline: float, audit: _Audit
     ) -> AsyncIterator[FetchEvent]:
         audit.bytes_out = len(request.body)
-        mask = _Mask(secrets)
         response: UpstreamResponse = await asyncio.wait_for(
             self._upstream.send(request), self._remaining(deadline)
         )
         try:
             audit.status = response.status
-            yield Head(
-                response.status,
-                response.reason,
-                tuple((k, mask.scrub(v)) for k, v in response.headers),
-            )
+            reason, headers = checked_head(response.status, response.headers, detector)
+            head = Head(response.status, reason, headers)
             cap = self._limits.max_response_bytes
+            if detector:
+                # Read whole (it is capped) and checked before a byte is released: a response
+                # carrying the credential is refused entirely, and the decoders see it at once.
+                body, truncated = await self._read_all(response, cap, deadline, audit)
+                body = await asyncio.to_thread(checked_body, body, truncated, detector, cap)
+                yield head
+                for start in range(0, len(body), CHUNK_BYTES):
+                    yield body[start : start + CHUNK_BYTES]
+                yield End(truncated, audit.bytes_in)
+                return
+            yield head
             truncated = False
-            while True:
+            while not truncated:
                 chunk = await asyncio.wait_for(response.read_chunk(), self._remaining(deadline))
                 if not chunk:
                     break
-                if audit.bytes_in + len(chunk) > cap:
-                    chunk = chunk[: cap - audit.bytes_in]
-                    truncated = True
-                audit.bytes_in += len(chunk)
-                out = mask.feed(chunk)
-                if out:
-                    yield out
-                if truncated:
-                    audit.note(f"response truncated at the cap of {cap} bytes")
-                    break
-            tail = mask.flush()
-            if tail:
-                yield tail
+                chunk, truncated = self._capped(chunk, cap, audit)
+                if chunk:
+                    yield chunk
             yield End(truncated, audit.bytes_in)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(response.close(), 5)
+
+    async def _read_all(
+        self, response: UpstreamResponse, cap: int, deadline: float, audit: _Audit
+    ) -> tuple[bytes, bool]:
+        parts: list[bytes] = []
+        truncated = False
+        while not truncated:
+            chunk = await asyncio.wait_for(response.read_chunk(), self._remaining(deadline))
+            if not chunk:
+                break
+            chunk, truncated = self._capped(chunk, cap, audit)
+            parts.append(chunk)
+        return b"".join(parts), truncated
+
+    @staticmethod
+    def _capped(chunk: bytes, cap: int, audit: _Audit) -> tuple[bytes, bool]:
+        truncated = audit.bytes_in + len(chunk) > cap
+        if truncated:
+            chunk = chunk[: cap - audit.bytes_in]
+            audit.note(f"response truncated at the cap of {cap} bytes")
+        audit.bytes_in += len(chunk)
+        return chunk, truncated
 
     def _remaining(self, deadline: float) -> float:
         remaining = deadline - self._clock()
@@ -350,34 +394,3 @@ class _Audit:
             status=self.status, bytes_in=self.bytes_in, bytes_out=self.bytes_out,
             duration_ms=self.duration_ms,
         )  # fmt: skip
-
-
-class _Mask:
-    """Masks injected credentials in a byte stream, even split across chunks."""
-
-    MASK = b"[REDACTED]"
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        self._secrets = sorted({s.encode() for s in secrets if len(s) >= 4}, key=len, reverse=True)
-        self._hold = max((len(s) for s in self._secrets), default=1) - 1
-        self._pending = b""
-
-    def _replace(self, data: bytes) -> bytes:
-        for secret in self._secrets:
-            data = data.replace(secret, self.MASK)
-        return data
-
-    def scrub(self, text: str) -> str:
-        return self._replace(text.encode("latin-1", "replace")).decode("latin-1")
-
-    def feed(self, chunk: bytes) -> bytes:
-        if not self._secrets:
-            return chunk
-        self._pending = self._replace(self._pending + chunk)
-        cut = max(0, len(self._pending) - self._hold)
-        out, self._pending = self._pending[:cut], self._pending[cut:]
-        return out
-
-    def flush(self) -> bytes:
-        out, self._pending = self._replace(self._pending), b""
-        return out

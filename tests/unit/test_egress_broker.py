@@ -169,21 +169,18 @@ def test_internal_cidrs_open_a_documentation_range() -> None:
         run(broker, "http://198.51.100.1/x")
 
 
-def test_agent_credentials_are_stripped_and_a_rules_is_injected_and_masked() -> None:
-    echo = FakeResponse(headers=(("X-Echo", f"Bearer {SECRET}"),),
-                        body=[b"you sent Bearer s3cr3t-ho", b"st-held-token ok"])  # fmt: skip
-    broker, upstream, _, decisions = make(RecordingUpstream(echo))
-    events = run(broker, "https://keyed.example.com/", headers=[("Authorization", "Bearer mine"),
-                                                                ("Cookie", "c=1")])  # fmt: skip
+def test_agent_credentials_are_stripped_and_a_rules_is_injected() -> None:
+    broker, upstream, _, decisions = make()
+    agent_headers = [("Cookie", "c=1"), ("Accept-Encoding", "gzip")]
+    events = run(broker, "https://keyed.example.com/", headers=agent_headers)
     sent = dict(upstream.sent[0].headers)
     assert sent["Authorization"] == f"Bearer {SECRET}" and "Cookie" not in sent
-    body = b"".join(e for e in events if isinstance(e, bytes))
-    assert SECRET.encode() not in body and b"[REDACTED]" in body
-    assert SECRET not in repr(events[0])
-    assert "stripped Authorization, Cookie" in decisions[0].reason
+    assert sent["Accept-Encoding"] == "identity"
+    assert events[-1] == End(False, 5)
+    assert "stripped Accept-Encoding, Cookie" in decisions[0].reason
     broker, upstream, _, _ = make()
     run(broker, "https://api.example.com/v1/", headers=[("X-Api-Key", "k"), ("Authorization", "x")])
-    assert [k for k, _ in upstream.sent[0].headers] == ["Host"]
+    assert [k for k, _ in upstream.sent[0].headers] == ["Host", "Accept-Encoding"]
 
 
 def test_redirects_are_returned_not_followed() -> None:

@@ -139,18 +139,39 @@ def test_headers_get_host_and_lose_credentials_and_hop_by_hop() -> None:
         ("Proxy-Authorization", "x"),
         ("Connection", "close"),
         ("Upgrade", "h2c"),
+        ("Accept-Encoding", "gzip, br"),
+        ("TE", "gzip"),
     )
-    assert sent == [("Host", "api.example.com"), ("Accept", "application/json")]
+    assert sent == [("Host", "api.example.com"), ("Accept", "application/json"),
+                    ("Accept-Encoding", "identity")]  # fmt: skip
 
 
-def test_injected_credential_replaces_the_agents() -> None:
+def test_injected_credential_is_added_and_other_agent_credentials_stripped() -> None:
     target = parse_url("https://api.example.com/v1/")
     prepared = prepare_headers(
-        [("Authorization", "Bearer mine")], target, "GET", 0, ("Authorization", "Bearer host")
-    )
-    assert ("Authorization", "Bearer host") in prepared.headers
-    assert ("Authorization", "Bearer mine") not in prepared.headers
-    assert prepared.stripped == ("Authorization",)
+        [("Cookie", "c=1"), ("Accept-Encoding", "gzip")], target, "GET", 0,
+        ("X-Api-Key", "host-held"),
+    )  # fmt: skip
+    assert prepared.headers[-2:] == (("Accept-Encoding", "identity"), ("X-Api-Key", "host-held"))
+    assert prepared.stripped == ("Cookie", "Accept-Encoding")
+
+
+@pytest.mark.parametrize("name", ["Authorization", "authorization", "AUTHORIZATION"])
+def test_an_agent_header_named_like_the_injected_one_is_refused_by_name(name: str) -> None:
+    target = parse_url("https://api.example.com/v1/")
+    with pytest.raises(PolicyDenied, match=f"header {name}: this rule injects its own"):
+        prepare_headers([(name, "Bearer mine")], target, "GET", 0, ("Authorization", "Bearer h"))
+    # Without an injecting rule it is only stripped, as every agent credential is.
+    assert prepare_headers([(name, "x")], target, "GET", 0).stripped == (name,)
+
+
+@pytest.mark.parametrize("name", ["Range", "if-range"])
+def test_range_requests_are_refused_on_a_credential_rule(name: str) -> None:
+    target = parse_url("https://api.example.com/v1/")
+    with pytest.raises(PolicyDenied, match="range requests are refused"):
+        prepare_headers([(name, "bytes=10-20")], target, "GET", 0, ("Authorization", "Bearer h"))
+    assert (name, "bytes=10-20") in prepare_headers([(name, "bytes=10-20")], target, "GET",
+                                                    0).headers  # fmt: skip
 
 
 @pytest.mark.parametrize(
