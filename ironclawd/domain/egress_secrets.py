@@ -100,20 +100,27 @@ def _views(data: bytes) -> Iterator[tuple[str, bytes]]:
     chain (each view a single C-speed pass)."""
     yield "raw", data
     data = _text_runs(data)
-    pct = _percent_decoded(data) if b"%" in data else None
-    if pct is not None:
+    bases = [("", data)]
+    if b"%" in data:
+        pct = _percent_decoded(data)
         yield "percent-encoded", pct
+        bases.append(("percent-encoded, ", pct))
         if b"%" in pct:
             yield "percent-encoded twice", _percent_decoded(pct)
-    if b"\\" in data:
-        js = _json_unescaped(data)
-        yield "JSON-escaped", js
-        if b"%" in js:
-            yield "JSON-escaped, percent-encoded", _percent_decoded(js)
-    if pct is not None and b"\\" in pct:
-        yield "percent-encoded, JSON-escaped", _json_unescaped(pct)
-    if b"+" in data and b"%" in data:
-        yield "form-encoded", _percent_decoded(data.replace(b"+", b" "))
+        if b"+" in data:
+            yield "form-encoded", _percent_decoded(data.replace(b"+", b" "))
+    for prefix, base in bases:
+        if b"\\" in base:
+            for label, js in _json_decodings(base):
+                yield prefix + label, js
+                if not prefix and b"%" in js:
+                    yield f"{label}, percent-encoded", _percent_decoded(js)
+
+
+def _json_decodings(data: bytes) -> Iterator[tuple[str, bytes]]:
+    yield "JSON-escaped", _json_unescaped(data)
+    if b"\\\\" in data:  # "\\x41" is "\\" "x41" to JSON, but the agent may read "\x41"
+        yield "JSON-escaped, backslashes collapsed", _json_unescaped(data.replace(b"\\\\", b"\\"))
 
 
 def _text_runs(data: bytes) -> bytes:

@@ -194,6 +194,8 @@ class EgressBroker:
         if rule.credential:
             secret = self._credentials.get(rule.credential)
             detector = SecretDetector(secret_variants(secret, rule.credential_format))
+            if detector.find(target.path.encode()):  # the audit record must not keep it either
+                audit.path = "[withheld: it carries the credential]"
             check_request(detector, target.path, target.query, headers, body)
             injected = (rule.credential_header, rule.credential_format.format(secret))
         prepared = prepare_headers(headers, target, method, len(body), injected)

@@ -4,19 +4,29 @@
 80 and 8088, a canary on 8081 (a port no rule grants), and a DNS server on 53/udp whose answers
 are scripted per name (loopback, private, metadata, mixed, and a rebinding name that answers
 198.51.100.1 first and 127.0.0.1 afterwards). ``--loopback PORT``: a canary on 127.0.0.1.
-Every request, TLS failure and DNS query is appended as one JSON line to ``--log``.
+Every request, TLS failure and DNS query is appended as one JSON line to ``--log``; HTTP entries
+carry the status line and body sent back (``sent``, base64) so tests can show what leaked.
+
+Reflecting paths (any prefix, e.g. /v1/echo): ``echo`` the request headers as JSON;
+``echo-gzip`` the same, gzip-compressed when Accept-Encoding asks for it; ``always-gzip``
+compressed whatever was asked; ``reason`` answers ``401 Unauthorized <Authorization value>``;
+``reflect/<form>`` returns the credential of the Authorization header in one encoding (FORMS).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import gzip
 import ipaddress
 import json
 import ssl
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 NS_ADDRESS = "198.51.100.1"
 A, AAAA = 1, 28
@@ -38,6 +48,45 @@ DNS: dict[str, dict[int, list[str]]] = {
     "meta6.egress.test": {AAAA: ["fd00:ec2::254"]},
 }
 REBIND = "rebind.egress.test"
+
+
+def _password(credential: str) -> bytes:
+    """Basic auth: the password inside base64("user:password")."""
+    return base64.b64decode(credential).split(b":", 1)[1]
+
+
+FORMS: dict[str, Callable[[str], bytes]] = {
+    "json-slash": lambda c: json.dumps({"token": c}).replace("/", "\\/").encode(),
+    "json-u": lambda c: "".join(ch if ch.isalnum() else f"\\u{ord(ch):04x}" for ch in c).encode(),
+    "pct-upper": lambda c: quote(c, safe="").encode(),
+    "pct-lower": lambda c: "".join(f"%{b:02x}" for b in c.encode()).encode(),
+    "plus": lambda c: quote_plus(c).encode(),
+    "b64": lambda c: base64.b64encode(c.encode()),
+    "b64url-nopad": lambda c: base64.urlsafe_b64encode(c.encode()).rstrip(b"="),
+    "b64-shift1": lambda c: base64.b64encode(b"<" + c.encode() + b">"),
+    "b64-shift2": lambda c: base64.b64encode(b"<<" + c.encode()),
+    "hex-upper": lambda c: c.encode().hex().upper().encode(),
+    "password": _password,
+    "password-b64url": lambda c: base64.urlsafe_b64encode(b"p=" + _password(c)).rstrip(b"="),
+}
+
+
+def reflect(path: str, headers: list[list[str]]) -> tuple[str, list[tuple[str, str]], bytes]:
+    """The status line, extra headers and body for a reflecting path."""
+    named = {k.lower(): v for k, v in headers}
+    auth = named.get("authorization") or named.get("x-api-key", "")
+    credential = auth.split(" ", 1)[-1]
+    kind = path.split("?", 1)[0].split("/", 2)[-1]
+    if kind == "reason":
+        return f"401 Unauthorized {auth}", [], b"denied"
+    if kind.startswith("reflect/"):
+        return "200 OK", [], b"you sent: " + FORMS[kind.split("/", 1)[1]](credential)
+    body = json.dumps(headers).encode()
+    if kind == "always-gzip" or (
+        kind == "echo-gzip" and "gzip" in named.get("accept-encoding", "")
+    ):
+        return "200 OK", [("Content-Encoding", "gzip")], gzip.compress(body)
+    return "200 OK", [], body
 
 
 class Log:
@@ -72,15 +121,17 @@ def http_handler(log: Log, listener: str) -> Any:
         status, extra, payload = "200 OK", "", f"hello from {listener} {path}".encode()
         if path == "/redirect":
             status, extra, payload = "302 Found", "Location: http://127.0.0.1:8088/stolen\r\n", b""
-        elif path.startswith("/v1/echo"):
-            payload = json.dumps(headers).encode()
+        elif path.split("/", 2)[-1].startswith(("echo", "always-gzip", "reason", "reflect/")):
+            status, more, payload = reflect(path, headers)
+            extra = "".join(f"{k}: {v}\r\n" for k, v in more)
         elif path.startswith("/v1/big/"):  # benchmarks: /v1/big/<bytes>
             payload = b"x" * min(int(path.rsplit("/", 1)[1]), 64 * 1024 * 1024)
-        writer.write(
+        head = (
             f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(payload)}\r\n"
             f"{extra}Connection: close\r\n\r\n".encode()
-            + payload
         )
+        log.write(listener=listener, sent_for=path, sent=base64.b64encode(head + payload).decode())
+        writer.write(head + payload)
         await writer.drain()
         writer.close()
 

@@ -11,7 +11,9 @@ canary on 127.0.0.1:8088 stands where a rebinding or redirect would land.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import gzip
 import json
 import secrets
 import shutil
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import pytest
@@ -31,6 +34,7 @@ from cryptography.x509.oid import NameOID
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.fixtures import RESULTS, ROOT
+from tests.harness.leaks import find_leaks
 from tests.harness.private_systemd import SystemdHarness
 
 pytestmark = pytest.mark.integration
@@ -40,6 +44,12 @@ ADMIN_SOCKET = "/run/ironclaw/admin.sock"
 CA_FILE = "/etc/ironclaw/egress-test-ca.pem"
 CREDENTIAL = "egress-test-token"
 TOKEN = "egress-test-" + secrets.token_hex(12)
+# A credential with every character an encoder treats specially, and a Basic one.
+CREDENTIAL_PUNCT, CREDENTIAL_BASIC = "egress-test-punct", "egress-test-basic"
+TOKEN_PUNCT = f"tok/{secrets.token_hex(6)}+={secrets.token_hex(6)}:a b~"
+PASSWORD = f"pw/{secrets.token_hex(10)}"
+TOKEN_BASIC = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+CREDENTIALS = {CREDENTIAL: TOKEN, CREDENTIAL_PUNCT: TOKEN_PUNCT, CREDENTIAL_BASIC: TOKEN_BASIC}
 NS_ADDRESS, HOST_ADDRESS = "198.51.100.1", "198.51.100.2"
 RPC_TIMEOUT = 60.0
 DNS_NAMES_8088 = ("loop", "private", "cgnat", "meta", "mcast", "zero", "mixed", "mapped",
@@ -93,6 +103,11 @@ def agent_config(agent: str) -> str:
     rules = [
         '{host = "api.egress.test", methods = ["GET", "POST"], path_prefixes = ["/v1/"]}',
         f'{{host = "keyed.egress.test", path_prefixes = ["/v1/"], credential = "{CREDENTIAL}"}}',
+        f'{{host = "keyed.egress.test", path_prefixes = ["/v2/"], '
+        f'credential = "{CREDENTIAL_PUNCT}", credential_header = "X-Api-Key", '
+        f'credential_format = "Bearer {{}}"}}',
+        f'{{host = "keyed.egress.test", path_prefixes = ["/basic/"], '
+        f'credential = "{CREDENTIAL_BASIC}", credential_format = "Basic {{}}"}}',
         '{host = "x.svc.egress.test"}',
         '{host = "*.svc.egress.test"}',
         '{host = "plain.egress.test", scheme = "http"}',
@@ -190,6 +205,11 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
     if out(busy).strip():
         pytest.skip(f"198.51.100.0/24 or port 8088 already in use here:\n{out(busy)}")
     python, script = sys.executable, ROOT / "tests/integration/egress_servers.py"
+    credential_files = [f"/etc/ironclaw/credentials/{name}" for name in CREDENTIALS]
+    write_credentials = "; ".join(
+        f"printf %s '{value}' > {path}"
+        for value, path in zip(CREDENTIALS.values(), credential_files, strict=True)
+    )
     setup = f"""
         set -e
         ip netns add {ns}
@@ -209,7 +229,7 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
         printf 'nameserver {NS_ADDRESS}\\noptions timeout:2 attempts:1\\n' > /etc/resolv.conf
         install -m 0644 {logs}/ca.pem {CA_FILE}
         mkdir -p /etc/ironclaw/credentials
-        (umask 077; printf %s '{TOKEN}' > /etc/ironclaw/credentials/{CREDENTIAL})
+        (umask 077; {write_credentials})
     """
     teardown = f"""
         systemctl stop {" ".join(units)} 2>/dev/null
@@ -217,7 +237,7 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
         ip netns del {ns} 2>/dev/null
         if [ -e /etc/resolv.conf.egress-test ]; then
             mv -f /etc/resolv.conf.egress-test /etc/resolv.conf; fi
-        rm -f {CA_FILE} /etc/ironclaw/credentials/{CREDENTIAL} {CONFIG}
+        rm -f {CA_FILE} {" ".join(credential_files)} {CONFIG}
         systemctl reset-failed ironclawd; systemctl restart ironclawd
     """
     agent = f"fetch-{tag}"
@@ -282,15 +302,139 @@ def test_allowed_request_reaches_the_test_server_and_the_reply_returns(
         assert decision[key], key
 
 
+# Everything the agent could learn the credentials from: the values, Basic's user:password and
+# the password alone. Replies and audit records are searched for them with one helper.
+SECRETS = [*CREDENTIALS.values(), f"alice:{PASSWORD}", PASSWORD]
+REFUSED = "error: egress PERMISSION_DENIED: egress: response refused"
+
+
+def served(world: World, path: str) -> tuple[dict[str, str], bytes]:
+    """What the test server received for ``path`` (headers) and sent back (raw bytes)."""
+    entries = world.entries("ns")
+    (request,) = [e for e in entries if e.get("path") == path]
+    (answer,) = [e for e in entries if e.get("sent_for") == path]
+    return {k.lower(): v for k, v in request["headers"]}, base64.b64decode(answer["sent"])
+
+
+def no_leak(reply: str, decisions: list[dict[str, Any]]) -> list[str]:
+    """Leaks of any credential, in any encoding, in the reply and the audit records."""
+    records = json.dumps([{k: v for k, v in d.items() if k.startswith(("MESSAGE", "IRONCLAW"))}
+                          for d in decisions])  # fmt: skip
+    return find_leaks(reply, SECRETS) + find_leaks(records, SECRETS)
+
+
 def test_injected_credential_reaches_upstream_but_never_the_agent(
     world: World, session: str
 ) -> None:
-    reply = world.fetch(session, {"url": "https://keyed.egress.test/v1/echo",
-                                  "headers": {"Authorization": "Bearer agent-made"}})  # fmt: skip
-    assert "HTTP 200" in reply and TOKEN not in reply and "[REDACTED]" in reply, reply
-    (seen,) = [e for e in world.entries("ns") if e.get("path") == "/v1/echo"]
-    assert ["Authorization", f"Bearer {TOKEN}"] in seen["headers"]
-    assert ["Authorization", "Bearer agent-made"] not in seen["headers"]
+    """Issue 10, escape 1: an echo of the request headers, asked for gzip by the agent, or
+    compressed by an upstream that ignores the broker's Accept-Encoding."""
+    mark = world.cursor()
+    plain = world.fetch(session, {"url": "https://keyed.egress.test/v1/echo"})
+    asked = world.fetch(session, {"url": "https://keyed.egress.test/v1/echo-gzip",
+                                  "headers": {"Accept-Encoding": "gzip"}})  # fmt: skip
+    forced = world.fetch(session, {"url": "https://keyed.egress.test/v1/always-gzip"})
+    for path in ("/v1/echo", "/v1/echo-gzip", "/v1/always-gzip"):
+        headers, sent = served(world, path)
+        assert headers["authorization"] == f"Bearer {TOKEN}", headers  # control: injected
+        assert headers["accept-encoding"] == "identity", headers
+        assert find_leaks(sent, [TOKEN]), f"control: {path} sent the credential back"
+    assert gzip.decompress(served(world, "/v1/always-gzip")[1].split(b"\r\n\r\n", 1)[1])
+    assert REFUSED in plain and "body carries the injected credential" in plain, plain
+    assert REFUSED in asked and "body carries the injected credential" in asked, asked
+    assert REFUSED in forced and "Content-Encoding gzip cannot be inspected" in forced, forced
+    decisions = world.decisions(session, mark)
+    assert [d["IRONCLAW_EGRESS_VERDICT"] for d in decisions] == ["failed"] * 3
+    assert all("response refused" in d["IRONCLAW_REASON"] for d in decisions)
+    assert "stripped Accept-Encoding" in decisions[1]["IRONCLAW_REASON"]
+    assert not no_leak(plain + asked + forced, decisions)
+
+
+def test_the_reason_phrase_is_the_standard_one(world: World, session: str) -> None:
+    mark = world.cursor()
+    reply = world.fetch(session, {"url": "https://keyed.egress.test/v1/reason"})
+    _, sent = served(world, "/v1/reason")
+    assert sent.startswith(f"HTTP/1.1 401 Unauthorized Bearer {TOKEN}\r\n".encode())  # control
+    assert "HTTP 401 Unauthorized\nContent-Type" in reply and "\n\ndenied" in reply, reply
+    decisions = world.decisions(session, mark)
+    assert decisions[0]["IRONCLAW_EGRESS_VERDICT"] == "allowed"
+    assert not no_leak(reply, decisions)
+
+
+# (path prefix of the rule, encoding the test server applies to the credential it received)
+REFLECTIONS = [
+    *(("/v1/", form) for form in ("pct-lower", "b64", "b64url-nopad", "b64-shift1", "b64-shift2",
+                                  "hex-upper")),
+    *(("/v2/", form) for form in ("json-slash", "json-u", "pct-upper", "plus", "b64-shift1")),
+    *(("/basic/", form) for form in ("password", "password-b64url", "json-u", "b64-shift2")),
+]  # fmt: skip
+
+
+def test_encoded_reflections_of_the_credential_are_refused_and_audited(
+    world: World, session: str
+) -> None:
+    mark = world.cursor()
+    failures, replies = [], []
+    for prefix, form in REFLECTIONS:
+        path = f"{prefix}reflect/{form}"
+        reply = world.fetch(session, {"url": f"https://keyed.egress.test{path}"})
+        replies.append(reply)
+        headers, sent = served(world, path)
+        injected = headers.get("authorization") or headers.get("x-api-key")
+        if not find_leaks(sent, SECRETS) or not injected:
+            failures.append(f"control: {path}: nothing to leak ({headers}, {sent!r})")
+        if REFUSED not in reply or "body carries the injected credential" not in reply:
+            failures.append(f"{path}: not refused: {reply}")
+    assert not failures, "\n".join(failures)
+    assert served(world, "/v2/reflect/plus")[0]["x-api-key"] == f"Bearer {TOKEN_PUNCT}"
+    assert served(world, "/basic/reflect/password")[0]["authorization"] == f"Basic {TOKEN_BASIC}"
+    decisions = world.decisions(session, mark)
+    assert len(decisions) == len(REFLECTIONS)
+    assert {d["IRONCLAW_EGRESS_VERDICT"] for d in decisions} == {"failed"}
+    assert not no_leak("\n".join(replies), decisions)
+
+
+# (arguments, what the refusal must say): requests that would carry or mirror a credential.
+CARRYING: list[tuple[dict[str, Any], str]] = [
+    ({"url": "https://keyed.egress.test/v1/h1", "headers": {"authorization": "Bearer guess"}},
+     "header authorization: this rule injects its own credential"),
+    ({"url": "https://keyed.egress.test/v2/h2", "headers": {"x-API-key": "guess"}},
+     "header x-API-key: this rule injects its own credential"),
+    ({"url": "https://keyed.egress.test/v1/h3?api_key=guess"}, "query parameter api_key"),
+    ({"url": "https://keyed.egress.test/v1/h4?Access-Token=guess"},
+     "query parameter Access-Token"),
+    ({"url": f"https://keyed.egress.test/v2/h5?q={quote(TOKEN_PUNCT, safe='')}"},
+     "request's query carries the rule's credential"),
+    # Upper case: the model proxy would redact the exact value on its way through the mock model.
+    ({"url": f"https://keyed.egress.test/v1/h6/{TOKEN.upper()}"},
+     "request's path carries the rule's credential"),
+    ({"url": "https://keyed.egress.test/basic/h7",
+      "headers": {"X-Note": base64.b64encode(PASSWORD.encode()).decode()}},
+     "request's header X-Note carries the rule's credential"),
+    ({"url": "https://keyed.egress.test/v1/h8", "headers": {"Range": "bytes=0-9"}},
+     "range requests are refused"),
+]  # fmt: skip
+
+
+def test_requests_carrying_or_mirroring_a_credential_never_leave(
+    world: World, session: str
+) -> None:
+    before = len(world.entries("ns"))
+    mark = world.cursor()
+    failures = []
+    for args, fragment in CARRYING:
+        reply = world.fetch(session, args)
+        if "error: egress PERMISSION_DENIED" not in reply or fragment not in reply:
+            failures.append(f"{args}: expected '{fragment}', got: {reply}")
+    assert not failures, "\n".join(failures)
+    assert [e for e in world.entries("ns")[before:] if "path" in e] == []  # nothing reached it
+    decisions = world.decisions(session, mark)
+    assert [d["IRONCLAW_EGRESS_VERDICT"] for d in decisions] == ["denied"] * len(CARRYING)
+    for (_args, fragment), decision in zip(CARRYING, decisions, strict=True):
+        assert fragment in decision["IRONCLAW_REASON"], decision["MESSAGE"]
+        assert not decision.get("IRONCLAW_ADDRESS"), decision  # refused before resolving
+    assert decisions[5]["IRONCLAW_PATH"] == "[withheld: it carries the credential]"
+    # The refusals name where, never what: the agent learns nothing it did not send.
+    assert not no_leak("", decisions)
 
 
 def test_redirects_come_back_unfollowed(world: World, session: str) -> None:

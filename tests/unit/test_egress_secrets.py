@@ -385,6 +385,7 @@ def test_requests_that_would_mirror_or_carry_a_credential_never_leave(
     assert upstream.sent == [] and resolver.calls == []
     assert decisions[0].verdict == "denied" and says in decisions[0].reason
     assert not find_leaks(str(error), [BROKER_SECRET])
+    assert not find_leaks(repr(decisions[0]), [BROKER_SECRET])  # the audit keeps none either
     # The same request on a rule without a credential is no business of these checks.
     broker, upstream, _, _ = make()
     fetch_all(broker, url.replace("keyed.example.com/", "api.example.com/v1/"), headers)
