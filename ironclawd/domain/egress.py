@@ -312,7 +312,9 @@ def prepare_headers(
             raise PolicyDenied(f"header {name}: CR, LF and NUL are refused in header values")
         lower = name.lower()
         seen[lower] = seen.get(lower, 0) + 1
-        if injected is not None and lower == injected[0].lower():
+        if injected is not None and lower.replace("_", "-") == injected[0].lower().replace(
+            "_", "-"
+        ):
             raise PolicyDenied(
                 f"header {name}: this rule injects its own credential in {injected[0]}; an "
                 "agent-supplied one is refused"

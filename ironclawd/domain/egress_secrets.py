@@ -271,7 +271,9 @@ def credential_params(query: str) -> list[str]:
     for part in re.split(r"[&;]", query):
         raw_name = part.split("=", 1)[0]
         name = unquote_to_bytes(raw_name.replace("+", " ")).decode("latin-1").strip().lower()
-        if name.replace("-", "_") in CREDENTIAL_PARAMS:
+        # PHP-style and dotted names nest: auth[token], user.password.
+        pieces = {name, *re.split(r"[\[\].]+", name)}
+        if any(piece.replace("-", "_") in CREDENTIAL_PARAMS for piece in pieces):
             names.append(raw_name)
     return names
 
@@ -320,7 +322,9 @@ def check_request(
             "refused on a rule that injects one (the broker adds the credential itself)"
         )
     parts = [("path", path.encode()), ("query", query.encode()), ("body", body)]
-    parts += [(f"header {n}", v.encode("utf-8", "replace")) for n, v in headers]
+    for name, value in headers:
+        named = "a header name" if detector.find(name.encode("latin-1", "replace")) else name
+        parts.append((f"header {named}", f"{name}: {value}".encode("utf-8", "replace")))
     for where, data in parts:
         found = detector.find(data)
         if found is not None:

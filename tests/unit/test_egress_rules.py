@@ -165,6 +165,14 @@ def test_an_agent_header_named_like_the_injected_one_is_refused_by_name(name: st
     assert prepare_headers([(name, "x")], target, "GET", 0).stripped == (name,)
 
 
+@pytest.mark.parametrize("name", ["X-Api-Key", "x-api-key", "X_API_KEY", "x_Api-key"])
+def test_underscores_do_not_disguise_the_injected_header(name: str) -> None:
+    # CGI and WSGI servers (and nginx with underscores_in_headers) read '_' as '-'.
+    target = parse_url("https://api.example.com/v1/")
+    with pytest.raises(PolicyDenied, match=f"header {name}: this rule injects its own"):
+        prepare_headers([(name, "guess")], target, "GET", 0, ("X-Api-Key", "Bearer h"))
+
+
 @pytest.mark.parametrize("name", ["Range", "if-range"])
 def test_range_requests_are_refused_on_a_credential_rule(name: str) -> None:
     target = parse_url("https://api.example.com/v1/")

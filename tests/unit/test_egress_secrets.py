@@ -215,7 +215,8 @@ def test_a_body_cut_at_the_cap_loses_a_tail_where_half_a_secret_could_hide() -> 
 
 
 QUERY_NAMES = ["access_token", "API-KEY", "apikey", "key", "token", "sig", "client_secret",
-               "Password", "signature", "acc%65ss_token"]  # fmt: skip
+               "Password", "signature", "acc%65ss_token", "auth[token]", "user.password",
+               "auth%5Bkey%5D"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", QUERY_NAMES)
@@ -223,7 +224,7 @@ def test_credential_shaped_query_names_are_refused(name: str) -> None:
     assert credential_params(f"a=1&{name}=x") == [name]
     with pytest.raises(PolicyDenied, match=f"query parameter {re.escape(name)} looks like"):
         check_request(SecretDetector([SECRET]), "/v1/", f"a=1&{name}=x", [], b"")
-    assert credential_params("keyword=1&tokens=2&q=key") == []
+    assert credential_params("keyword=1&tokens=2&q=key&page[size]=3") == []
 
 
 REQUEST_FORMS = ["raw", "percent, upper hex", "form (+ for space)", "base64url, no padding",
@@ -245,6 +246,13 @@ def test_the_secret_in_any_part_of_the_request_is_refused(name: str) -> None:
             check_request(detector, *args)
         assert not find_leaks(str(caught.value), [SECRET])
     check_request(detector, "/v1/x", "q=1", [("X-A", "b")], b"{}")  # an ordinary request passes
+
+
+def test_a_header_name_carrying_the_secret_is_refused_without_repeating_it() -> None:
+    name = "X-" + SECRET.encode().hex()
+    with pytest.raises(PolicyDenied, match="request's header a header name carries") as caught:
+        check_request(SecretDetector([SECRET]), "/v1/", "", [(name, "1")], b"")
+    assert not find_leaks(str(caught.value), [SECRET])
 
 
 # The broker itself, with a fake upstream that reflects what it was sent (no network).
