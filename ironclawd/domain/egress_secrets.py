@@ -4,7 +4,7 @@ The agent never holds the credential a rule injects, but an upstream that reflec
 sent (an echo endpoint, an error page quoting the ``Authorization`` header, a reason phrase)
 hands it back, often transformed in transit. A :class:`SecretDetector` knows the credential's
 *variants* (the value, and for Basic auth the decoded ``user:password`` and the password) and
-finds any of them in bytes, in these forms:
+finds any of them (or its core: all but two characters at either end) in bytes, in these forms:
 
 - raw, in any letter case (an upstream that upper-cases keeps a hex token whole), and as hex;
 - percent-encoded (either hex case, ``+`` for space, ``%25`` double encoding), JSON/JS-escaped
@@ -43,6 +43,7 @@ from ironclawd.errors import PolicyDenied
 
 MIN_SECRET = 6  # shorter variants are not searched for: they would match by chance
 MIN_BASE64 = 8  # nor base64 inner substrings shorter than this
+CORE_TRIM, MIN_CORE = 2, 8  # see SecretDetector
 MASK = b"[REDACTED]"
 # Query parameter names that carry credentials (compared lowercased, '-' read as '_'): on a rule
 # that injects one, the agent has no business sending another, and an API that echoes its
@@ -119,7 +120,15 @@ def _views(data: bytes) -> Iterator[tuple[str, bytes]]:
 
 def _json_decodings(data: bytes) -> Iterator[tuple[str, bytes]]:
     yield "JSON-escaped", _json_unescaped(data)
-    if b"\\\\" in data:  # "\\x41" is "\\" "x41" to JSON, but the agent may read "\x41"
+    # Python's codec also reads octal (\0), \N{...}, \a, \v, which JSON does not: a lone
+    # backslash before the credential would swallow its first characters. This view undoes only
+    # \uXXXX, \xXX and \/, and leaves every other backslash alone.
+    minimal = data.replace(b"\\/", b"/").replace(b"\\x", b"\\u00")
+    yield (
+        "JSON \\u-escaped",
+        minimal.decode("raw_unicode_escape", "replace").encode("latin-1", "replace"),
+    )
+    if b"\\\\" in data:  # "\\\\x41" is "\\\\" "x41" to JSON, but the agent may read "\\x41"
         yield "JSON-escaped, backslashes collapsed", _json_unescaped(data.replace(b"\\\\", b"\\"))
 
 
@@ -192,11 +201,15 @@ class SecretDetector:
 
     def __init__(self, variants: Iterable[str]) -> None:
         raw = [v.encode() for v in variants if len(v) >= MIN_SECRET]
+        # What is searched for is each variant's core, without CORE_TRIM bytes at either end
+        # when it stays long enough: missing two characters, the value is as good as leaked
+        # (and a neighbouring escape may swallow an edge character in one of the views).
+        core = [v[CORE_TRIM:-CORE_TRIM] if len(v) >= MIN_CORE + 2 * CORE_TRIM else v for v in raw]
         # Searched in every view, lowercased: the text and its hex; HTML entity forms (named,
         # and numeric for every non-alphanumeric byte) only in the raw view, as literals.
-        self._folded = {v.hex().encode(): "hex" for v in raw} | {v.lower(): "text" for v in raw}
-        self._html = sorted({f.lower() for v in raw for f in _html_forms(v)} - set(raw))
-        self._base64 = sorted(set().union(*(base64_inner(v) for v in raw)) if raw else set())
+        self._folded = {v.hex().encode(): "hex" for v in core} | {v.lower(): "text" for v in core}
+        self._html = sorted({f.lower() for v in core for f in _html_forms(v)} - set(core))
+        self._base64 = sorted(set().union(*(base64_inner(v) for v in core)) if core else set())
         self._literal = sorted(
             {*raw, *(v.replace(b"/", b"\\/") for v in raw), *self._base64,
              *(_percent_encode(v, upper) for v in raw for upper in (True, False))},
