@@ -36,6 +36,7 @@ class DaemonConfig:
     log_level: str = "info"
     state_dir: Path = paths.STATE_DIR
     master_key_file: Path = Path("/etc/ironclaw/credentials/master.key")
+    agent_log_lines_per_minute: int = 10
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,22 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class SocketsConfig:
+    """Limits on each session's sockets (api/limits.py); every limit is per session."""
+
+    max_connections: int = 8
+    max_control_connections: int = 4
+    max_streams_per_connection: int = 8
+    max_message_bytes: int = 4 * 1024 * 1024
+    connections_per_second: float = 20.0
+    calls_per_second: float = 50.0
+    handshake_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 300.0
+    keepalive_seconds: float = 60.0
+    max_call_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     expiry_hours: float = 168.0
     four_eyes: tuple[str, ...] = ()
@@ -74,6 +91,7 @@ class Config:
     egress: EgressLimits = EgressLimits()  # noqa: RUF009
     gateway: GatewayConfig = GatewayConfig()
     queues: QueueLimits = QueueLimits()  # noqa: RUF009
+    sockets: SocketsConfig = SocketsConfig()
     agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
 
@@ -189,6 +207,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 "Master key (0600 root, made on first start) when no systemd credential "
                 "'master.key' is passed; kept apart from the data it protects.",
             ),
+            "agent_log_lines_per_minute": _Key(
+                _int(1, 100_000),
+                "Journal lines of each kind a session can cause a minute (refusals, bad "
+                "requests); the rest are counted in one 'suppressed' line.",
+            ),
         },
     ),
     "admin": (
@@ -219,6 +242,33 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             ),
             "agent_dir": _Key(_abs_path, "The frozen in-box agent (packaging/build-agent)."),
             "rootfs_template": _Key(_abs_path, "Files of the agent rootfs besides the agent."),
+        },
+    ),
+    "sockets": (
+        SocketsConfig,
+        {
+            "max_connections": _Key(
+                _int(1, 1024),
+                "Connections open on one session socket; a new one drops the least recently "
+                "used (idle ones first).",
+            ),
+            "max_control_connections": _Key(
+                _int(1, 64), "Connections open on control.sock; one waiting for hello goes first."
+            ),
+            "max_streams_per_connection": _Key(_int(1, 1024), "Calls in flight per connection."),
+            "max_message_bytes": _Key(_int(1024, 64 * 1024 * 1024), "Largest gRPC message."),
+            "connections_per_second": _Key(_float(0.1, 10_000.0), "New connections per socket."),
+            "calls_per_second": _Key(_float(0.1, 100_000.0), "Calls per session, all sockets."),
+            "handshake_timeout_seconds": _Key(
+                _float(0.1, 600.0), "Time to send the HTTP/2 preface (control.sock: hello)."
+            ),
+            "idle_timeout_seconds": _Key(
+                _float(1.0, 86400.0), "A connection with no call for this long is closed."
+            ),
+            "keepalive_seconds": _Key(
+                _float(1.0, 3600.0), "Ping interval; a peer that does not answer is dropped."
+            ),
+            "max_call_seconds": _Key(_float(1.0, 86400.0), "Longest a call may run."),
         },
     ),
     "egress": (

@@ -18,7 +18,7 @@ import httpx
 import prctl
 from pystemd.daemon import notify, watchdog_enabled
 
-from ironclawd import __version__, paths
+from ironclawd import __version__, paths, ratelog
 from ironclawd.api.admin import AdminServicer
 from ironclawd.api.control import ControlServer
 from ironclawd.api.sandbox import SandboxApi
@@ -59,6 +59,7 @@ from ironclawd.store.state import StateStore
 log = logging.getLogger("ironclawd")
 
 EX_CONFIG = 78  # sysexits.h; the unit's RestartPreventExitStatus names it
+LOG_SUMMARY_SECONDS = 5.0
 
 
 def _notify(**states: int | str) -> None:
@@ -127,10 +128,12 @@ class Daemon:
         _notify(ready=1, status=status)
         async with asyncio.TaskGroup() as tasks:
             watchdog = tasks.create_task(self._watchdog())
+            summaries = tasks.create_task(self._flush_log_summaries())
             # Sessions whose sandbox died while the daemon was down, with messages waiting.
             resume = tasks.create_task(wired.messages.resume_all(report.settled))
             await self._stop.wait()
             watchdog.cancel()
+            summaries.cancel()
             resume.cancel()
         _notify(stopping=1, status="stopping")
         log.info("stopping: SIGTERM received; sandboxes keep running and are adopted on start")
@@ -162,7 +165,7 @@ class Daemon:
             rootfs = state_dir / "rootfs" / "unavailable"
         bundles = state_dir / "bundles"
         ensure_private_dir(bundles, 0o700)
-        control = ControlServer(paths.SESSIONS_RUN_DIR)
+        control = ControlServer(paths.SESSIONS_RUN_DIR, config.sockets)
         layout = SandboxLayout(
             bundles_dir=bundles,
             rootfs=rootfs,
@@ -231,7 +234,7 @@ class Daemon:
         )
         sandbox_api = SandboxApi(
             paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR, proxy, gateway,
-            service, audit=audit,
+            service, audit=audit, limits=config.sockets,
         )  # fmt: skip
         service.sockets = sandbox_api
         broker = EgressBroker(
@@ -264,6 +267,12 @@ class Daemon:
             _notify(watchdog=1)
             await asyncio.sleep(usec / 2e6)
 
+    async def _flush_log_summaries(self) -> None:
+        # A box that floods and then goes quiet still gets its "suppressed K" line.
+        while True:
+            await asyncio.sleep(LOG_SUMMARY_SECONDS)
+            ratelog.AGENT_LOG.flush()
+
     def _reload(self) -> None:
         _notify(reloading=1, status="reloading configuration")
         try:
@@ -273,10 +282,11 @@ class Daemon:
             _notify(ready=1, status=f"reload refused: {exc}")
             return
         # Only the log level is live; the rest shapes sockets, sandboxes and the registry seed.
-        for table in ("admin", "sandbox", "gateway", "egress", "agents"):
+        for table in ("admin", "sandbox", "sockets", "gateway", "egress", "agents"):
             if getattr(new, table, None) != getattr(self._config, table, None):
                 log.warning("reload: [%s] changes take effect on restart, not on reload", table)
         set_level(new.daemon.log_level)
+        ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines_per_minute, 60.0)
         self._config = new
         log.info("configuration reloaded from %s", new.source)
         _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
@@ -325,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ironclawd: {config.source}: configuration is valid")
         return 0
     setup_logging(config.daemon.log_level)
+    ratelog.AGENT_LOG.configure(config.daemon.agent_log_lines_per_minute, 60.0)
     harden_process()
     try:
         asyncio.run(Daemon(args.config, config).run())

@@ -10,6 +10,12 @@ unprivileged users (user@<uid>.service has Delegate=yes), and a user may name a 
 
 The directory is reused across daemon restarts, never recreated: the sandbox's bind mount refers
 to the directory itself, so a new directory would be invisible to a running sandbox.
+
+Everything on the socket is bounded: at most ``max_control_connections`` connections (a new one
+pushes out the oldest that has not said hello yet, else it is refused: the agent's own connection,
+which said hello long ago, is never pushed out), a hello within the handshake timeout, lines of
+at most MAX_LINE bytes, and a peer that stops reading cannot hold up ``send`` for longer than
+SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironclawd/ratelog.py).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ironclawd import paths
+from ironclawd import paths, ratelog
 from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir
+from ironclawd.config import SocketsConfig
 from ironclawd.domain.session import check_sid, unit_name
 from ironclawd.errors import HostError
 from ironclawd.ports import AgentHello, ControlListener
@@ -33,8 +40,8 @@ from ironclawd.ports import AgentHello, ControlListener
 log = logging.getLogger("ironclawd.control")
 
 CONTROL_SOCKET = "control.sock"
-HELLO_TIMEOUT = 10.0
 MAX_LINE = 256
+SEND_TIMEOUT = 5.0
 
 
 @dataclass
@@ -43,12 +50,14 @@ class _Channel:
     hello: asyncio.Future[AgentHello]
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    waiting: list[asyncio.StreamWriter] = field(default_factory=list)  # no hello yet, oldest first
     closing: bool = False
 
 
 class ControlServer:
-    def __init__(self, sessions_dir: Path) -> None:
+    def __init__(self, sessions_dir: Path, limits: SocketsConfig = SocketsConfig()) -> None:  # noqa: B008 (frozen)
         self._dir = sessions_dir
+        self._limits = limits
         self._channels: dict[str, _Channel] = {}
         self._listener: ControlListener | None = None
 
@@ -63,9 +72,14 @@ class ControlServer:
         for writer in list(channel.writers):
             try:
                 writer.write(line)
-                await writer.drain()
-            except OSError:
+                await asyncio.wait_for(writer.drain(), SEND_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                # A peer that stops reading must not hold up the session's messages.
+                ratelog.warning(log, sid, "control.sock send failed",
+                                "session %s: dropped a control connection: sending %s: %s", sid,
+                                event, type(exc).__name__)  # fmt: skip
                 channel.writers.discard(writer)
+                writer.transport.abort()
         return bool(channel.writers)
 
     async def _announce(self, sid: str, event: str, value: int) -> None:
@@ -107,15 +121,16 @@ class ControlServer:
     ) -> None:
         sock: socket.socket = writer.get_extra_info("socket")
         if not peer_in_unit(sock, unit_name(sid)):
-            log.warning("session %s: refused a control connection from outside its unit", sid)
-            writer.close()
+            ratelog.warning(log, sid, "control.sock outsider",
+                            "session %s: refused a control connection from outside its unit",
+                            sid)  # fmt: skip
+            writer.transport.abort()
             return
-        try:
-            line = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT)
-            hello = _parse_hello(line)
-        except (TimeoutError, ValueError, OSError) as exc:
-            log.warning("session %s: bad control hello: %s", sid, exc)
-            writer.close()
+        if not self._make_room(sid, channel):
+            writer.transport.abort()
+            return
+        hello = await self._hello(sid, channel, reader, writer)
+        if hello is None:
             return
         channel.writers.add(writer)
         if not channel.hello.done():
@@ -127,7 +142,8 @@ class ControlServer:
                 try:
                     event, value = _parse_event(line)
                 except ValueError as exc:
-                    log.warning("session %s: ignoring control line: %s", sid, exc)
+                    ratelog.warning(log, sid, "control.sock bad line",
+                                    "session %s: ignoring control line: %s", sid, exc)  # fmt: skip
                     continue
                 await self._announce(sid, event, value)
         except (OSError, ValueError):
@@ -135,8 +151,50 @@ class ControlServer:
         finally:
             channel.writers.discard(writer)
             writer.close()
-            if not channel.closing:
+            # Every connection comes from inside the unit, so the sandbox is gone only when the
+            # last one is: an extra connection that says hello and leaves is not an exit.
+            if not channel.closing and not channel.writers:
                 channel.disconnected.set()
+
+    async def _hello(
+        self,
+        sid: str,
+        channel: _Channel,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> AgentHello | None:
+        """The connection's hello, or None (and the connection closed) if it does not say it
+        in time or is dropped for a newer connection meanwhile."""
+        channel.waiting.append(writer)
+        try:
+            line = await asyncio.wait_for(reader.readline(), self._limits.handshake_timeout_seconds)
+            hello = _parse_hello(line)
+        except (TimeoutError, ValueError, OSError) as exc:
+            if not writer.is_closing():
+                ratelog.warning(log, sid, "control.sock bad hello",
+                                "session %s: bad control hello: %s", sid, exc)  # fmt: skip
+            writer.transport.abort()
+            return None
+        finally:
+            with contextlib.suppress(ValueError):
+                channel.waiting.remove(writer)
+        return None if writer.is_closing() else hello
+
+    def _make_room(self, sid: str, channel: _Channel) -> bool:
+        """Whether a new connection may be served: over the limit, the oldest one still
+        waiting for its hello is dropped for it; if every one has said hello, it is refused."""
+        if len(channel.writers) + len(channel.waiting) < self._limits.max_control_connections:
+            return True
+        if channel.waiting:
+            channel.waiting.pop(0).transport.abort()
+            ratelog.info(log, sid, "control.sock full",
+                         "session %s: control.sock full: dropped the oldest connection that "
+                         "has not said hello", sid)  # fmt: skip
+            return True
+        ratelog.warning(log, sid, "control.sock full",
+                        "session %s: refused a control connection: %d open", sid,
+                        len(channel.writers))  # fmt: skip
+        return False
 
     async def wait_hello(self, sid: str, timeout: float) -> AgentHello:
         channel = self._require(sid)
@@ -156,7 +214,7 @@ class ControlServer:
             return
         channel.closing = True
         channel.server.close()
-        for writer in list(channel.writers):
+        for writer in [*channel.writers, *channel.waiting]:
             writer.close()
         if not channel.hello.done():
             channel.hello.cancel()
@@ -218,7 +276,8 @@ def peer_in_unit(sock: socket.socket, unit: str) -> bool:
         root = systemd_root(Path("/proc/1/cgroup").read_text())
         text = Path(f"/proc/{pid}/cgroup").read_text()
     except (OSError, HostError) as exc:
-        log.warning("checking a control peer (pid %d): %s", pid, exc)
+        ratelog.warning(log, unit, "peer check failed", "checking a peer of %s (pid %d): %s",
+                        unit, pid, exc)  # fmt: skip
         return False
     return unit_cgroup(root, unit) in cgroup_paths(text)
 

@@ -11,12 +11,9 @@ a service is reachable only through the socket meant for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,14 +22,15 @@ import grpc
 from ironclaw.egress.v1 import egress_pb2_grpc
 from ironclaw.gateway.v1 import gateway_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd.api import control
+from ironclawd import ratelog
 from ironclawd.api.egress import EgressServicer
+from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sandbox_gateway import GatewayServicer
-from ironclawd.api.sockets import bind_unix_socket, remove_stale_socket
-from ironclawd.api.splice import splice_to
+from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer, SessionSockets
+from ironclawd.api.sockets import remove_stale_socket
 from ironclawd.api.status import code_for
+from ironclawd.config import SocketsConfig
 from ironclawd.domain.model import Message, ToolCall, ToolDef
-from ironclawd.domain.session import unit_name
 from ironclawd.errors import IronclawError
 from ironclawd.ports import AuditSink
 from ironclawd.services.audit import Throttled
@@ -43,7 +41,6 @@ from ironclawd.services.sessions import SessionService
 
 log = logging.getLogger("ironclawd.sandbox-api")
 
-_PREFIX = "ironclaw-sbx/"
 # Which socket each service may be reached through.
 SERVICE_SOCKET = {
     "ironclaw.model.v1.ModelService": "model",
@@ -51,17 +48,11 @@ SERVICE_SOCKET = {
     "ironclaw.gateway.v1.GatewayService": "gateway",
 }
 SOCKETS = ("model", "gateway", "egress")  # egress.sock: only if granted (EgressBroker.has_grants)
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-MAX_CONNECTIONS_PER_SOCKET = 8
-
-
-@dataclass(frozen=True)
-class SandboxPeer:
-    sid: str
-    socket: str
-
+__all__ = ["SandboxApi", "SandboxPeer"]
 
 _PEER: contextvars.ContextVar[SandboxPeer] = contextvars.ContextVar("ironclaw_sandbox_peer")
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 if TYPE_CHECKING:
     _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
@@ -77,24 +68,43 @@ class _RefusalAudit:
         self._throttled = Throttled(audit, per_minute)
 
     def __call__(self, peer: SandboxPeer | None, method: str, why: str) -> None:
-        log.warning("sandbox call %.200r refused (%s): %s", method, peer, why)
         sid = peer.sid if peer is not None else "?"
         socket = peer.socket if peer is not None else "?"
+        ratelog.warning(log, sid, f"{socket}.sock refused call",
+                        "session %s: %s.sock call %.200r refused: %s", sid, socket, method,
+                        why)  # fmt: skip
         self._throttled.record(sid, "sandbox.refused", f"session:{sid}", reason=why,
                                socket=socket, method=method[:200])  # fmt: skip
 
 
 class _PeerInterceptor(_Interceptor):
-    def __init__(self, peers: dict[str, SandboxPeer], refused: _RefusalAudit) -> None:
+    """Says which session and socket a call came in on, serves each service only on its own
+    socket, meters calls per session and bounds how long one may run."""
+
+    def __init__(
+        self, peers: dict[str, SandboxPeer], refused: _RefusalAudit, limits: SocketsConfig
+    ) -> None:
         self._peers = peers
         self._refused = refused
+        self._limits = limits
+        self.rates: dict[str, TokenBucket] = {}  # per session; SandboxApi.open/close keep it
 
     def _peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> SandboxPeer | None:
-        return self._peers.get(context.peer().removeprefix(f"unix-abstract:{_PREFIX}"))
+        return self._peers.get(context.peer().removeprefix(f"unix-abstract:{PREFIX}"))
+
+    async def _meter(self, peer: SandboxPeer | None, context: Context) -> None:
+        rate = self.rates.get(peer.sid) if peer is not None else None
+        if peer is not None and rate is not None and not rate.take():
+            ratelog.warning(log, peer.sid, "calls over rate",
+                            "session %s: call on %s.sock refused: over %g calls a second",
+                            peer.sid, peer.socket, self._limits.calls_per_second)  # fmt: skip
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down")
 
     def _no_such_method(self, method: str) -> grpc.RpcMethodHandler[Any, Any]:
-        async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            self._refused(self._peer(context), method, "no such method")
+        async def refuse(request: bytes, context: Context) -> None:
+            peer = self._peer(context)
+            await self._meter(peer, context)
+            self._refused(peer, method, "no such method")
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method on this socket")
 
         return grpc.unary_unary_rpc_method_handler(refuse)
@@ -113,24 +123,38 @@ class _PeerInterceptor(_Interceptor):
             return self._no_such_method(details.method)
         service = details.method.strip("/").split("/")[0]
         expected = SERVICE_SOCKET.get(service)
+        limit = self._limits.max_call_seconds
 
-        async def admit(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def admit(context: Context) -> SandboxPeer:
             peer = self._peer(context)
+            await self._meter(peer, context)
             if peer is None or peer.socket != expected:
                 self._refused(peer, details.method, "not served on this socket")
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not served on this socket")
             assert peer is not None
             _PEER.set(peer)
+            if peer.conn is not None:
+                peer.conn.call_started()
+            return peer
+
+        def done(peer: SandboxPeer) -> None:
+            if peer.conn is not None:
+                peer.conn.call_ended()
 
         if handler.unary_unary is not None:
             inner: Callable[..., Awaitable[Any]] = handler.unary_unary
 
-            async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                await admit(context)
+            async def unary(request: Any, context: Context) -> Any:
+                peer = await admit(context)
                 try:
-                    return await inner(request, context)
+                    async with asyncio.timeout(limit):
+                        return await inner(request, context)
                 except IronclawError as exc:
                     await context.abort(code_for(exc), str(exc))
+                except TimeoutError:
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "call ran too long")
+                finally:
+                    done(peer)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, handler.request_deserializer, handler.response_serializer
@@ -138,15 +162,21 @@ class _PeerInterceptor(_Interceptor):
         if handler.unary_stream is not None:
             inner_stream: Callable[..., AsyncIterator[Any]] = handler.unary_stream  # type: ignore[assignment]
 
-            async def stream(
-                request: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                await admit(context)
+            async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+                peer = await admit(context)
+                # A client that stops reading parks this task in grpc's write, outside any
+                # timeout scope of ours: the task itself is cancelled when the time is up.
+                task = asyncio.current_task()
+                assert task is not None
+                timer = asyncio.get_running_loop().call_later(limit, task.cancel)
                 try:
                     async for item in inner_stream(request, context):
                         yield item
                 except IronclawError as exc:
                     await context.abort(code_for(exc), str(exc))
+                finally:
+                    timer.cancel()
+                    done(peer)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer
@@ -221,17 +251,26 @@ class SandboxApi:
         sessions: SessionService,
         *,
         audit: AuditSink | None = None,
+        limits: SocketsConfig = SocketsConfig(),  # noqa: B008 (frozen)
     ) -> None:
         self._internal = internal_socket
-        self._dir = sessions_dir
+        self._limits = limits
         self._peers: dict[str, SandboxPeer] = {}
-        self._servers: dict[tuple[str, str], asyncio.Server] = {}
+        self._sockets = SessionSockets(internal_socket, sessions_dir, limits, self._peers)
+        self._interceptor = _PeerInterceptor(self._peers, _RefusalAudit(audit), limits)
         self._server = grpc.aio.server(
-            interceptors=[_PeerInterceptor(self._peers, _RefusalAudit(audit))],
+            interceptors=[self._interceptor],
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_concurrent_streams", 16),
+                ("grpc.max_receive_message_length", limits.max_message_bytes),
+                ("grpc.max_send_message_length", limits.max_message_bytes),
+                ("grpc.max_concurrent_streams", limits.max_streams_per_connection),
+                # A connection with no call for this long gets a GOAWAY (the client reconnects
+                # when it next calls); one whose peer stops answering pings is dropped.
+                ("grpc.max_connection_idle_ms", _ms(limits.idle_timeout_seconds)),
+                ("grpc.keepalive_time_ms", _ms(limits.keepalive_seconds)),
+                ("grpc.keepalive_timeout_ms", _ms(min(20.0, limits.keepalive_seconds))),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.so_reuseport", 0),
             ],
         )
         model_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(proxy), self._server)
@@ -252,62 +291,24 @@ class SandboxApi:
         await self._server.start()
 
     async def stop(self) -> None:
-        for key in list(self._servers):
-            await self._close_one(key)
+        await self._sockets.close_all()
         await self._server.stop(1.0)
 
     async def open(self, sid: str) -> None:
         """Serve this session's sockets (in the directory its control socket already made)."""
+        rate = self._limits.calls_per_second
+        self._interceptor.rates[sid] = TokenBucket(rate, 2 * rate)
         for name in SOCKETS:
-            await self._close_one((sid, name))
+            await self._sockets.close(sid, name)
             if name == "egress" and (self._broker is None or not self._broker.has_grants(sid)):
                 continue
-            sock = bind_unix_socket(self._dir / sid / f"{name}.sock", mode=0o666, group=None)
-            slots = asyncio.Semaphore(MAX_CONNECTIONS_PER_SOCKET)
-
-            async def handle(
-                reader: asyncio.StreamReader,
-                writer: asyncio.StreamWriter,
-                sid: str = sid,
-                name: str = name,
-                slots: asyncio.Semaphore = slots,
-            ) -> None:
-                await self._accept(sid, name, slots, reader, writer)
-
-            self._servers[(sid, name)] = await asyncio.start_unix_server(handle, sock=sock)
-
-    async def _accept(
-        self,
-        sid: str,
-        name: str,
-        slots: asyncio.Semaphore,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        if slots.locked() or not control.peer_in_unit(
-            writer.get_extra_info("socket"), unit_name(sid)
-        ):
-            log.warning("session %s: refused a %s.sock connection (outside its unit or too many)",
-                        sid, name)  # fmt: skip
-            writer.close()
-            return
-        async with slots:
-            nonce = secrets.token_hex(16)
-            self._peers[nonce] = SandboxPeer(sid, name)
-            try:
-                await splice_to(self._internal, _PREFIX + nonce, reader, writer)
-            finally:
-                self._peers.pop(nonce, None)
+            await self._sockets.open(sid, name)
 
     async def close(self, sid: str) -> None:
         for name in SOCKETS:
-            await self._close_one((sid, name))
+            await self._sockets.close(sid, name)
+        self._interceptor.rates.pop(sid, None)
 
-    async def _close_one(self, key: tuple[str, str]) -> None:
-        server = self._servers.pop(key, None)
-        if server is not None:
-            server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1)
-        with contextlib.suppress(FileNotFoundError):
-            (self._dir / key[0] / f"{key[1]}.sock").unlink()
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)

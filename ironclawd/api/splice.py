@@ -14,9 +14,15 @@ log = logging.getLogger("ironclawd.splice")
 
 
 async def splice_to(
-    internal: Path, abstract_name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    internal: Path,
+    abstract_name: str,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    first: bytes = b"",
 ) -> None:
-    """Pump bytes both ways between the client and ``internal`` until either side closes."""
+    """Pump bytes both ways between the client and ``internal`` until either side closes;
+    ``first``: bytes already read from the client, sent upstream before the rest."""
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.bind("\0" + abstract_name)
@@ -28,6 +34,7 @@ async def splice_to(
         writer.close()
         return
     up_reader, up_writer = await asyncio.open_unix_connection(sock=upstream)
+    up_writer.write(first)
     await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer), return_exceptions=True)
 
 

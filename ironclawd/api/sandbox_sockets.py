@@ -1,0 +1,154 @@
+"""Accepting on a session's gRPC sockets (model.sock, gateway.sock, egress.sock).
+
+Each connection is checked (a process of the session's own unit), metered (new connections per
+second), counted against the socket's connection limit (a full socket drops its least recently
+used connection, api/limits.py), must open with the HTTP/2 preface within the handshake timeout,
+and is then spliced to the one internal gRPC server from an abstract address naming a random
+nonce, which the interceptor (api/sandbox.py) maps back to :class:`SandboxPeer`. Every line a
+connection can cause goes through the journal throttle (ironclawd/ratelog.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ironclawd import ratelog
+from ironclawd.api import control
+from ironclawd.api.limits import HTTP2_PREFACE, Conn, ConnectionTable, TokenBucket
+from ironclawd.api.sockets import bind_unix_socket
+from ironclawd.api.splice import splice_to
+from ironclawd.config import SocketsConfig
+from ironclawd.domain.session import unit_name
+
+log = logging.getLogger("ironclawd.sandbox-api")
+
+PREFIX = "ironclaw-sbx/"
+
+
+@dataclass(frozen=True)
+class SandboxPeer:
+    """The session and socket a call came in on (never anything the caller said)."""
+
+    sid: str
+    socket: str
+    conn: Conn | None = field(default=None, compare=False)
+
+
+@dataclass
+class _Socket:
+    server: asyncio.Server
+    table: ConnectionTable
+    rate: TokenBucket
+
+
+class SessionSockets:
+    """The listening sockets of every session, leading to the internal server."""
+
+    def __init__(
+        self, internal: Path, sessions_dir: Path, limits: SocketsConfig,
+        peers: dict[str, SandboxPeer],
+    ) -> None:  # fmt: skip
+        self._internal = internal
+        self._dir = sessions_dir
+        self._limits = limits
+        self._peers = peers
+        self._sockets: dict[tuple[str, str], _Socket] = {}
+
+    def path(self, sid: str, name: str) -> Path:
+        return self._dir / sid / f"{name}.sock"
+
+    async def open(self, sid: str, name: str) -> None:
+        await self.close(sid, name)
+        sock = bind_unix_socket(self.path(sid, name), mode=0o666, group=None)
+        limits = self._limits
+        table = ConnectionTable(limits.max_connections)
+        rate = TokenBucket(limits.connections_per_second, 2 * limits.connections_per_second)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._accept(sid, name, (table, rate), reader, writer)
+
+        server = await asyncio.start_unix_server(handle, sock=sock)
+        self._sockets[(sid, name)] = _Socket(server, table, rate)
+
+    async def close(self, sid: str, name: str) -> None:
+        entry = self._sockets.pop((sid, name), None)
+        if entry is not None:
+            entry.server.close()
+            entry.table.close_all()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(entry.server.wait_closed(), 1)
+        with contextlib.suppress(FileNotFoundError):
+            self.path(sid, name).unlink()
+
+    async def close_all(self) -> None:
+        for sid, name in list(self._sockets):
+            await self.close(sid, name)
+
+    async def _accept(
+        self,
+        sid: str,
+        name: str,
+        meters: tuple[ConnectionTable, TokenBucket],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        table, rate = meters
+        sock_name = f"{name}.sock"
+        if not control.peer_in_unit(writer.get_extra_info("socket"), unit_name(sid)):
+            ratelog.warning(log, sid, f"{sock_name} outsider",
+                            "session %s: refused a %s connection from outside its unit",
+                            sid, sock_name)  # fmt: skip
+            writer.transport.abort()
+            return
+        if not rate.take():
+            ratelog.warning(log, sid, f"{sock_name} rate",
+                            "session %s: refused a %s connection: over %g new connections a "
+                            "second", sid, sock_name,
+                            self._limits.connections_per_second)  # fmt: skip
+            writer.transport.abort()
+            return
+        conn = Conn(close=writer.transport.abort)
+        if table.admit(conn) is not None:
+            ratelog.info(log, sid, f"{sock_name} full",
+                         "session %s: %s has %d connections open: dropped the least recently "
+                         "used for a new one", sid, sock_name,
+                         self._limits.max_connections)  # fmt: skip
+        try:
+            first = await self._preface(sid, sock_name, reader, conn)
+            if first is None or conn.closed:
+                writer.transport.abort()
+                return
+            nonce = secrets.token_hex(16)
+            self._peers[nonce] = SandboxPeer(sid, name, conn)
+            try:
+                await splice_to(self._internal, PREFIX + nonce, reader, writer, first=first)
+            finally:
+                self._peers.pop(nonce, None)
+        finally:
+            table.remove(conn)
+
+    async def _preface(
+        self, sid: str, sock_name: str, reader: asyncio.StreamReader, conn: Conn
+    ) -> bytes | None:
+        """The HTTP/2 preface, or None (logged) if the client does not send it in time."""
+        timeout = self._limits.handshake_timeout_seconds
+        try:
+            first = await asyncio.wait_for(reader.readexactly(len(HTTP2_PREFACE)), timeout)
+        except (TimeoutError, asyncio.IncompleteReadError, OSError):
+            if conn.closed:  # dropped for a newer connection: already said
+                return None
+            ratelog.warning(log, sid, f"{sock_name} no preface",
+                            "session %s: dropped a %s connection: no HTTP/2 preface within %g s",
+                            sid, sock_name, timeout)  # fmt: skip
+            return None
+        if first != HTTP2_PREFACE:
+            ratelog.warning(log, sid, f"{sock_name} not http2",
+                            "session %s: dropped a %s connection: not HTTP/2 (starts %r)",
+                            sid, sock_name, first[:16])  # fmt: skip
+            return None
+        return first
