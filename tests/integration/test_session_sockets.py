@@ -281,13 +281,15 @@ def test_a_flood_of_bad_requests_costs_the_journal_a_bounded_number_of_lines(
         lambda es: any("model call session " + a in str(e.get("MESSAGE")) for e in es),
         30,
     )
-    about_a = [e for e in entries if e.get("IRONCLAW_SID") == a or a in str(e.get("MESSAGE"))]
-    kinds = Counter(str(e.get("IRONCLAW_LOG_KIND", "-")) for e in about_a)
+    # Every line of the daemon's unit counts, grpc's own included, not only those naming A.
+    kinds = Counter(str(e.get("IRONCLAW_LOG_KIND", "-")) for e in entries)
+    unthrottled = [str(e.get("MESSAGE")) for e in entries if "IRONCLAW_LOG_KIND" not in e]
     caused = sum(flood.values())
-    assert len(about_a) <= 100, (len(about_a), kinds)  # for 6000 bad requests
+    assert len(entries) <= 100, (len(entries), kinds, unthrottled)  # for 6000 bad requests
     for kind, n in kinds.items():
         assert kind == "-" or n <= DEFAULT_PER_WINDOW + 1, (kind, n, kinds)
+    assert len(unthrottled) <= 20, unthrottled  # the sends' own lines, not the flood's
     # The refusals are there, each kind bounded: the operator still sees what happened.
     assert kinds["control.sock bad line"] == DEFAULT_PER_WINDOW, kinds
     assert kinds["gateway.sock refused call"] >= 1, kinds
-    assert caused >= 50 * len(about_a)
+    assert caused >= 50 * len(entries)

@@ -1,0 +1,83 @@
+"""How configuration values are checked: converters that return the value or raise ValueError
+with the words that follow "expected" in the error (``ironclawd/config.py`` says which key uses
+which)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class _Key:
+    """How one key is checked: a converter that raises ValueError with 'expected ...'."""
+
+    convert: Callable[[Any], Any]
+    doc: str
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def convert(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"an integer from {lo} to {hi}")
+        return v
+
+    return convert
+
+
+def _float(lo: float, hi: float) -> Callable[[Any], float]:
+    def convert(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ValueError(f"a number from {lo:g} to {hi:g}")
+        return float(v)
+
+    return convert
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        if v not in options:
+            raise ValueError("one of " + ", ".join(repr(o) for o in options))
+        return str(v)
+
+    return convert
+
+
+def _abs_path(v: Any) -> Path:
+    if not isinstance(v, str) or not v.startswith("/") or "\0" in v or "/../" in v + "/":
+        raise ValueError("an absolute path without '..'")
+    return Path(v)
+
+
+def _group_name(v: Any) -> str:
+    if not isinstance(v, str) or not v or len(v) > 32 or not v.replace("-", "").isalnum():
+        raise ValueError("a group name (letters, digits, '-'; at most 32 characters)")
+    return v
+
+
+def _optional_path(v: Any) -> str:
+    return "" if v == "" else str(_abs_path(v))
+
+
+def _text(limit: int) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        if not isinstance(v, str) or len(v) > limit or "\0" in v:
+            raise ValueError(f"a string of at most {limit} characters")
+        return v
+
+    return convert
+
+
+def _url(v: Any) -> str:
+    if not isinstance(v, str) or not (v.startswith("https://") or v.startswith("http://")):
+        raise ValueError("an http(s) URL")
+    return v.rstrip("/")
+
+
+def _credential(v: Any) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", v):
+        raise ValueError("a credential name of [a-z0-9_.-] (a file in /etc/ironclaw/credentials)")
+    return v
