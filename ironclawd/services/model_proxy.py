@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.model import (
     Budget,
@@ -26,6 +27,7 @@ from ironclawd.domain.tools import tool_defs
 from ironclawd.errors import IronclawError, NotFound
 from ironclawd.ports import AuditSink
 from ironclawd.providers.base import Provider, ProviderError
+from ironclawd.services.audit import Throttled
 from ironclawd.services.sessions import SessionService
 from ironclawd.store.credentials import CredentialStore
 
@@ -59,6 +61,7 @@ class ModelProxy:
         self._clock = clock
         self._budgets: dict[str, Budget] = {}
         self.audit: AuditSink | None = None
+        self._refusals: Throttled | None = None
 
     def _agent(self, sid: str) -> AgentSpec:
         return find_agent(self._agents, self._sessions.get(sid).agent)
@@ -66,6 +69,11 @@ class ModelProxy:
     def profile(self, sid: str) -> Profile:
         agent = self._agent(sid)
         return Profile(agent.name, agent.persona, tool_defs(agent.tools), agent.max_tool_rounds)
+
+    def _refused(self) -> Throttled:
+        if self._refusals is None:
+            self._refusals = Throttled(self.audit)
+        return self._refusals
 
     def _budget(self, key: str, rpm: int, tpd: int) -> Budget:
         return self._budgets.setdefault(key, Budget(rpm, tpd))
@@ -90,7 +98,9 @@ class ModelProxy:
                                     strict=True):  # fmt: skip
                 budget.check(now, what)
         except BudgetExceeded:
-            _audit(self.audit, sid, agent=agent, status="budget-exceeded", tokens=(0, 0), took=0.0)
+            # A box can loop on a spent budget: these are recorded and logged at a bounded rate.
+            _audit(self._refused(), sid, agent=agent, status="budget-exceeded", tokens=(0, 0),
+                   took=0.0)  # fmt: skip
             raise
         for budget in budgets:
             budget.record(now)
@@ -141,7 +151,7 @@ def _clip(message: str) -> str:
 
 
 def _audit(
-    audit: AuditSink | None,
+    audit: AuditSink | Throttled | None,
     sid: str,
     *,
     agent: AgentSpec,
@@ -149,23 +159,28 @@ def _audit(
     tokens: tuple[int, int],
     took: float,
 ) -> None:
-    """One journal and one audit record per model call (refused ones too): never its content
-    or key."""
-    if audit is not None:
-        audit.record_soon(
-            "model.call", f"session:{sid}", agent=agent.name, provider=agent.provider,
-            model=agent.model, status=status, tokens_in=tokens[0], tokens_out=tokens[1],
-            ms=round(took * 1e3, 1),
-        )  # fmt: skip
-    log.info(
-        "model call session %s agent %s provider %s model %s: %s, %d in / %d out tokens, %.0f ms",
-        sid, agent.name, agent.provider, agent.model, status, tokens[0], tokens[1], took * 1e3,
-        extra={"IRONCLAW_SID": sid, "IRONCLAW_AGENT": agent.name,
-               "IRONCLAW_PROVIDER": agent.provider, "IRONCLAW_MODEL": agent.model,
-               "IRONCLAW_STATUS": status, "IRONCLAW_TOKENS_IN": tokens[0],
-               "IRONCLAW_TOKENS_OUT": tokens[1],
-               "IRONCLAW_DURATION_MS": round(took * 1e3, 1)},
-    )  # fmt: skip
+    """One journal and one audit record per model call, never its content or key; refused
+    calls (``audit`` is then a Throttled) at a bounded rate."""
+    fields = dict(agent=agent.name, provider=agent.provider, model=agent.model, status=status,
+                  tokens_in=tokens[0], tokens_out=tokens[1], ms=round(took * 1e3, 1))  # fmt: skip
+    if isinstance(audit, Throttled):
+        audit.record(sid, "model.call", f"session:{sid}", **fields)
+    elif audit is not None:
+        audit.record_soon("model.call", f"session:{sid}", **fields)
+    args = (sid, agent.name, agent.provider, agent.model, status, tokens[0], tokens[1], took * 1e3)
+    message = (
+        "model call session %s agent %s provider %s model %s: %s, %d in / %d out tokens, %.0f ms"
+    )
+    extra = {"IRONCLAW_SID": sid, "IRONCLAW_AGENT": agent.name,
+             "IRONCLAW_PROVIDER": agent.provider, "IRONCLAW_MODEL": agent.model,
+             "IRONCLAW_STATUS": status, "IRONCLAW_TOKENS_IN": tokens[0],
+             "IRONCLAW_TOKENS_OUT": tokens[1],
+             "IRONCLAW_DURATION_MS": round(took * 1e3, 1)}  # fmt: skip
+    if isinstance(audit, Throttled):
+        ratelog.AGENT_LOG.log(log, logging.INFO, sid, f"model {status}", message, *args,
+                              extra=extra)  # fmt: skip
+    else:
+        log.info(message, *args, extra=extra)
 
 
 async def _redacted(stream: AsyncIterator[Chunk], redactor: Redactor) -> AsyncIterator[Chunk]:

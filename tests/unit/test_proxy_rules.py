@@ -15,11 +15,13 @@ from typing import Any, cast
 
 import pytest
 
+from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.model import BudgetExceeded, Chunk, Completion, Message, ToolCall, ToolDef
 from ironclawd.domain.tools import CATALOG
 from ironclawd.providers.base import Provider, ProviderError
 from ironclawd.providers.mock import MockProvider
+from ironclawd.ratelog import DEFAULT_PER_WINDOW
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.sessions import SessionService
 from ironclawd.store.credentials import CredentialStore
@@ -78,6 +80,16 @@ def _proxy(
     )
 
 
+class _Recorder:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def record(self, event: str, actor: str, **fields: Any) -> None:
+        self.records.append((event, fields))
+
+    record_soon = record
+
+
 def _call(proxy: ModelProxy, sid: str, tools: tuple[ToolDef, ...] = ()) -> list[Chunk]:
     async def go() -> list[Chunk]:
         return [c async for c in proxy.complete(sid, [Message("user", "hi")], tools, 0)]
@@ -111,6 +123,25 @@ def test_session_budget_is_per_session_and_agent_budget_is_shared(
     clock[0] += 60
     _call(proxy, "s2")
     _call(proxy, "s2")
+
+
+def test_a_box_looping_on_a_spent_budget_is_logged_and_audited_at_a_bounded_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [1000.0]
+    proxy = _proxy(tmp_path, monkeypatch, _Scripted([Chunk(usage=(1, 1))]), clock,
+                   session_requests_per_minute=1)  # fmt: skip
+    audit = _Recorder()
+    proxy.audit = audit
+    monkeypatch.setattr(ratelog, "AGENT_LOG", ratelog.LogThrottle())  # none of other tests' lines
+    caplog.set_level(logging.INFO, "ironclawd.model")
+    _call(proxy, "s1")
+    for _ in range(500):
+        with pytest.raises(BudgetExceeded):
+            _call(proxy, "s1")
+    refused = [r for r in caplog.records if r.IRONCLAW_STATUS == "budget-exceeded"]  # type: ignore[attr-defined]
+    assert len(refused) == DEFAULT_PER_WINDOW
+    assert [f["status"] for _, f in audit.records].count("budget-exceeded") == 20
 
 
 def test_persona_key_and_tools_are_the_hosts(
