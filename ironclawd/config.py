@@ -22,21 +22,23 @@ from ironclawd import paths
 from ironclawd.config_keys import (
     _abs_path,
     _choice,
+    _cidrs,
     _credential,
+    _egress_rules,
     _float,
     _group_name,
     _int,
     _Key,
+    _kinds,
+    _mount_allowlist,
     _optional_path,
     _text,
+    _tools,
     _url,
 )
-from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.changes import KINDS
-from ironclawd.domain.egress import EgressLimits, EgressRule, rule_from_mapping
+from ironclawd.domain.egress import EgressLimits
 from ironclawd.domain.messages import QueueLimits
-from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -106,36 +108,6 @@ class Config:
     sockets: SocketsConfig = SocketsConfig()
     agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
-
-
-def _kinds(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(k, str) and k in KINDS for k in v):
-        raise ValueError("a list of change kinds from: " + ", ".join(KINDS))
-    return tuple(v)
-
-
-def _cidrs(v: Any) -> tuple[Any, ...]:
-    try:
-        if not isinstance(v, list) or not all(isinstance(c, str) for c in v):
-            raise ValueError  # noqa: TRY301
-        return tuple(parse_internal_cidr(c) for c in v)
-    except ValueError as exc:
-        detail = f" ({exc})" if str(exc) else ""
-        raise ValueError(
-            "a list of CIDRs outside loopback, link-local, multicast and metadata" + detail
-        ) from None
-
-
-def _mount_allowlist(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or len(v) > 64:
-        raise ValueError("a list of at most 64 absolute directory paths")
-    out = []
-    for item in v:
-        path = str(_abs_path(item))
-        if path == "/" or path != item.rstrip("/") or "//" in item:
-            raise ValueError("absolute, normalised directory paths other than '/'")
-        out.append(path)
-    return tuple(dict.fromkeys(out))
 
 
 SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
@@ -272,23 +244,6 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
         },
     ),
 }
-
-
-def _tools(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(t, str) and t in CATALOG for t in v):
-        raise ValueError("a list of tool names from: " + ", ".join(sorted(CATALOG)))
-    return tuple(v)
-
-
-def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
-    if not isinstance(v, list):
-        raise ValueError(  # noqa: TRY004
-            "a list of rule tables {host, scheme, port, methods, path_prefixes, ...}"
-        )
-    try:
-        return tuple(rule_from_mapping(r) for r in v)
-    except ValueError as exc:
-        raise ValueError(f"a list of egress rules: {exc}") from None
 
 
 AGENT_KEYS: Mapping[str, _Key] = {

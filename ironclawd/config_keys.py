@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ironclawd.domain.addresses import parse_internal_cidr
+from ironclawd.domain.changes import KINDS
+from ironclawd.domain.egress import EgressRule, rule_from_mapping
+from ironclawd.domain.tools import CATALOG
+
 
 @dataclass(frozen=True)
 class _Key:
@@ -81,3 +86,50 @@ def _credential(v: Any) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", v):
         raise ValueError("a credential name of [a-z0-9_.-] (a file in /etc/ironclaw/credentials)")
     return v
+
+
+def _kinds(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(k, str) and k in KINDS for k in v):
+        raise ValueError("a list of change kinds from: " + ", ".join(KINDS))
+    return tuple(v)
+
+
+def _cidrs(v: Any) -> tuple[Any, ...]:
+    try:
+        if not isinstance(v, list) or not all(isinstance(c, str) for c in v):
+            raise ValueError  # noqa: TRY301
+        return tuple(parse_internal_cidr(c) for c in v)
+    except ValueError as exc:
+        detail = f" ({exc})" if str(exc) else ""
+        raise ValueError(
+            "a list of CIDRs outside loopback, link-local, multicast and metadata" + detail
+        ) from None
+
+
+def _mount_allowlist(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or len(v) > 64:
+        raise ValueError("a list of at most 64 absolute directory paths")
+    out = []
+    for item in v:
+        path = str(_abs_path(item))
+        if path == "/" or path != item.rstrip("/") or "//" in item:
+            raise ValueError("absolute, normalised directory paths other than '/'")
+        out.append(path)
+    return tuple(dict.fromkeys(out))
+
+
+def _tools(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(t, str) and t in CATALOG for t in v):
+        raise ValueError("a list of tool names from: " + ", ".join(sorted(CATALOG)))
+    return tuple(v)
+
+
+def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
+    if not isinstance(v, list):
+        raise ValueError(  # noqa: TRY004
+            "a list of rule tables {host, scheme, port, methods, path_prefixes, ...}"
+        )
+    try:
+        return tuple(rule_from_mapping(r) for r in v)
+    except ValueError as exc:
+        raise ValueError(f"a list of egress rules: {exc}") from None
