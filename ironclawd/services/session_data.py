@@ -4,16 +4,17 @@ and its queue directories. Destroying the key makes the queues unreadable."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import paths
-from ironclawd.domain.messages import QueueLimits
+from ironclawd.domain.messages import QueueLimits, Reply
 from ironclawd.errors import HostError, IronclawError
 from ironclawd.store import queues
 from ironclawd.store.keys import MasterKey, new_session_key, remove_tmpfs_key, write_tmpfs_key
-from ironclawd.store.outbound import OutboundReader, strip_setid
-from ironclawd.store.quota_mount import OutboundQuota
+from ironclawd.store.outbound import OUTBOUND_FILE, OutboundReader, restore_outbound, strip_setid
+from ironclawd.store.quota_mount import OutboundQuota, is_mounted
 from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.sessions")
@@ -46,13 +47,38 @@ class SessionData:
         key = self.key(sid)
         limits = self.layout.limits
         quota = OutboundQuota(limits.outbound_bytes, limits.outbound_files)
+        fresh = not is_mounted(self.outbound_dir(sid))
         queues.prepare_queue_dirs(self.layout.queues_dir, sid, uid, gid, quota)
+        if fresh and not (self.outbound_dir(sid) / OUTBOUND_FILE).exists():
+            self._restore(sid, key, uid, gid)
         try:  # what an earlier sandbox of this session left, before the next one starts
             self.strip_setid(sid, uid)
         except (IronclawError, OSError) as exc:
             log.warning("session %s: stripping setid bits from its outbound files: %s", sid, exc)
         write_tmpfs_key(self.key_path(sid), key, uid, gid)
         return key
+
+    def _restore(self, sid: str, key: bytes, uid: int, gid: int) -> None:
+        """A new outbound tmpfs (a host reboot emptied the old one) for a session that has
+        replies: put them back, so its agent resumes where it was."""
+        if self._store.last_reply(sid)[0] == 0:
+            return
+        rows = ((r.seq, r.in_reply_to, r.created_at, r.body) for r in self._all_replies(sid))
+        try:
+            count = restore_outbound(
+                self.outbound_dir(sid), key, (uid, gid), rows, self.layout.scratch_dir
+            )
+        except IronclawError as exc:  # the agent then answers from the start again: say so
+            log.error("session %s: outbound queue was lost and not rebuilt: %s", sid, exc)
+            return
+        log.warning("session %s: outbound queue was lost; rebuilt %d rows from the record", sid,
+                    count)  # fmt: skip
+
+    def _all_replies(self, sid: str) -> Iterator[Reply]:
+        after = 0
+        while batch := self._store.replies_after(sid, after, limit=1000):
+            yield from batch
+            after = batch[-1].seq
 
     def key_path(self, sid: str) -> Path:
         return self.layout.keys_dir / sid

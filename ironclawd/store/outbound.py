@@ -27,7 +27,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sqlcipher3
@@ -272,3 +272,56 @@ def _strip_one(parent_fd: int, name: str) -> int:
     finally:
         os.close(fd)
     return 1
+
+
+def restore_outbound(
+    directory: Path,
+    key: bytes,
+    owner: tuple[int, int],
+    rows: Iterable[tuple[int, int, float, str]],
+    scratch: Path,
+) -> int:
+    """Write outbound.db afresh from the host's record into an empty outbound tmpfs (after a
+    host reboot emptied it, before the sandbox starts): the agent then resumes after the last
+    message it answered instead of answering everything again with seqs the host skips. Built
+    in the daemon's own directory, then copied in by descriptor; returns how many rows."""
+    ensure_scratch(scratch)
+    built = scratch / f"restore-{secrets.token_hex(8)}.db"
+    count = 0
+    try:
+        conn = sqlcipher3.connect(str(built), isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+            conn.execute("PRAGMA journal_mode = DELETE")
+            conn.execute("BEGIN")
+            conn.execute(OUTBOUND_SCHEMA)
+            conn.execute("PRAGMA user_version = 1")
+            for row in rows:
+                conn.execute(
+                    "INSERT INTO messages (seq, in_reply_to, created_at, body) VALUES (?, ?, ?, ?)",
+                    row,
+                )
+                count += 1
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        data = built.read_bytes()
+    except (OSError, sqlcipher3.Error) as exc:
+        raise HostError(f"rebuilding {directory / OUTBOUND_FILE} from the record: {exc}") from exc
+    finally:
+        built.unlink(missing_ok=True)
+    dir_fd = open_outbound_dir(directory, owner[0])
+    try:
+        fd = os.open(OUTBOUND_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)  # fmt: skip
+        try:
+            os.fchown(fd, *owner)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HostError(f"restoring {directory / OUTBOUND_FILE}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(dir_fd)
+    return count

@@ -13,6 +13,7 @@ following them.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import json
 import os
@@ -20,6 +21,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,7 +29,18 @@ import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.private_systemd import SystemdHarness
-from tests.integration.test_messages import AGENT_CONFIG, CONFIG, QUEUES, SOCKET, Box, Boxes, out
+from tests.integration.test_messages import (
+    AGENT_CONFIG,
+    CONFIG,
+    QUEUES,
+    RPC_TIMEOUT,
+    SOCKET,
+    Box,
+    Boxes,
+    host_copy,
+    open_db,
+    out,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -351,3 +364,32 @@ def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> No
     assert daemon.host_path(f"{VICTIM}/file").read_text() == "keep\n"
     left = out(daemon.run(["findmnt", "-n", outdir]))
     assert not left.strip(), left
+
+
+def test_a_lost_outbound_tmpfs_is_rebuilt_from_the_record(
+    daemon: SystemdHarness, boxes: Boxes, tmp_path: Path
+) -> None:
+    """A host reboot empties the outbound tmpfs: the next start rebuilds outbound.db from the
+    host's record, so the agent resumes after the last message it answered."""
+    box = boxes.create()
+    for text in ("one", "two"):
+        timed_exchange(box, text)
+    box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
+    outdir = f"{QUEUES}/{box.sid}/outbound"
+    proc = daemon.run(["umount", outdir])  # what a reboot does to it
+    assert proc.returncode == 0, out(proc)
+    assert not box.outbound_db.exists()
+
+    box.stub.StartSession(admin_pb2.StartSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
+    with (
+        host_copy(box.outbound_db, tmp_path) as copy,
+        contextlib.closing(open_db(copy, box.key())) as conn,
+    ):
+        rows = conn.execute("SELECT seq, in_reply_to, body FROM messages ORDER BY seq").fetchall()
+    assert rows == [(1, 1, "mock: one"), (2, 2, "mock: two")]
+    st = os.lstat(box.outbound_db)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (AGENT_UID, 0o600)
+    timed_exchange(box, "three")
+    assert [(r.seq, r.in_reply_to) for r in box.replies()] == [(1, 1), (2, 2), (3, 3)]
+    proc = daemon.run(["ironctl", "session", "verify", box.sid])
+    assert proc.returncode == 0, out(proc)

@@ -21,7 +21,12 @@ from ironclawd.errors import ConfigError, HostError
 from ironclawd.services.lanes import Lanes, LogLimiter
 from ironclawd.store import fdwalk, outbound
 from ironclawd.store.fdwalk import remove_tree
-from ironclawd.store.outbound import OUTBOUND_SCHEMA, OutboundReader, strip_setid
+from ironclawd.store.outbound import (
+    OUTBOUND_SCHEMA,
+    OutboundReader,
+    restore_outbound,
+    strip_setid,
+)
 from ironclawd.store.queues import remove_queue_dirs
 
 KEY = bytes(range(32))
@@ -338,3 +343,16 @@ def test_a_directory_swapped_for_a_fifo_link_mid_walk_is_never_opened(
     assert not stuck, "the walker opened the FIFO"
     assert not outdir.exists()
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_the_record_rebuilds_an_outbound_db_the_reader_and_verify_accept(outdir: Path) -> None:
+    record = [(1, 1, 1.5, "one"), (2, 0, 0.0, "[ironclawd refused reply 2: x]"), (3, 2, 3.0, "é")]
+    scratch = outdir.parents[2] / "scratch"
+    owner = (UID, os.getgid())
+    assert restore_outbound(outdir, KEY, owner, iter(record), scratch) == 3
+    st = os.lstat(outdir / "outbound.db")
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, UID)
+    rows = reader(outdir).read_after(0, 10, CAP)
+    assert [accept_row(*raw, CAP)[0] for raw in rows] == record
+    with pytest.raises(HostError, match="File exists"):  # never over what the box has
+        restore_outbound(outdir, KEY, owner, iter(record), scratch)
