@@ -66,7 +66,7 @@ SEND_DEADLINE = 20.0
 # Runs inside the private systemd as root, joins the session unit's cgroup (as a process of the
 # sandbox would be), becomes uid/gid 10000, says hello on the control socket, then runs "ops".
 AGENT_SIDE = r"""
-import json, os, socket, subprocess, sys, time
+import json, os, random, socket, subprocess, sys, time
 import sqlcipher3  # before dropping to uid 10000: the interpreter's files are root's
 req = json.load(sys.stdin)
 sid, outdir = req["sid"], req["outdir"]
@@ -93,18 +93,25 @@ def announce(seq):
 for op in req["ops"]:
     kind = op["op"]
     if kind == "swap":
-        os.rename("outbound.db", "saved.db")
+        # The real file keeps a second name, so that outbound.db flips atomically (rename)
+        # between it and a symlink: a check by name sees the real file, the open by name that
+        # follows meets the link.
+        os.link("outbound.db", "saved.db")
         swaps, end, i = 0, time.monotonic() + op["seconds"], 0
         try:
             while time.monotonic() < end:
                 target = op["targets"][i % len(op["targets"])]
                 i += 1
+                announce(op["seq"] + i)
+                time.sleep(random.random() / 2000)
                 os.symlink(target, "evil")
                 os.rename("evil", "outbound.db")     # the swap the daemon used to lose
                 announce(op["seq"] + i)
-                time.sleep(0.001)
-                os.unlink("outbound.db")
+                time.sleep(random.random() / 2000)
+                os.link("saved.db", "real")
+                os.rename("real", "outbound.db")     # and back
                 swaps += 1
+            os.unlink("outbound.db")
             if op.get("steady"):
                 # Left in place now; the test acts when the marker appears, and ends this
                 # phase by removing it.
@@ -117,6 +124,8 @@ for op in req["ops"]:
                     time.sleep(0.01)
                 os.unlink("outbound.db")
         finally:
+            if os.path.lexists("outbound.db"):
+                os.unlink("outbound.db")
             os.rename("saved.db", "outbound.db")
         result["swaps"] = swaps
     elif kind == "rows":
