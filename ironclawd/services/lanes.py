@@ -1,4 +1,4 @@
-"""Per-session lanes for work on what a session's agent wrote, and bounded complaint logs.
+"""Per-session lanes for work on what a session's agent wrote.
 
 Reading outbound.db runs in a thread (SQLCipher is blocking). With the loop's shared default
 executor, a few hostile sessions whose reads hung held every worker, and every other session's
@@ -10,8 +10,6 @@ and a read that never returns occupies only its own session's lane.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -65,33 +63,3 @@ def _consume(future: asyncio.Future[Any]) -> None:
     # A read whose caller gave up still finishes; its error must not be reported as unretrieved.
     if not future.cancelled():
         future.exception()
-
-
-class LogLimiter:
-    """At most ``per_minute`` log lines a minute per key (a session can cause them at will);
-    the next line after a quiet spell says how many were left out."""
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        per_minute: int = 6,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._log = logger
-        self._per_minute = per_minute
-        self._clock = clock
-        self._window: dict[str, tuple[float, int, int]] = {}
-
-    def warning(self, key: str, message: str, *args: object) -> bool:
-        now = self._clock()
-        start, logged, dropped = self._window.get(key, (now, 0, 0))
-        if now - start >= 60:
-            start, logged = now, 0
-        if logged >= self._per_minute:
-            self._window[key] = (start, logged, dropped + 1)
-            return False
-        self._window[key] = (start, logged + 1, 0)
-        if dropped:
-            message += f" ({dropped} similar lines left out)"
-        self._log.warning(message, *args)
-        return True

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ironclawd import ratelog
 from ironclawd.domain.messages import (
     QueueLimits,
     Reply,
@@ -29,7 +30,7 @@ from ironclawd.domain.session import State
 from ironclawd.errors import IronclawError
 from ironclawd.ports import AuditSink, ControlPlane
 from ironclawd.services.audit import Throttled
-from ironclawd.services.lanes import Lanes, LogLimiter
+from ironclawd.services.lanes import Lanes
 from ironclawd.services.session_data import SessionData
 from ironclawd.services.sessions import SessionService
 from ironclawd.store.outbound import RawRow
@@ -88,7 +89,6 @@ class MessageService:
         # the threads every other session's sends and creates need.
         self._lanes = Lanes(self._limits.read_timeout_seconds)
         self._refusals = Throttled(audit)
-        self._complaints = LogLimiter(log)
         control.set_listener(self._on_event)
         sessions.on_sandbox_exit(self.resume_unanswered)
 
@@ -216,7 +216,9 @@ class MessageService:
         return reader.read_after(after, limit, self._limits.max_reply_bytes)
 
     def _refused(self, sid: str, reason: str) -> None:
-        self._complaints.warning(sid, "session %s: ingesting outbound rows: %s", sid, reason)
+        ratelog.warning(
+            log, sid, "outbound ingest", "session %s: ingesting outbound rows: %s", sid, reason
+        )
         self._refusals.record(
             f"{sid}/outbound", "outbound.refused", f"session:{sid}", sid=sid, reason=reason[:300]
         )

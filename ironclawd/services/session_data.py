@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ironclawd import paths
+from ironclawd import paths, ratelog
 from ironclawd.domain.messages import QueueLimits, Reply
 from ironclawd.errors import HostError, IronclawError
 from ironclawd.store import queues
@@ -54,7 +54,8 @@ class SessionData:
         try:  # what an earlier sandbox of this session left, before the next one starts
             self.strip_setid(sid, uid)
         except (IronclawError, OSError) as exc:
-            log.warning("session %s: stripping setid bits from its outbound files: %s", sid, exc)
+            ratelog.warning(log, sid, "outbound setid", "session %s: stripping setid bits from "
+                            "its outbound files: %s", sid, exc)  # fmt: skip
         write_tmpfs_key(self.key_path(sid), key, uid, gid)
         return key
 

@@ -281,7 +281,8 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
     assert ok.returncode == 0, out(ok)
     log = out(daemon.run(["journalctl", "--no-pager", "-o", "cat", "-u", "ironclawd.service"]))
     complaints = log.count(f"session {hostile.sid}: ingesting outbound rows")
-    assert 0 < complaints <= 12, complaints  # bounded, whatever the box does
+    # Bounded whatever the box does: ratelog lets 10 a minute through, the attack lasts < 2.
+    assert 0 < complaints <= 20, complaints
     refused = audit_events(hostile, "outbound.refused")
     assert 0 < len(refused) <= 40, len(refused)
     assert all(r["sid"] == hostile.sid for r in refused)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import os
 import stat
 import threading
@@ -18,7 +17,7 @@ import sqlcipher3
 from ironclawd.config import parse_config
 from ironclawd.domain.messages import QueueLimits, accept_row, chain_link
 from ironclawd.errors import ConfigError, HostError
-from ironclawd.services.lanes import Lanes, LogLimiter
+from ironclawd.services.lanes import Lanes
 from ironclawd.store import fdwalk, outbound
 from ironclawd.store.fdwalk import remove_tree
 from ironclawd.store.outbound import (
@@ -278,18 +277,6 @@ def test_a_hung_read_holds_only_its_own_lane() -> None:
         asyncio.run(scenario())
     finally:
         release.set()
-
-
-def test_complaints_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
-    now = [0.0]
-    limiter = LogLimiter(logging.getLogger("t"), per_minute=3, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, "t"):
-        results = [limiter.warning("s1", "bad %d", i) for i in range(1000)]
-        now[0] = 61.0
-        assert limiter.warning("s1", "again")
-    assert sum(results) == 3
-    assert len(caplog.records) == 4
-    assert "997 similar lines left out" in caplog.records[-1].getMessage()
 
 
 # -- config ------------------------------------------------------------------------------------
