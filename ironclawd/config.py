@@ -50,7 +50,8 @@ class DaemonConfig:
     log_level: str = "info"
     state_dir: Path = paths.STATE_DIR
     master_key_file: Path = Path("/etc/ironclaw/credentials/master.key")
-    agent_log_lines_per_minute: int = 10
+    agent_log_lines: int = 10
+    agent_log_window_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,12 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 "Master key (0600 root, made on first start) when no systemd credential "
                 "'master.key' is passed; kept apart from the data it protects.",
             ),
-            "agent_log_lines_per_minute": _Key(
+            "agent_log_lines": _Key(
                 _int(1, 100_000),
-                "Journal lines of each kind a session can cause a minute (refusals, bad "
-                "requests); the rest are counted in one 'suppressed' line.",
+                "Journal lines of each kind a session can cause per window (refusals, bad "
+                "requests); the rest are counted in one 'suppressed' line. Live on reload.",
             ),
+            "agent_log_window_seconds": _Key(_float(1.0, 3600.0), "That window. Live on reload."),
         },
     ),
     "admin": (

@@ -59,7 +59,7 @@ from ironclawd.store.state import StateStore
 log = logging.getLogger("ironclawd")
 
 EX_CONFIG = 78  # sysexits.h; the unit's RestartPreventExitStatus names it
-LOG_SUMMARY_SECONDS = 5.0
+LOG_SUMMARY_SECONDS = 1.0
 
 
 def _notify(**states: int | str) -> None:
@@ -286,7 +286,7 @@ class Daemon:
             if getattr(new, table, None) != getattr(self._config, table, None):
                 log.warning("reload: [%s] changes take effect on restart, not on reload", table)
         set_level(new.daemon.log_level)
-        ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines_per_minute, 60.0)
+        ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
         self._config = new
         log.info("configuration reloaded from %s", new.source)
         _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
@@ -335,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ironclawd: {config.source}: configuration is valid")
         return 0
     setup_logging(config.daemon.log_level)
-    ratelog.AGENT_LOG.configure(config.daemon.agent_log_lines_per_minute, 60.0)
+    ratelog.AGENT_LOG.configure(
+        config.daemon.agent_log_lines, config.daemon.agent_log_window_seconds
+    )
     harden_process()
     try:
         asyncio.run(Daemon(args.config, config).run())

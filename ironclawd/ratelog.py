@@ -5,7 +5,7 @@ a denied peer, a rate-limit hit, a row it wrote that cannot be ingested) goes th
 :class:`LogThrottle`, keyed by (session, kind): the first ``per_window`` lines of a kind in a
 window are written as they come, the rest are counted, and one line "suppressed K similar
 messages" says how many were left out once the window is over (on the next line of that key, or
-at the latest on :meth:`LogThrottle.flush`, which the daemon calls every few seconds). So a looping
+at the latest on :meth:`LogThrottle.flush`, which the daemon calls every second). So a looping
 box costs the journal at most ``per_window + 1`` lines per kind per window.
 
 Top-level (like ``errors.py``) because every layer has such lines: ``api`` (sockets), ``services``
@@ -128,7 +128,8 @@ class LogThrottle:
         )
 
 
-# The daemon's one throttle; daemon.py sets its rate from [daemon] agent_log_lines_per_minute.
+# The daemon's one throttle; daemon.py sets its rate from [daemon] agent_log_lines and
+# agent_log_window_seconds.
 AGENT_LOG = LogThrottle()
 
 

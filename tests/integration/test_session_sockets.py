@@ -28,6 +28,7 @@ from tests.harness.private_systemd import SystemdHarness
 pytestmark = pytest.mark.integration
 
 SESSIONS = "/run/ironclaw/sessions"
+CONFIG = "/etc/ironclaw/ironclawd.toml"
 LIMITS = SocketsConfig()
 
 # Runs inside the private systemd as root. Stdin: {"unit", "dir", "mode", ...}; prints JSON.
@@ -293,3 +294,53 @@ def test_a_flood_of_bad_requests_costs_the_journal_a_bounded_number_of_lines(
     assert kinds["control.sock bad line"] == DEFAULT_PER_WINDOW, kinds
     assert kinds["gateway.sock refused call"] >= 1, kinds
     assert caused >= 50 * len(entries)
+
+
+def test_a_flood_ends_in_one_line_that_counts_what_was_left_out(
+    daemon: SystemdHarness, two_sessions: list[str]
+) -> None:
+    sysd = daemon
+    a = two_sessions[0]
+    saved = sysd.run(["cat", CONFIG])
+    # A short window (live on reload), so the summary is due within the test.
+    config = "[daemon]\nagent_log_lines = 3\nagent_log_window_seconds = 2\n"
+    sysd.run(["tee", CONFIG], input=config.encode(), check=True)
+    try:
+        mark = cursor(sysd)
+        sysd.run(["systemctl", "reload", "ironclawd"], check=True)
+        wait_for(
+            "the daemon to reload",
+            lambda: journal(sysd, mark),
+            lambda es: any("configuration reloaded" in str(e.get("MESSAGE")) for e in es),
+            30,
+        )
+        lines = 200
+        assert box(sysd, a, mode="flood", junk=0, bad_lines=lines, calls=0)["bad_lines"] == lines
+        # Nothing more comes from the box: the summary still arrives, from the daemon's flush.
+        entries = wait_for(
+            "the 'suppressed' line",
+            lambda: [
+                e
+                for e in journal(sysd, mark)
+                if e.get("IRONCLAW_SID") == a
+                and e.get("IRONCLAW_LOG_KIND") == "control.sock bad line"
+            ],
+            lambda es: (
+                sum(int(e.get("IRONCLAW_SUPPRESSED", 0)) for e in es)
+                + sum("IRONCLAW_SUPPRESSED" not in e for e in es)
+                == lines
+            ),
+            30,
+        )
+        summaries = [e for e in entries if "IRONCLAW_SUPPRESSED" in e]
+        assert summaries, entries
+        assert f"session {a}: suppressed " in summaries[0]["MESSAGE"]
+        assert "similar messages (control.sock bad line) in 2 s" in summaries[0]["MESSAGE"]
+        # At most 3 lines a window, and a window with fewer is one with nothing left out.
+        assert len(entries) - len(summaries) <= 3 * (len(summaries) + 1), entries
+    finally:
+        if saved.returncode == 0:
+            sysd.run(["tee", CONFIG], input=saved.stdout, check=True)
+        else:
+            sysd.run(["rm", "-f", CONFIG], check=True)
+        sysd.run(["systemctl", "reload", "ironclawd"], check=True)
