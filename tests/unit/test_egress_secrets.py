@@ -113,15 +113,22 @@ def test_every_transit_form_is_found_and_the_body_refused(name: str) -> None:
         checked_body(body, False, detector, LIMIT)
 
 
-_PRINTABLE = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30)
+# Around the form: any printable text, or text made of escape material that could merge with
+# the form's edge ('\\', '%', '&#', hex digits...).
+_AROUND = st.one_of(
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30),
+    st.text(st.sampled_from(list("\\%&#;+/=xuU0123456789abcdefABCDEF \"'")), max_size=8),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    secret=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=8, max_size=48),
+    # 12 characters or more: an escape just before the form may swallow an edge character in
+    # some view, and only a credential's core (trimmed by two at either end) tolerates that.
+    secret=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=12, max_size=48),
     encoder=st.sampled_from(sorted(ENCODERS)),
-    prefix=_PRINTABLE,
-    suffix=_PRINTABLE,
+    prefix=_AROUND,
+    suffix=_AROUND,
 )
 def test_any_secret_in_any_form_anywhere_is_found(
     secret: str, encoder: str, prefix: str, suffix: str
