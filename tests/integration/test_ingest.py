@@ -1,13 +1,9 @@
-"""Issue 10, second escape, against the real thing: a real session, and a process standing in
-for its compromised agent from the host side (in the session unit's cgroup, so its control
-socket takes it; as the agent's uid 10000, on the agent's own outbound directory).
-
-Shown: swapping outbound.db for a symlink (to a host FIFO, /dev/zero, a host directory) while
-announcing commits never makes the root daemon open the target, other sessions' sends still
-answer in time while the hostile session hammers its own reads, and ingestion resumes; hostile
-rows become placeholders and later rows still flow; the outbound directory is a capped tmpfs
-(ENOSPC inside); setid bits do not survive; ``session rm`` removes planted links without
-following them.
+"""Issue 10, second escape, against the real thing: a real session and a process standing in
+for its compromised agent (in the session unit's cgroup, so its control socket takes it; uid
+10000 on the agent's own outbound directory). Shown: symlink swaps while announcing commits never
+make the root daemon open the target, other sessions stay served and ingestion resumes; hostile
+rows become placeholders and later rows flow; the outbound tmpfs caps bytes and files; setid
+bits do not survive; ``session rm`` never follows a planted link; a lost tmpfs is rebuilt.
 """
 
 from __future__ import annotations
@@ -172,12 +168,8 @@ print(json.dumps(result), flush=True)
 
 
 def act_as_agent(daemon: SystemdHarness, box: Box, ops: list[dict[str, Any]]) -> dict[str, Any]:
-    request = {
-        "sid": box.sid,
-        "unit": box.unit,
-        "outdir": f"{QUEUES}/{box.sid}/outbound",
-        "ops": ops,
-    }
+    outdir = f"{QUEUES}/{box.sid}/outbound"
+    request = {"sid": box.sid, "unit": box.unit, "outdir": outdir, "ops": ops}
     proc = daemon.run(
         [".venv/bin/python", "-c", AGENT_SIDE], input=json.dumps(request).encode(), timeout=600
     )
