@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ironclawd import ratelog
 from ironclawd.domain.addresses import IPAddress, refusal_reason
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.egress import (
@@ -337,8 +338,13 @@ class EgressBroker:
 
     def _audit(self, decision: EgressDecision) -> None:
         level = logging.INFO if decision.verdict == "allowed" else logging.WARNING
-        log.log(
+        # A box decides how many requests it makes: its lines go through the shared throttle
+        # (per session and verdict); every decision still reaches the audit log below.
+        ratelog.AGENT_LOG.log(
+            log,
             level,
+            decision.sid,
+            f"egress {decision.verdict}",
             "egress session %s: %s %s %s:%d%s -> %s%s (%s) status %d, %d bytes in, %d out, "
             "%.0f ms",
             decision.sid, decision.verdict, decision.method, decision.host, decision.port,
