@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from ironclawd import ratelog
 from ironclawd.config import parse_config
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.egress import EgressDecision, EgressLimits, EgressRule, UpstreamFailed
@@ -259,3 +261,22 @@ def test_config_parses_egress_rules_and_refuses_never_ranges() -> None:
                 '[agents.x]\negress = [{host = "a.example.com", scheme = "ftp"}]\n'):  # fmt: skip
         with pytest.raises(ConfigError, match="egress"):
             parse_config(bad, "test")
+
+
+def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A box decides how many requests it makes; its lines share one throttle per session and
+    # verdict, while every decision is still recorded for the audit log.
+    ratelog.AGENT_LOG.configure(per_window=5, window_seconds=3600)
+    try:
+        broker, upstream, _, decisions = make()
+        with caplog.at_level(logging.INFO, logger="ironclawd.egress"):
+            for _ in range(200):
+                with pytest.raises(PolicyDenied):
+                    run(broker, "https://evil.example.net/", sid="flood")
+        lines = [r for r in caplog.records if r.name == "ironclawd.egress"]
+        assert len(decisions) == 200 and not upstream.sent
+        assert 1 <= len(lines) <= 5, len(lines)
+    finally:
+        ratelog.AGENT_LOG.configure(ratelog.DEFAULT_PER_WINDOW, ratelog.DEFAULT_WINDOW_SECONDS)
