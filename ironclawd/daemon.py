@@ -101,7 +101,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         netns = NetnsAdapter()
-        doctor = Doctor(self._config_path, self._config, netns)
+        doctor = Doctor(self._config_path, self._config, netns, SystemdUnitManager())
         wired = self._wire(netns)
         sessions, control = wired.sessions, wired.control
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)

@@ -26,7 +26,7 @@ class UnitSpec:
     name: str  # e.g. "ironclaw-sbx-<sid>.service"
     argv: Sequence[str]  # never holds a secret: argv is readable over D-Bus and in ps
     description: str
-    netns_path: Path
+    netns_path: Path | None  # None: a fresh namespace of systemd's (PrivateNetwork=, lo only)
     slice: str = "ironclaw.slice"
     memory_max_bytes: int = 512 * 1024 * 1024
     tasks_max: int = 256
@@ -36,6 +36,8 @@ class UnitSpec:
     # name; its result is then only seen by wait_inactive() (which pins the unit) or the journal.
     collect_mode: str = "inactive-or-failed"
     stop_timeout_seconds: float = 10.0  # TimeoutStopUSec: SIGTERM to runsc, then SIGKILL to all
+    # The only host paths the unit may write (ProtectSystem=strict + ReadWritePaths=).
+    writable_paths: Sequence[Path] = ()
     extra_properties: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -114,6 +116,10 @@ class SandboxRuntime(Protocol):
     @property
     def platform(self) -> str: ...
     def run_argv(self, bundle: Path, container_id: str) -> list[str]: ...
+    def writable_paths(self) -> tuple[Path, ...]:
+        """Host paths the runtime writes besides a session's own mounts (its state)."""
+        ...
+
     def delete(self, container_id: str) -> None: ...
     def list_ids(self) -> list[str]: ...
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
+import contextlib
+import secrets
 from pathlib import Path
 
 from pystemd.systemd1 import Manager
@@ -11,6 +11,7 @@ from pystemd.systemd1 import Manager
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import HostError
 from ironclawd.host.runsc import RunscInfo, detect
+from ironclawd.ports import UnitManager, UnitSpec
 
 RUNSC_TRY_TIMEOUT = 20.0
 
@@ -51,35 +52,41 @@ def probe_runsc(runsc: Path) -> tuple[CheckResult, RunscInfo | None]:
     return passed(name, f"{runsc} {info.version}"), info
 
 
-def probe_platform(runsc: Path, platform: str) -> CheckResult:
-    """Run a trivial sandbox (``runsc do /bin/true``, no network) on one platform."""
+def probe_platform(units: UnitManager, runsc: Path, platform: str) -> CheckResult:
+    """Run a trivial sandbox (``runsc do /bin/true``, no network) on one platform, in a transient
+    unit hardened like a session's (host/hardening.py): the daemon's own unit lets runsc do too
+    little, and a platform must work where the sandboxes will run."""
     name = f"runsc.platform.{platform}"
-    with tempfile.TemporaryDirectory(prefix="ironclaw-doctor-") as root:
-        argv = [str(runsc), f"--root={root}", "--network=none", f"--platform={platform}"]
-        try:
-            proc = subprocess.run(
-                [*argv, "do", "/bin/true"],
-                capture_output=True,
-                text=True,
-                timeout=RUNSC_TRY_TIMEOUT,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return failed(
-                name,
-                f"a trivial sandbox did not finish in {RUNSC_TRY_TIMEOUT:g}s",
-                f"do not use sandbox.platform = '{platform}' on this host",
-                required=False,
-            )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    unit = f"ironclaw-doctor-{platform}-{secrets.token_hex(4)}.service"
+    argv = [str(runsc), "--root=/tmp", "--network=none", f"--platform={platform}",
+            "--ignore-cgroups", "do", "/bin/true"]  # fmt: skip
+    # inactive: a unit that succeeded is collected at once, one that failed stays with its result.
+    spec = UnitSpec(unit, argv, f"IronClaw doctor: runsc on {platform}", None,
+                    collect_mode="inactive")  # fmt: skip
+    try:
+        units.start_transient(spec, RUNSC_TRY_TIMEOUT)
+        state = units.wait_inactive(unit, RUNSC_TRY_TIMEOUT)
+    except HostError as exc:
+        with contextlib.suppress(HostError):
+            units.stop(unit, RUNSC_TRY_TIMEOUT)
+        return failed(
+            name, f"a trivial sandbox did not run: {exc}", _avoid(platform), required=False
+        )
+    finally:
+        with contextlib.suppress(HostError):
+            units.reset_failed(unit)
+    if state is not None and state.result != "success":
         return failed(
             name,
-            f"trivial sandbox failed (exit {proc.returncode}): {last}",
-            f"do not use sandbox.platform = '{platform}' on this host",
+            f"trivial sandbox failed ({state.result}; journalctl -u {unit})",
+            _avoid(platform),
             required=False,
         )
-    return passed(name, "a trivial sandbox ran", required=False)
+    return passed(name, "a trivial sandbox ran in a hardened unit", required=False)
+
+
+def _avoid(platform: str) -> str:
+    return f"do not use sandbox.platform = '{platform}' on this host"
 
 
 def probe_cgroups() -> CheckResult:

@@ -38,6 +38,9 @@ class RunscRuntime:
             host_uds=True,
         )
 
+    def writable_paths(self) -> tuple[Path, ...]:
+        return (self._root,)
+
     def delete(self, container_id: str) -> None:
         runsc.delete_state(self._root, container_id, self._info.path)
 
@@ -58,6 +61,9 @@ class UnavailableRuntime:
 
     def run_argv(self, bundle: Path, container_id: str) -> list[str]:
         raise SandboxError(f"runsc is unavailable: {self._reason} (see: ironctl doctor)")
+
+    def writable_paths(self) -> tuple[Path, ...]:
+        return ()
 
     def delete(self, container_id: str) -> None:
         return None

@@ -24,6 +24,7 @@ from pystemd.dbusexc import DBusBaseError, DBusNoSuchUnitError, DBusUnknownObjec
 from pystemd.dbuslib import DBus, apply_signature
 
 from ironclawd.errors import HostError, InvalidArgument, NotFound
+from ironclawd.host import hardening
 from ironclawd.ports import UnitSpec, UnitState
 
 _DEST: Final = b"org.freedesktop.systemd1"
@@ -56,6 +57,7 @@ PROPERTY_SIGNATURES: Final[dict[str, str]] = {
     "SyslogIdentifier": "s",
     "OOMPolicy": "s",
     "RuntimeMaxUSec": "t",
+    **hardening.SIGNATURES,
 }
 _UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\\-]{1,200}\.service$")
 _UNIT_PATTERN_RE = re.compile(r"^[A-Za-z0-9:_.\\*?\[\]-]{1,200}$")
@@ -66,7 +68,7 @@ _SECRET_RE = re.compile(
     r"|^(sk|xox[abp]|ghp|glpat)-[A-Za-z0-9_-]{16,}"
 )
 
-Property = tuple[str, str, Any]
+Property = hardening.Property
 
 
 def _check_spec(spec: UnitSpec) -> None:
@@ -77,7 +79,7 @@ def _check_spec(spec: UnitSpec) -> None:
     for arg in spec.argv:
         if _SECRET_RE.search(arg):
             raise InvalidArgument(f"unit {spec.name}: argv: refusing what looks like a secret")
-    if not spec.netns_path.is_absolute():
+    if spec.netns_path is not None and not spec.netns_path.is_absolute():
         raise InvalidArgument(f"unit {spec.name}: netns_path: expected an absolute path")
     for field, value in (
         ("memory_max_bytes", spec.memory_max_bytes),
@@ -110,9 +112,6 @@ def build_properties(spec: UnitSpec) -> list[Property]:
         ("Type", "s", "exec"),
         ("Slice", "s", spec.slice),
         ("WorkingDirectory", "s", str(spec.working_directory)),
-        # runsc ignores the spec's netns path with --network=none (TESTING.md): start the whole
-        # runsc process tree inside the empty namespace instead.
-        ("NetworkNamespacePath", "s", str(spec.netns_path)),
         ("MemoryMax", "t", spec.memory_max_bytes),
         ("MemorySwapMax", "t", 0),  # swap must not stretch MemoryMax (cgroup v2 only)
         ("TasksMax", "t", spec.tasks_max),
@@ -123,7 +122,15 @@ def build_properties(spec: UnitSpec) -> list[Property]:
         ("TimeoutStopUSec", "t", int(spec.stop_timeout_seconds * 1_000_000)),
         ("StandardOutput", "s", "journal"),
         ("StandardError", "s", "journal"),
+        # Never the host's network: systemd joins NetworkNamespacePath= when it is set (it is
+        # opened before PrivateNetwork= would make a namespace), else makes a fresh one.
+        ("PrivateNetwork", "b", True),
+        *hardening.sandbox_properties([str(p) for p in spec.writable_paths]),
     ]
+    if spec.netns_path is not None:
+        # runsc ignores the spec's netns path with --network=none (TESTING.md): start the whole
+        # runsc process tree inside the empty namespace instead.
+        props.append(("NetworkNamespacePath", "s", str(spec.netns_path)))
     seen = {name for name, _, _ in props}
     for name, text in sorted(spec.extra_properties.items()):
         if name in seen:

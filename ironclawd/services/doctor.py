@@ -17,17 +17,20 @@ from ironclawd.config import Config, load_config
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host import probes
-from ironclawd.ports import NetnsManager
+from ironclawd.ports import NetnsManager, UnitManager
 from ironclawd.store.probes import probe_sqlcipher
 
 CHECK_TIMEOUT = 30.0
 
 
 class Doctor:
-    def __init__(self, config_path: Path, config: Config, netns: NetnsManager | None) -> None:
+    def __init__(
+        self, config_path: Path, config: Config, netns: NetnsManager | None, units: UnitManager
+    ) -> None:
         self._config_path = config_path
         self._config = config
         self._netns = netns
+        self._units = units
 
     async def run(self) -> list[CheckResult]:
         runsc = self._config.sandbox.runsc
@@ -45,9 +48,7 @@ class Doctor:
         for platform in platforms:
             if platform == "kvm" and configured != "kvm":
                 continue
-            jobs.append(
-                (f"runsc.platform.{platform}", _bind(probes.probe_platform, runsc, platform))
-            )
+            jobs.append((f"runsc.platform.{platform}", _bind(self._units, runsc, platform)))
         results = [version_check, *await asyncio.gather(*(_timed(n, f) for n, f in jobs))]
         if "kvm" in platforms and configured != "kvm":
             results.append(
@@ -131,8 +132,8 @@ class Doctor:
         return passed("netns.create", "created an empty network namespace (only lo) and removed it")
 
 
-def _bind(fn: Callable[[Path, str], CheckResult], a: Path, b: str) -> Callable[[], CheckResult]:
-    return lambda: fn(a, b)
+def _bind(units: UnitManager, runsc: Path, platform: str) -> Callable[[], CheckResult]:
+    return lambda: probes.probe_platform(units, runsc, platform)
 
 
 async def _timed(name: str, fn: Callable[[], CheckResult]) -> CheckResult:

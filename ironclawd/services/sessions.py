@@ -263,7 +263,7 @@ class SessionService:
                     self.runtime.delete,
                     session.container_id,
                 )
-                unit = self._unit_spec(session, agent, bundle, netns)
+                unit = self._unit_spec(session, agent, bundle, netns, granted)
                 undo.push_async_callback(
                     self._quietly_sync,
                     "stopping unit",
@@ -340,7 +340,16 @@ class SessionService:
             mounts=session_mounts(session.sid) + granted,
         )  # fmt: skip
 
-    def _unit_spec(self, session: Session, agent: AgentSpec, bundle: Path, netns: Path) -> UnitSpec:
+    def _unit_spec(
+        self,
+        session: Session,
+        agent: AgentSpec,
+        bundle: Path,
+        netns: Path,
+        granted: tuple[Mount, ...],
+    ) -> UnitSpec:
+        mounts = session_mounts(session.sid) + granted
+        writable = [Path(m.source) for m in mounts if not m.read_only]
         return UnitSpec(
             name=session.unit,
             argv=self.runtime.run_argv(bundle, session.container_id),
@@ -351,7 +360,8 @@ class SessionService:
             cpu_quota_percent=agent.cpu_percent,
             stop_timeout_seconds=self.layout.stop_timeout,
             collect_mode="inactive",
-        )
+            writable_paths=(*self.runtime.writable_paths(), *writable),
+        )  # fmt: skip
 
     def _move(self, session: Session, to: State, *, error: str = "", platform: str = "") -> Session:
         moved = transition(session, to, self._clock(), error)

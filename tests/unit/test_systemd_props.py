@@ -223,3 +223,38 @@ def test_wait_inactive_pins_the_unit() -> None:
 def test_bad_pattern_refused() -> None:
     with pytest.raises(InvalidArgument, match="unit pattern"):
         manager(FakeBus()).list_units("ironclaw-sbx-*; rm")
+
+
+def test_sandbox_units_are_hardened_as_far_as_runsc_allows() -> None:
+    p = props(replace(SPEC, writable_paths=(Path("/run/ironclaw/runsc"), Path("/srv/out"))))
+    assert p["PrivateNetwork"] == ("b", True)  # alongside NetworkNamespacePath, which wins
+    assert p["ProtectSystem"] == ("s", "strict")
+    assert p["ReadWritePaths"] == ("as", ["/run/ironclaw/runsc", "/srv/out"])
+    assert p["ProtectHome"] == ("s", "yes")
+    for flag in (
+        "NoNewPrivileges",
+        "RestrictSUIDSGID",
+        "PrivateDevices",
+        "PrivateTmp",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectControlGroups",
+    ):
+        assert p[flag] == ("b", True), flag
+    # CAP_SYS_PTRACE (19), CAP_NET_ADMIN (12), CAP_SYS_MODULE (16) and CAP_SETPCAP (8) are out.
+    bounding = p["CapabilityBoundingSet"][1]
+    assert bounding & (1 << 21) and not bounding & ((1 << 19) | (1 << 12) | (1 << 16) | (1 << 8))
+    assert p["RestrictAddressFamilies"] == ("(bas)", (True, ["AF_UNIX"]))
+    assert p["SystemCallFilter"][1][0] is False and "@clock" in p["SystemCallFilter"][1][1]
+    assert p["AmbientCapabilities"] == ("t", 0)
+
+
+def test_a_grant_below_home_keeps_home_read_only_not_hidden() -> None:
+    p = props(replace(SPEC, writable_paths=(Path("/home/op/shared"),)))
+    assert p["ProtectHome"] == ("s", "read-only")
+    assert p["ReadWritePaths"] == ("as", ["/home/op/shared"])
+
+
+def test_extra_properties_cannot_weaken_the_hardening() -> None:
+    with pytest.raises(InvalidArgument, match="set by the spec"):
+        build_properties(replace(SPEC, extra_properties={"ProtectSystem": "no"}))

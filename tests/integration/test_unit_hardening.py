@@ -1,0 +1,160 @@
+"""How far systemd confines the daemon and a real sandbox unit (units/ironclawd.service,
+ironclawd/host/hardening.py): ``systemd-analyze security`` scores both, the scores and tables
+are printed and written to results/unit-security.json, and every key setting is checked twice:
+as systemd reports it (``systemctl show``) and as the kernel enforces it on the running main
+process (``/proc/<pid>/status``: bounding set, no_new_privs, seccomp).
+
+A score is a pure function of a unit's settings, so the bounds below are regression guards: a
+change that loosens a setting raises the score and fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ironclawd.host import hardening
+from tests.harness.fixtures import RESULTS
+from tests.harness.private_systemd import SystemdHarness
+
+pytestmark = pytest.mark.integration
+
+DAEMON = "ironclawd.service"
+MAX_DAEMON_SCORE = 4.6  # was 9.3 before hardening
+MAX_SANDBOX_SCORE = 3.0  # was 9.6 before hardening
+DAEMON_CAPS = {
+    "cap_chown", "cap_dac_override", "cap_dac_read_search", "cap_fowner", "cap_kill",
+    "cap_linux_immutable", "cap_sys_admin",
+}  # fmt: skip
+_OVERALL = re.compile(r"Overall exposure level for (\S+): (\d+\.\d+) (\S+)")
+_ROW = re.compile(r"^([✓✗]) (\S+)\s+(.*?)\s*(\d+\.\d+)?$")
+
+
+def _out(proc: Any) -> str:
+    return bytes(proc.stdout or b"").decode() + bytes(proc.stderr or b"").decode()
+
+
+def analyze(sysd: SystemdHarness, unit: str) -> dict[str, Any]:
+    """``systemd-analyze security UNIT``: its score, verdict and table."""
+    proc = sysd.run(["systemd-analyze", "security", "--no-pager", unit])
+    text = _out(proc)
+    m = _OVERALL.search(text)
+    assert m is not None and m.group(1) == unit, text
+    rows = []
+    for line in text.splitlines():
+        row = _ROW.match(line.strip())
+        if row:
+            mark, name, what, exposure = row.groups()
+            rows.append({"setting": name, "ok": mark == "✓", "description": what,
+                         "exposure": float(exposure) if exposure else 0.0})  # fmt: skip
+    return {"unit": unit, "score": float(m.group(2)), "verdict": m.group(3), "rows": rows,
+            "text": text}  # fmt: skip
+
+
+def show(sysd: SystemdHarness, unit: str, *names: str) -> dict[str, str]:
+    proc = sysd.run(["systemctl", "show", unit, *(f"-p{n}" for n in names)])
+    assert proc.returncode == 0, _out(proc)
+    return dict(line.split("=", 1) for line in _out(proc).splitlines() if "=" in line)
+
+
+def status(sysd: SystemdHarness, pid: str) -> dict[str, str]:
+    """/proc/<pid>/status of a process inside the private systemd."""
+    proc = sysd.run(["cat", f"/proc/{pid}/status"])
+    assert proc.returncode == 0, _out(proc)
+    return {k: v.strip() for k, _, v in (ln.partition(":") for ln in _out(proc).splitlines())}
+
+
+@pytest.fixture(scope="module")
+def sandbox_unit(daemon: SystemdHarness) -> Iterator[str]:
+    """A real session's sandbox unit (the demo agent), removed at the end."""
+    proc = daemon.run(["ironctl", "session", "create", "--agent", "demo", "--json"], timeout=120)
+    assert proc.returncode == 0, _out(proc)
+    sid = str(json.loads(proc.stdout)["sid"])
+    try:
+        yield f"ironclaw-sbx-{sid}.service"
+    finally:
+        daemon.run(["ironctl", "session", "rm", "--force", sid])
+
+
+@pytest.fixture(scope="module")
+def scores(daemon: SystemdHarness, sandbox_unit: str) -> dict[str, dict[str, Any]]:
+    found = {"daemon": analyze(daemon, DAEMON), "sandbox": analyze(daemon, sandbox_unit)}
+    version = _out(daemon.run(["systemctl", "--version"])).splitlines()[0]
+    keep = ("unit", "score", "verdict", "rows")
+    report = {"systemd": version, **{k: {x: v[x] for x in keep} for k, v in found.items()}}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "unit-security.json").write_text(json.dumps(report, indent=2) + "\n")
+    for what in found.values():
+        print(f"\n== systemd-analyze security {what['unit']}\n{what['text']}")
+    return found
+
+
+def test_both_exposure_scores_stay_at_most_what_was_reached(scores: dict[str, Any]) -> None:
+    print(f"\nexposure: daemon {scores['daemon']['score']}, sandbox {scores['sandbox']['score']}")
+    assert scores["daemon"]["score"] <= MAX_DAEMON_SCORE, scores["daemon"]["text"]
+    assert scores["sandbox"]["score"] <= MAX_SANDBOX_SCORE, scores["sandbox"]["text"]
+
+
+def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, Any]) -> None:
+    p = show(daemon, DAEMON, "CapabilityBoundingSet", "AmbientCapabilities", "NoNewPrivileges",
+             "RestrictNamespaces", "RestrictAddressFamilies", "SystemCallArchitectures",
+             "DevicePolicy", "MemoryDenyWriteExecute", "RestrictSUIDSGID", "ProtectClock",
+             "ProtectHostname", "LockPersonality", "RestrictRealtime", "KeyringMode", "UMask",
+             "MainPID")  # fmt: skip
+    assert set(p["CapabilityBoundingSet"].split()) == DAEMON_CAPS
+    assert p["AmbientCapabilities"] == ""
+    assert p["RestrictNamespaces"] == "net"
+    assert set(p["RestrictAddressFamilies"].split()) == {
+        "AF_UNIX", "AF_NETLINK", "AF_INET", "AF_INET6"
+    }  # fmt: skip
+    assert p["SystemCallArchitectures"] == "native"
+    assert p["DevicePolicy"] == "closed"
+    assert p["KeyringMode"] == "private"
+    assert p["UMask"] == "0077"
+    for flag in ("NoNewPrivileges", "MemoryDenyWriteExecute", "RestrictSUIDSGID", "ProtectClock",
+                 "ProtectHostname", "LockPersonality", "RestrictRealtime"):  # fmt: skip
+        assert p[flag] == "yes", flag
+    proc = status(daemon, p["MainPID"])
+    caps = int(proc["CapBnd"], 16)
+    assert caps == sum(1 << n for n in (0, 1, 2, 3, 5, 9, 21)), hex(caps)
+    assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+
+
+def test_sandbox_settings_are_in_force(
+    daemon: SystemdHarness, sandbox_unit: str, scores: dict[str, Any]
+) -> None:
+    p = show(daemon, sandbox_unit, "ProtectSystem", "ProtectHome", "ReadWritePaths",
+             "PrivateTmp", "PrivateDevices", "PrivateMounts", "PrivateNetwork",
+             "NetworkNamespacePath", "NoNewPrivileges", "CapabilityBoundingSet",
+             "RestrictNamespaces", "RestrictAddressFamilies", "IPAddressDeny", "DevicePolicy",
+             "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+             "ProtectControlGroups", "ProtectClock", "ProtectHostname", "ProtectProc",
+             "RestrictSUIDSGID", "SystemCallArchitectures", "MainPID")  # fmt: skip
+    sid = sandbox_unit.removeprefix("ironclaw-sbx-").removesuffix(".service")
+    assert p["NetworkNamespacePath"] == f"/run/netns/ironclaw-{sid}"
+    assert p["ProtectSystem"] == "strict" and p["ProtectHome"] == "yes"
+    assert p["ProtectProc"] == "invisible" and p["DevicePolicy"] == "closed"
+    # Writable: runsc's state, this session's outbound queue; nothing else of the host.
+    assert p["ReadWritePaths"].split() == [
+        "/run/ironclaw/runsc", f"/var/lib/ironclaw/queues/{sid}/outbound"
+    ]  # fmt: skip
+    assert p["RestrictAddressFamilies"] == "AF_UNIX"
+    assert set(p["RestrictNamespaces"].split()) == set(hardening.SANDBOX_NAMESPACES)
+    assert set(p["IPAddressDeny"].split()) == {"0.0.0.0/0", "::/0"}
+    assert p["SystemCallArchitectures"] == "native"
+    for flag in ("PrivateTmp", "PrivateDevices", "PrivateMounts", "PrivateNetwork",
+                 "NoNewPrivileges", "ProtectKernelTunables", "ProtectKernelModules",
+                 "ProtectKernelLogs", "ProtectControlGroups", "ProtectClock", "ProtectHostname",
+                 "RestrictSUIDSGID"):  # fmt: skip
+        assert p[flag] == "yes", flag
+    want = hardening.capability_mask(hardening.SANDBOX_CAPABILITIES)
+    assert set(p["CapabilityBoundingSet"].split()) == {
+        name.lower() for name in hardening.SANDBOX_CAPABILITIES
+    }
+    proc = status(daemon, p["MainPID"])
+    assert int(proc["CapBnd"], 16) == want, proc["CapBnd"]
+    assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
