@@ -68,6 +68,20 @@ def status(sysd: SystemdHarness, pid: str) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (ln.partition(":") for ln in _out(proc).splitlines())}
 
 
+def assert_devices_closed(sysd: SystemdHarness, pid: str) -> None:
+    """The device cgroup of ``pid`` (v1 here; v2 uses a BPF program with nothing to read):
+    writable only the pseudo devices (mem 1:*, tty 5:*, pts 136:*; the rtc read-only for
+    ProtectClock=), never "a *:* rwm", never a block device."""
+    for line in _out(sysd.run(["cat", f"/proc/{pid}/cgroup"])).splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "devices" in controllers.split(","):
+            listed = _out(sysd.run(["cat", f"/sys/fs/cgroup/devices{path}/devices.list"]))
+            entries = [e.split() for e in listed.splitlines()]
+            majors = {e[1].split(":")[0] for e in entries if e[0] == "c" and "w" in e[2]}
+            assert not [e for e in listed.splitlines() if e[0] in "ab" and e[2:5] != "0:0"]
+            assert majors <= {"0", "1", "5", "136"}, listed
+
+
 @pytest.fixture(scope="module")
 def sandbox_unit(daemon: SystemdHarness) -> Iterator[str]:
     """A real session's sandbox unit (the demo agent), removed at the end."""
@@ -122,6 +136,7 @@ def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, 
     caps = int(proc["CapBnd"], 16)
     assert caps == sum(1 << n for n in (0, 1, 2, 3, 5, 9, 21)), hex(caps)
     assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+    assert_devices_closed(daemon, p["MainPID"])
 
 
 def test_sandbox_settings_are_in_force(
@@ -158,3 +173,4 @@ def test_sandbox_settings_are_in_force(
     proc = status(daemon, p["MainPID"])
     assert int(proc["CapBnd"], 16) == want, proc["CapBnd"]
     assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+    assert_devices_closed(daemon, p["MainPID"])
