@@ -1,0 +1,82 @@
+"""The doctor's runsc trial runs in a transient unit hardened like a session's (host/probes.py),
+against a fake unit manager: what it starts, and how each outcome is reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ironclawd.domain.checks import Status
+from ironclawd.errors import HostError
+from ironclawd.host.probes import probe_platform
+from ironclawd.host.systemd import build_properties
+from ironclawd.ports import UnitSpec, UnitState
+
+RUNSC = Path("/usr/bin/runsc")
+
+
+class Units:
+    """Records what is asked; the unit ends in ``final`` (None: already collected)."""
+
+    def __init__(self, final: UnitState | None, start_error: str = "") -> None:
+        self.final, self.start_error = final, start_error
+        self.specs: list[UnitSpec] = []
+        self.stopped: list[str] = []
+        self.reset: list[str] = []
+
+    def start_transient(self, spec: UnitSpec, timeout: float) -> UnitState:
+        self.specs.append(spec)
+        if self.start_error:
+            raise HostError(self.start_error)
+        return UnitState(spec.name, "active", "running", 42, "")
+
+    def wait_inactive(self, name: str, timeout: float) -> UnitState | None:
+        return self.final
+
+    def stop(self, name: str, timeout: float) -> None:
+        self.stopped.append(name)
+
+    def reset_failed(self, name: str) -> None:
+        self.reset.append(name)
+
+    def kill(self, name: str, signal: int) -> None:
+        raise AssertionError("not used")
+
+    def state(self, name: str) -> UnitState | None:
+        raise AssertionError("not used")
+
+    def list_units(self, pattern: str) -> list[UnitState]:
+        raise AssertionError("not used")
+
+
+def test_a_collected_unit_passed_and_ran_hardened_without_the_hosts_network() -> None:
+    units = Units(final=None)
+    result = probe_platform(units, RUNSC, "ptrace")
+    assert result.status is Status.PASS, result
+    [spec] = units.specs
+    assert spec.name.startswith("ironclaw-doctor-ptrace-") and spec.name.endswith(".service")
+    assert spec.argv[0] == str(RUNSC) and spec.argv[-2:] == ["do", "/bin/true"]
+    assert {"--network=none", "--platform=ptrace", "--ignore-cgroups"} <= set(spec.argv)
+    assert spec.netns_path is None and spec.collect_mode == "inactive"
+    props = {name: value for name, _, value in build_properties(spec)}
+    assert props["PrivateNetwork"] is True and "NetworkNamespacePath" not in props
+    assert props["ProtectSystem"] == "strict" and props["NoNewPrivileges"] is True
+    assert units.reset == [spec.name]
+
+
+def test_a_failed_unit_is_a_failed_check_naming_result_and_journal() -> None:
+    units = Units(final=UnitState("x.service", "failed", "failed", 0, "exit-code"))
+    result = probe_platform(units, RUNSC, "systrap")
+    assert result.status is Status.FAIL and not result.required
+    assert (
+        "exit-code" in result.detail and "journalctl -u ironclaw-doctor-systrap-" in result.detail
+    )
+    assert "systrap" in result.fix_hint
+    assert units.reset == [units.specs[0].name]
+
+
+def test_a_unit_that_cannot_start_is_stopped_and_reported() -> None:
+    units = Units(final=None, start_error="starting unit x: job failed: failed")
+    result = probe_platform(units, RUNSC, "ptrace")
+    assert result.status is Status.FAIL
+    assert "job failed" in result.detail
+    assert units.stopped == [units.specs[0].name]
