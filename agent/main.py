@@ -26,7 +26,7 @@ from pathlib import Path
 
 import sqlcipher3
 
-from agent import attacks
+from agent import attacks, probes
 from agent.loop import Agent
 from agent.queues import QueueError
 
@@ -387,6 +387,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "with the request bytes HEX (default: none) and report the status code and response",
     )
     parser.add_argument(
+        "--probe-attack",
+        action="append",
+        default=[],
+        metavar="CATEGORY",
+        help=f"with --probe: run every attack of CATEGORY ({', '.join(probes.CATEGORIES)})",
+    )
+    parser.add_argument(
+        "--probe-opt", action="append", default=[], metavar="KEY=VALUE", help="attack options"
+    )
+    parser.add_argument(
         "--hog-mib", type=int, default=0, metavar="N", help="touch N MiB of memory and exit"
     )
     return parser.parse_args(argv)
@@ -425,6 +435,12 @@ def run_probe(args: argparse.Namespace) -> int:
         for target in args.probe_net:
             attacks.parse_target(target)
         needles = _grep_needles(args.probe_grep)
+        opts = dict(opt.partition("=")[::2] for opt in args.probe_opt)
+        if args.probe_attack:  # attacks only: the passive report is another exec's job
+            report: JSON = {"attacks": probes.run(args.probe_attack, opts)}
+            json.dump(report, sys.stdout, sort_keys=True)
+            sys.stdout.write("\n")
+            return 0
     except ValueError as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2

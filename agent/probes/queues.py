@@ -1,0 +1,163 @@
+"""Attacks on ingestion: hostile rows in outbound.db, the swap of outbound.db for a link to a
+host FIFO while announcing commits, filling the outbound directory, setid bits, and a link
+planted for ``session rm`` to follow. The host side (the tests) checks what the daemon did."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from pathlib import Path
+
+import sqlcipher3
+
+from agent.probes.base import Attack, Opts
+
+OUTBOUND_DIR = "/queue/outbound"
+OUTBOUND = f"{OUTBOUND_DIR}/outbound.db"
+CONTROL = "/run/ironclaw/control.sock"
+KEY = "/run/ironclaw-key"
+
+
+def _db() -> sqlcipher3.Connection:
+    key = bytes.fromhex(Path(KEY).read_text(encoding="ascii").strip())
+    conn = sqlcipher3.connect(OUTBOUND, isolation_level=None, timeout=30)
+    conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+    return conn
+
+
+def _announce(seq: int) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5.0)
+        sock.connect(CONTROL)
+        sock.sendall(f"hello {os.getpid()} {os.getuid()}\noutbound {seq}\n".encode())
+        time.sleep(0.5)  # the daemon reads the line before it sees the close
+
+
+def _insert(rows: list[tuple[object, object]]) -> int:
+    conn = _db()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for in_reply_to, body in rows:
+            conn.execute(
+                "INSERT INTO messages (in_reply_to, created_at, body) VALUES (?, ?, ?)",
+                (in_reply_to, time.time(), body),
+            )
+        conn.execute("COMMIT")
+        seq = int(conn.execute("SELECT MAX(seq) FROM messages").fetchone()[0])
+    finally:
+        conn.close()
+    _announce(seq)
+    return seq
+
+
+def row_negative(_opts: Opts) -> object:
+    return {"seq": _insert([(-1, "negative in_reply_to")])}
+
+
+def row_non_utf8(_opts: Opts) -> object:
+    return {"seq": _insert([(0, b"\xff\xfe\x80 not utf-8")])}
+
+
+def row_oversized(opts: Opts) -> object:
+    mib = int(opts.get("oversized_mib", "20"))
+    return {"seq": _insert([(0, "A" * (mib << 20))])}
+
+
+def rows_flood(opts: Opts) -> object:
+    count = int(opts.get("flood_rows", "20000"))
+    return {"seq": _insert([(0, f"row {i}") for i in range(count)])}
+
+
+def swap_race(opts: Opts) -> object:
+    """Swap outbound.db for a link to a host path (a FIFO the test made) and back, announcing
+    a commit after each swap, for ``race_seconds``."""
+    target = opts.get("race_target", "/run/ironclaw-redteam.fifo")
+    seconds = float(opts.get("race_seconds", "8"))
+    keep = f"{OUTBOUND_DIR}/.rt-keep"
+    os.link(OUTBOUND, keep)
+    swaps = 0
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(CONTROL)
+    sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode())
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            link = f"{OUTBOUND_DIR}/.rt-link"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)
+            os.symlink(target, link)
+            os.rename(link, OUTBOUND)
+            sock.sendall(b"outbound 999999\n")
+            swaps += 1
+            time.sleep(0.001)
+            back = f"{OUTBOUND_DIR}/.rt-back"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(back)
+            os.link(keep, back)
+            os.rename(back, OUTBOUND)
+            sock.sendall(b"outbound 999999\n")
+    finally:
+        sock.close()
+        back = f"{OUTBOUND_DIR}/.rt-back"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(back)
+        os.link(keep, back)
+        os.rename(back, OUTBOUND)
+        os.unlink(keep)
+    return {"swaps": swaps}
+
+
+def fill_outbound(opts: Opts) -> object:
+    """Bytes and files into the outbound directory (a host directory) until refused."""
+    cap_mib, cap_files = int(opts.get("fill_mib", "96")), int(opts.get("fill_files", "25000"))
+    directory = f"{OUTBOUND_DIR}/.rt-fill"
+    os.makedirs(directory, exist_ok=True)
+    written = files = 0
+    error = None
+    block = b"\x5a" * (1 << 20)
+    try:
+        with open(f"{directory}/blob", "wb", buffering=0) as blob:
+            for _ in range(cap_mib):
+                written += blob.write(block)
+        for index in range(cap_files):
+            os.close(os.open(f"{directory}/{index}", os.O_CREAT | os.O_WRONLY, 0o600))
+            files += 1
+    except OSError as exc:
+        error = exc.errno
+    finally:
+        for name in os.listdir(directory):
+            os.unlink(f"{directory}/{name}")
+        os.rmdir(directory)
+    return {"bytes": written, "files": files, "errno": error}
+
+
+def setid_file(opts: Opts) -> object:
+    """A setuid+setgid file in the outbound directory; the test stats it on the host."""
+    path = f"{OUTBOUND_DIR}/{opts.get('setid_name', 'rt-setid')}"
+    with open(path, "wb") as handle:
+        handle.write(b"#!/bin/sh\n")
+    os.chmod(path, 0o6755)  # noqa: S103 - the attack
+    return {"mode_inside": oct(os.stat(path).st_mode & 0o7777)}
+
+
+def plant_link(opts: Opts) -> object:
+    """A link for ``session rm`` to follow: into a host directory holding a marker."""
+    target = opts.get("plant_target", "/var/lib/ironclaw")
+    os.symlink(target, f"{OUTBOUND_DIR}/rt-planted")
+    os.mkdir(f"{OUTBOUND_DIR}/rt-dir")
+    os.symlink(target, f"{OUTBOUND_DIR}/rt-dir/inner")
+    return {"planted": target}
+
+
+ATTACKS: dict[str, Attack] = {
+    "queues.row.negative-in-reply-to": row_negative,
+    "queues.row.non-utf8-body": row_non_utf8,
+    "queues.row.oversized-body": row_oversized,
+    "queues.rows.flood-20000": rows_flood,
+    "queues.race.swap-to-host-fifo": swap_race,
+    "queues.quota.outbound-fill": fill_outbound,
+    "queues.setid.outbound-file": setid_file,
+    "queues.rm.planted-symlink": plant_link,
+}
