@@ -251,9 +251,9 @@ def key_chmod(_opts: Opts) -> str:
 
 def dev_nodes(_opts: Opts) -> str:
     """Devices that reach hardware or the host kernel (gVisor serves its own null, zero, tty,
-    fuse...)."""
+    fuse, net/tun...)."""
     for name in ("mem", "kmem", "port", "kmsg", "kvm", "sda", "vda", "nvme0", "loop0", "dri",
-                 "vhost-net", "net/tun", "vsock", "cpu/0/msr", "hpet", "nvram"):  # fmt: skip
+                 "vhost-net", "vsock", "cpu/0/msr", "hpet", "nvram"):  # fmt: skip
         with contextlib.suppress(OSError):
             os.close(os.open(f"/dev/{name}", os.O_RDONLY))
             return f"opened /dev/{name}"

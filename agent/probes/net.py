@@ -6,6 +6,7 @@ socket name in hex) or documentation ranges no route reaches (RFC 5737, RFC 3849
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import struct
@@ -134,6 +135,14 @@ def interfaces(_opts: Opts) -> str:
     return f"interfaces: {names}"
 
 
+def tun_create(_opts: Opts) -> str:
+    """TUNSETIFF on /dev/net/tun (gVisor's own): a new interface needs CAP_NET_ADMIN."""
+    with open("/dev/net/tun", "r+b", buffering=0) as tun:
+        request = struct.pack("16sH", b"evil%d", 0x0001 | 0x1000)  # IFF_TUN | IFF_NO_PI
+        fcntl.ioctl(tun, 0x400454CA, request + b"\0" * 22)  # TUNSETIFF
+    return "created a tun interface"
+
+
 def dns(_opts: Opts) -> str:
     infos = socket.getaddrinfo("example.com", 443, proto=socket.IPPROTO_TCP)
     return f"resolved: {sorted({i[4][0] for i in infos})}"
@@ -165,6 +174,7 @@ ATTACKS: dict[str, Attack] = {
     "net.netlink.addr-add": netlink_addr_add,
     "net.netlink.link-add": netlink_link_add,
     "net.interfaces.beyond-lo": interfaces,
+    "net.tun.create": tun_create,
     "net.dns.resolve": dns,
     "net.unix.host-abstract": abstract_unix,
 }

@@ -15,6 +15,7 @@ tests/conftest.py), so `pytest tests/integration tests/redteam` boots one system
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -25,7 +26,9 @@ from typing import Any
 import pytest
 
 from ironclawd.domain.agents import BUILTIN
+from tests.harness.fixtures import RESULTS
 from tests.harness.private_systemd import SystemdHarness
+from tests.redteam.report import AttackResult, Ledger, collect_versions, write_report
 
 AGENT = "demo"
 RUNSC_ROOT = "/run/ironclaw/runsc"
@@ -89,6 +92,30 @@ class Sandbox:
         report: dict[str, Any] = json.loads(proc.stdout)
         return report
 
+    def attacks(
+        self, *categories: str, timeout: float = 300, **opts: object
+    ) -> dict[str, dict[str, Any]]:
+        """Run every attack of ``categories`` (agent/probes/) in one ``runsc exec`` as the
+        agent's uid; each attack's raw outcome by id."""
+        argv = [f"--probe-attack={c}" for c in categories]
+        argv += [f"--probe-opt={key}={value}" for key, value in opts.items()]
+        user = f"{self.uid}:{self.gid}"
+        proc = self.runsc(
+            "exec", "--user", user, self.container, AGENT_BINARY, "--probe", *argv,
+            timeout=timeout,
+        )  # fmt: skip
+        assert proc.returncode == 0, out(proc)
+        attacks: dict[str, dict[str, Any]] = json.loads(proc.stdout)["attacks"]
+        return attacks
+
+    def send(self, text: str, timeout: float = 120) -> str:
+        """One message through the host (``ironctl send``): the agent's reply text."""
+        proc = self.sysd.run(
+            ["ironctl", "send", self.sid, "-", "--json"], input=text.encode(), timeout=timeout
+        )
+        assert proc.returncode == 0, out(proc)
+        return str(json.loads(proc.stdout)["reply"]["text"])
+
     def state(self) -> str:
         proc = self.sysd.run(["ironctl", "session", "show", self.sid, "--json"])
         assert proc.returncode == 0, out(proc)
@@ -100,8 +127,8 @@ class Sessions:
     sysd: SystemdHarness
     created: list[Sandbox] = field(default_factory=list)
 
-    def create(self) -> Sandbox:
-        proc = self.sysd.run(["ironctl", "session", "create", "--agent", AGENT, "--json"])
+    def create(self, agent: str = AGENT) -> Sandbox:
+        proc = self.sysd.run(["ironctl", "session", "create", "--agent", agent, "--json"])
         assert proc.returncode == 0, out(proc)
         sandbox = Sandbox(self.sysd, str(json.loads(proc.stdout)["sid"]))
         self.created.append(sandbox)
@@ -115,6 +142,17 @@ class Sessions:
             if proc.returncode != 0:
                 failures.append(f"{sandbox.sid}: {out(proc)}")
         return failures
+
+
+@contextlib.contextmanager
+def module_sessions(sysd: SystemdHarness) -> Iterator[Sessions]:
+    """Sessions for a whole module (one per batch of attacks), removed at its end."""
+    made = Sessions(sysd)
+    try:
+        yield made
+    finally:
+        failures = made.remove_all()
+        assert not failures, failures
 
 
 @pytest.fixture
@@ -146,8 +184,9 @@ class HostListener:
         return self.udp.recv(4096) if ready else None
 
 
-@pytest.fixture
-def host_listener() -> Iterator[HostListener]:
+@contextlib.contextmanager
+def open_listener() -> Iterator[HostListener]:
+    """A TCP and a UDP socket on the host's 127.0.0.1, same port."""
     for _ in range(20):
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.bind(("127.0.0.1", 0))
@@ -166,3 +205,55 @@ def host_listener() -> Iterator[HostListener]:
             udp.close()
         return
     pytest.fail("no free port for a TCP and UDP listener pair on 127.0.0.1")
+
+
+@pytest.fixture
+def host_listener() -> Iterator[HostListener]:
+    with open_listener() as listener:
+        yield listener
+
+
+# -- the containment report ---------------------------------------------------------------------
+
+
+@dataclass
+class Ledgers:
+    """The run's two lists: attacks on the production sandbox, and the negative control."""
+
+    attacks: Ledger = field(default_factory=Ledger)
+    negative_control: Ledger = field(default_factory=Ledger)
+
+
+@pytest.fixture(scope="session")
+def ledgers(daemon: SystemdHarness) -> Iterator[Ledgers]:
+    """Every attack of the run records here; at the end the signed report is written to
+    results/ (tests/redteam/report.py), whatever passed or failed."""
+    made = Ledgers()
+    yield made
+    if made.attacks.results() or made.negative_control.results():
+        versions = collect_versions(lambda argv: daemon.run(argv, timeout=60))
+        write_report(made.attacks.results(), made.negative_control.results(), versions, RESULTS)
+
+
+@pytest.fixture(scope="session")
+def ledger(ledgers: Ledgers) -> Ledger:
+    """The session-wide attack ledger."""
+    return ledgers.attacks
+
+
+def record(
+    ledger: Ledger,
+    attack_id: str,
+    category: str,
+    title: str,
+    contained: bool,
+    evidence: str,
+    *,
+    stance: str = "sandbox",
+    error: bool = False,
+) -> AttackResult:
+    """Record one attack; the caller then asserts ``contained``."""
+    verdict = "error" if error else "contained" if contained else "escaped"
+    result = AttackResult(attack_id, category, stance, title, verdict, evidence[:500])
+    ledger.record(result)
+    return result

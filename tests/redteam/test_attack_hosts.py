@@ -1,0 +1,154 @@
+"""Attacks by unprivileged host users on a running session, its sockets, keys and queues, the
+daemon and its journal (tests/redteam/host_attacks.py, run as each user): ``outsider`` (a plain
+user), ``nobody`` (uid 65534, the uid runsc gives its sandbox process) and a throwaway user
+made for this module in the private systemd's overlay."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.harness.fixtures import ROOT
+from tests.harness.private_systemd import SystemdHarness
+from tests.redteam.conftest import (
+    RUNNING,
+    Ledger,
+    Sandbox,
+    journal_cursor,
+    journal_since,
+    module_sessions,
+    out,
+    record,
+    sh,
+)
+
+pytestmark = pytest.mark.redteam
+
+PYTHON = "/usr/bin/python3"
+SCRIPT = ROOT / "tests/redteam/host_attacks.py"
+THROWAWAY = f"rt{secrets.token_hex(4)}"
+USERS = ("outsider", "nobody", THROWAWAY)
+
+TITLES = {
+    "host-users.admin.call": "call the admin API (ListSessions) on admin.sock",
+    "host-users.admin.internal-socket": "call the admin API behind the peer-credential front",
+    "host-users.model.call": "call GetProfile on a session's model.sock",
+    "host-users.gateway.submit": "submit a change on a session's gateway.sock",
+    "host-users.sockets.list": "list the sessions' sockets directory",
+    "host-users.sockets.plant": "create a file in a session's sockets dir",
+    "host-users.keys.read": "read a session's queue key in /run/ironclaw/keys",
+    "host-users.queues.read-outbound": "read a session's outbound.db",
+    "host-users.queues.write-inbound": "write a session's inbound.db",
+    "host-users.audit.read": "read the audit log",
+    "host-users.cgroup.join-unit": "join the sandbox unit's cgroup (what its sockets trust)",
+    "host-users.ptrace.daemon": "PTRACE_ATTACH to ironclawd",
+    "host-users.proc.daemon-environ": "read ironclawd's environment",
+    "host-users.proc.gofer-root": "list the gofer's root through /proc/<pid>/root",
+    "host-users.proc.sandbox-mem": "read the sandbox process's memory",
+    "host-users.journal.read": "read ironclawd's journal",
+    "host-users.netns.setns": "setns into the session's network namespace",
+}
+
+
+@dataclass
+class Target:
+    box: Sandbox
+    params: dict[str, Any]
+
+
+def _pid_of(sysd: SystemdHarness, unit: str, argv0: str) -> str:
+    script = f"""
+        for p in /proc/[0-9]*; do
+            grep -qE ':/.*/{unit}$' "$p/cgroup" 2>/dev/null || continue
+            [ "$(tr '\\0' ' ' < $p/cmdline | cut -d' ' -f1)" = {argv0} ] && echo "${{p#/proc/}}"
+        done
+    """
+    pids = out(sh(sysd, script)).split()
+    assert pids, f"control: no {argv0} process in {unit}"
+    return pids[0]
+
+
+@pytest.fixture(scope="module")
+def target(daemon: SystemdHarness) -> Iterator[Target]:
+    proc = daemon.run(["useradd", "-M", "-s", "/usr/sbin/nologin", THROWAWAY])
+    assert proc.returncode == 0, out(proc)
+    try:
+        with module_sessions(daemon) as sessions:
+            box = sessions.create()
+            assert box.send("hello").endswith("hello")
+            group = out(daemon.run(["systemctl", "show", "-P", "ControlGroup", box.unit])).strip()
+            params = {
+                "sid": box.sid,
+                "daemon_pid": out(
+                    daemon.run(["systemctl", "show", "-P", "MainPID", "ironclawd"])
+                ).strip(),
+                "sandbox_pid": _pid_of(daemon, box.unit, "runsc-sandbox"),
+                "gofer_pid": _pid_of(daemon, box.unit, "runsc-gofer"),
+                "cgroup_procs": f"/sys/fs/cgroup/systemd{group}/cgroup.procs",
+            }
+            assert daemon.run(["test", "-e", params["cgroup_procs"]]).returncode == 0, params
+            yield Target(box, params)
+    finally:
+        daemon.run(["userdel", THROWAWAY])
+
+
+def attack_as(sysd: SystemdHarness, user: str, params: dict[str, Any]) -> dict[str, Any]:
+    site = sysd.run([str(ROOT / ".venv/bin/python"), "-c", "import grpc,sys;print(grpc.__file__)"])
+    packages = out(site).strip().rsplit("/grpc/", 1)[0]
+    argv = ["env", f"PYTHONPATH={packages}:{ROOT}", PYTHON, str(SCRIPT)]
+    proc = sysd.run(argv, user=user, input=json.dumps(params).encode(), timeout=120)
+    assert proc.returncode == 0, out(proc)
+    results: dict[str, Any] = json.loads(proc.stdout)
+    return results
+
+
+def test_root_control_every_attack_works_for_root(target: Target, daemon: SystemdHarness) -> None:
+    """Control: as root most of the same attempts succeed, so each refusal below is the wall,
+    not a broken probe (root's model/gateway calls are still refused: not in the unit)."""
+    results = attack_as(daemon, "root", target.params)
+    worked = {name for name, r in results.items() if r["ok"]}
+    assert worked >= {
+        "host-users.admin.call", "host-users.sockets.list", "host-users.keys.read",
+        "host-users.queues.read-outbound", "host-users.audit.read", "host-users.proc.gofer-root",
+        "host-users.ptrace.daemon", "host-users.proc.daemon-environ", "host-users.journal.read",
+        "host-users.netns.setns",
+    }, results  # fmt: skip
+    assert set(results) == set(TITLES)
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_unprivileged_host_user(
+    target: Target, daemon: SystemdHarness, ledger: Ledger, user: str
+) -> None:
+    mark = journal_cursor(daemon)
+    before = out(sh(daemon, f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"))
+    results = attack_as(daemon, user, target.params)
+    after = out(sh(daemon, f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"))
+    journal = journal_since(daemon, mark)
+    assert target.box.state() == RUNNING
+    unchanged = before == after
+    escaped = []
+    stance_user = "throwaway" if user == THROWAWAY else user
+    for attack_id, r in sorted(results.items()):
+        contained = r["ok"] is False and unchanged
+        evidence = f"as {stance_user}: {r['errno'] or 'refused'}: {r['detail']}"
+        if attack_id in ("host-users.model.call", "host-users.gateway.submit"):
+            sock = attack_id.split(".")[1]
+            logged = f"refused a {sock}.sock connection" in journal
+            contained = contained and logged
+            evidence += f"; daemon logged the refusal: {logged}"
+        record(
+            ledger, f"{attack_id}.{stance_user}", "host-users", TITLES[attack_id], contained,
+            evidence + ("" if unchanged else "; the sockets dir CHANGED"),
+            stance="host-user", error=r["ok"] is None,
+        )  # fmt: skip
+        if not contained:
+            escaped.append((attack_id, r))
+    # The box still works for its own agent after all that.
+    assert target.box.send("still here").endswith("still here")
+    assert not escaped, escaped
