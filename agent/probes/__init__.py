@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from agent.probes import exhaust, fs, kernel, net, queues, sockets
+from agent.probes import exhaust, fs, kernel, net, queues, secrets, sockets
 from agent.probes.base import JSON, Attack, attempt
 
 CATEGORIES: dict[str, dict[str, Attack]] = {
@@ -20,6 +20,7 @@ CATEGORIES: dict[str, dict[str, Attack]] = {
     "queues": queues.ATTACKS,
     "sockets": sockets.ATTACKS,
     "exhaustion": exhaust.ATTACKS,
+    "secrets": secrets.ATTACKS,
 }
 
 

@@ -51,7 +51,9 @@ def _grpc(path: str, method: str, body: bytes = b"") -> str:
 
 def _ptrace(pid: int) -> str:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
+    # PTRACE_SEIZE: the same permission check as PTRACE_ATTACH, but the tracee is not stopped
+    # (root's control run must not freeze the daemon); the tracer's exit detaches.
+    if libc.ptrace(0x4206, pid, None, None) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return f"attached to {pid}"
@@ -64,6 +66,13 @@ def _write_into(path: str, data: bytes) -> str:
     finally:
         os.close(fd)
     return f"wrote {path}"
+
+
+def _open_for_writing(path: str) -> str:
+    """Opening is the check (the file's mode); nothing is written, so not even root's control
+    run moves itself into the unit."""
+    os.close(os.open(path, os.O_WRONLY))
+    return f"opened {path} for writing"
 
 
 def _create_in(directory: str) -> str:
@@ -123,7 +132,7 @@ def attacks(p: dict[str, Any]) -> dict[str, Callable[[], object]]:
             f"/var/lib/ironclaw/queues/{sid}/inbound/inbound.db", b"x"
         ),
         "host-users.audit.read": lambda: _read("/var/lib/ironclaw/audit.log"),
-        "host-users.cgroup.join-unit": lambda: _write_into(p["cgroup_procs"], b"0\n"),
+        "host-users.cgroup.join-unit": lambda: _open_for_writing(p["cgroup_procs"]),
         "host-users.ptrace.daemon": lambda: _ptrace(int(p["daemon_pid"])),
         "host-users.proc.daemon-environ": lambda: _read(f"/proc/{p['daemon_pid']}/environ"),
         "host-users.proc.gofer-root": lambda: os.listdir(f"/proc/{p['gofer_pid']}/root/"),

@@ -81,7 +81,9 @@ def target(daemon: SystemdHarness) -> Iterator[Target]:
         with module_sessions(daemon) as sessions:
             box = sessions.create()
             assert box.send("hello").endswith("hello")
+            # The unit's cgroup in the name=systemd hierarchy (ControlGroup is its full path).
             group = out(daemon.run(["systemctl", "show", "-P", "ControlGroup", box.unit])).strip()
+            procs = f"/sys/fs/cgroup/systemd{group}/cgroup.procs"
             params = {
                 "sid": box.sid,
                 "daemon_pid": out(
@@ -89,7 +91,7 @@ def target(daemon: SystemdHarness) -> Iterator[Target]:
                 ).strip(),
                 "sandbox_pid": _pid_of(daemon, box.unit, "runsc-sandbox"),
                 "gofer_pid": _pid_of(daemon, box.unit, "runsc-gofer"),
-                "cgroup_procs": f"/sys/fs/cgroup/systemd{group}/cgroup.procs",
+                "cgroup_procs": procs,
             }
             assert daemon.run(["test", "-e", params["cgroup_procs"]]).returncode == 0, params
             yield Target(box, params)

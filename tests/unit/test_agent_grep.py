@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from agent import main as agent_main
+from agent.probes import grep as agent_grep
 from agent.tools import run_tool
 
 NEEDLE = b"CANARY-grep-0123456789"
@@ -17,12 +18,12 @@ NEEDLE = b"CANARY-grep-0123456789"
 def test_grep_finds_needles_across_blocks_and_reports_them_by_hex(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "small").write_bytes(b"x" + NEEDLE + b"y")
-    straddle = agent_main._GREP_BLOCK - len(NEEDLE) // 2
+    straddle = agent_grep._GREP_BLOCK - len(NEEDLE) // 2
     (tmp_path / "big").write_bytes(b"\0" * straddle + NEEDLE + b"\0" * 10)
     (tmp_path / "clean").write_bytes(NEEDLE[:-1])
     os.symlink("/nonexistent", tmp_path / "link")
     os.mkfifo(tmp_path / "fifo")
-    report = agent_main.grep_tree([NEEDLE, b"other"], str(tmp_path))
+    report = agent_grep.grep_tree([NEEDLE, b"other"], str(tmp_path))
     assert report["hits"] == {
         NEEDLE.hex(): [str(tmp_path / "big"), str(tmp_path / "d" / "small")],
         b"other".hex(): [],
