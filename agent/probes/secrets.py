@@ -58,9 +58,14 @@ def encodings(secret: bytes) -> dict[str, bytes]:
         "base64url": base64.urlsafe_b64encode(secret).rstrip(b"="),
         "percent": urllib.parse.quote(secret, safe="").encode(),
         "percent-all": "".join(f"%{b:02X}" for b in secret).encode(),
+        "percent-lower": "".join(f"%{b:02x}" for b in secret).encode(),
+        "plus": urllib.parse.quote_plus(secret).encode(),
         "json": json.dumps(text)[1:-1].encode(),
         "json-slash": json.dumps(text)[1:-1].replace("/", "\\/").encode(),
         "json-unicode": "".join(f"\\u{ord(c):04x}" for c in text).encode(),
+        "json-unicode-punct": "".join(
+            c if c.isalnum() else f"\\u{ord(c):04x}" for c in text
+        ).encode(),
         "reversed": secret[::-1],
     }
     for shift, core in _b64_cores(secret, base64.b64encode).items():
@@ -132,13 +137,33 @@ def model_echoes(opts: Opts) -> object:
     return _result(_search(blobs, secrets_), f"{len(blobs)} model answers")
 
 
+# Paths of the test's reflecting upstream (tests/integration/egress_servers.py), each asked for
+# with every encoding; an upstream without them answers something harmless.
+REFLECT_FORMS = (
+    "json-slash",
+    "json-u",
+    "pct-upper",
+    "pct-lower",
+    "plus",
+    "b64",
+    "b64url-nopad",
+    "b64-shift1",
+    "b64-shift2",
+    "hex-upper",
+    "password",
+    "password-b64url",
+)
 EGRESS_TRIES: tuple[tuple[str, list[tuple[str, str]]], ...] = (
-    ("", [("Accept-Encoding", "gzip")]),
-    ("", [("Accept-Encoding", "deflate")]),
-    ("", [("Accept-Encoding", "br, gzip;q=0.5")]),
-    ("", [("Accept-Encoding", "identity")]),
-    ("?access_token=probe", [("X-Api-Key", "probe")]),
-    ("", [("Authorization", "Bearer agent-made"), ("authorization", "x")]),
+    ("echo", [("Accept-Encoding", "gzip")]),
+    ("echo", [("Accept-Encoding", "deflate")]),
+    ("echo", [("Accept-Encoding", "br, gzip;q=0.5")]),
+    ("echo", [("Accept-Encoding", "identity")]),
+    ("echo?access_token=probe", [("X-Api-Key", "probe")]),
+    ("echo", [("Authorization", "Bearer agent-made"), ("authorization", "x")]),
+    ("echo-gzip", [("Accept-Encoding", "gzip")]),
+    ("always-gzip", [("Accept-Encoding", "identity")]),
+    ("reason", []),
+    *((f"reflect/{form}", [("Accept-Encoding", "gzip")]) for form in REFLECT_FORMS),
 )
 
 
@@ -147,14 +172,14 @@ def egress_echoes(opts: Opts) -> object:
     asking for every encoding; decompress what comes back and look for the injected secret in
     the reason phrase, the headers and the body."""
     secrets_ = canaries(opts)
-    url = opts.get("egress_url", "")
+    url = opts.get("egress_base", "")
     if not url:
-        raise Refused("no egress_url given")
+        raise Refused("no egress_base given")
     blobs: dict[str, bytes] = {}
     with grpc.insecure_channel(f"unix:{SOCKETS}/egress.sock") as channel:
         stub = egress_pb2_grpc.EgressServiceStub(channel)
-        for index, (query, headers) in enumerate(EGRESS_TRIES):
-            request = egress_pb2.FetchRequest(method="GET", url=url + query, headers=[
+        for index, (path, headers) in enumerate(EGRESS_TRIES):
+            request = egress_pb2.FetchRequest(method="GET", url=url + path, headers=[
                 egress_pb2.Header(name=k, value=v) for k, v in headers])  # fmt: skip
             head, body = b"", b""
             encoding = ""
