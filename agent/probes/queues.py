@@ -70,37 +70,47 @@ def rows_flood(opts: Opts) -> object:
     return {"seq": _insert([(0, f"row {i}") for i in range(count)])}
 
 
+def _announcer(seconds: float) -> int:
+    """A child that announces ever-newer commits on its own control connection, as fast as the
+    daemon takes them, while the parent swaps: the daemon must never open what it finds."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # pragma: no cover - child
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(CONTROL)
+            sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode())
+            seq, end = 1_000_000, time.monotonic() + seconds
+            while time.monotonic() < end:
+                seq += 1
+                sock.sendall(f"outbound {seq}\n".encode())
+    finally:
+        os._exit(0)
+
+
 def swap_race(opts: Opts) -> object:
-    """Swap outbound.db for a link to a host path (a FIFO the test made) and back, announcing
-    a commit after each swap, for ``race_seconds``."""
+    """Swap outbound.db for a link to a host path (a FIFO the test made) and back, as fast as
+    possible for ``race_seconds``, while a child announces commits (the race of issue 10)."""
     target = opts.get("race_target", "/run/ironclaw-redteam.fifo")
     seconds = float(opts.get("race_seconds", "8"))
-    keep = f"{OUTBOUND_DIR}/.rt-keep"
+    keep, link, back = (f"{OUTBOUND_DIR}/.rt-{n}" for n in ("keep", "link", "back"))
     os.link(OUTBOUND, keep)
     swaps = 0
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(CONTROL)
-    sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode())
+    child = _announcer(seconds)
     try:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            link = f"{OUTBOUND_DIR}/.rt-link"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(link)
             os.symlink(target, link)
             os.rename(link, OUTBOUND)
-            sock.sendall(b"outbound 999999\n")
-            swaps += 1
-            time.sleep(0.001)
-            back = f"{OUTBOUND_DIR}/.rt-back"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(back)
             os.link(keep, back)
             os.rename(back, OUTBOUND)
-            sock.sendall(b"outbound 999999\n")
+            swaps += 1
     finally:
-        sock.close()
-        back = f"{OUTBOUND_DIR}/.rt-back"
+        os.waitpid(child, 0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(back)
         os.link(keep, back)

@@ -257,3 +257,40 @@ def record(
     result = AttackResult(attack_id, category, stance, title, verdict, evidence[:500])
     ledger.record(result)
     return result
+
+
+CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each test's call-phase report, for fixtures that record the outcome as an attack."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call":
+        item.stash[CALL_REPORT] = report
+
+
+def record_outcome(
+    request: pytest.FixtureRequest,
+    ledger: Ledger,
+    attack_id: str,
+    category: str,
+    title: str,
+    stance: str = "sandbox",
+) -> None:
+    """Record a finished test as one attack: contained if its assertions all held, escaped if
+    one failed (its message is the evidence), error if it broke otherwise."""
+    report = request.node.stash.get(CALL_REPORT, None)
+    if report is None:
+        return  # set-up failed: nothing was attacked
+    if report.passed:
+        record(ledger, attack_id, category, title, True, "every assertion of "
+               f"{request.node.name} held (control and refusal)", stance=stance)  # fmt: skip
+        return
+    text = report.longreprtext.strip().splitlines()
+    last = next(
+        (line for line in reversed(text) if line.startswith("E ")), text[-1] if text else ""
+    )
+    error = "AssertionError" not in report.longreprtext
+    record(ledger, attack_id, category, title, False, last[:400], stance=stance, error=error)

@@ -6,7 +6,7 @@ weakened: runsc's ``--network=host`` (gVisor uses the network namespace runsc ru
 writable root (a private copy of the rootfs: the real one is shared by every session of the
 agent), uid 0 with every capability and no no_new_privs, and none of the session's mounts. runsc
 runs in a transient unit of the private systemd, inside a network namespace this test made to
-stand in for the host's (loopback up, a listener on 127.0.0.1, one extra interface): test
+stand in for the host's (loopback up, a listener on 127.0.0.1, an extra veth pair): test
 traffic stays in namespaces the test creates. The probes report what they could do; the attacks
 the weakening enables must be seen as escapes, and are recorded as the report's negative control.
 """
@@ -102,7 +102,7 @@ def control_report(daemon: SystemdHarness) -> Iterator[dict[str, Any]]:
         cp -a {rootfs} {WORK}/rootfs
         ip netns add {NETNS}
         ip -n {NETNS} link set lo up
-        ip -n {NETNS} link add rt-neg0 type dummy
+        ip -n {NETNS} link add rt-neg0 type veth peer name rt-neg1
         systemd-run --quiet --unit=rt-neg-listener-{TAG} \
             -p NetworkNamespacePath=/run/netns/{NETNS} /usr/bin/python3 -c '{LISTENER}'
         timeout 10 bash -c 'until grep -q ready {WORK}/listener.log 2>/dev/null; do sleep 0.1; done'
