@@ -24,7 +24,8 @@ SYS = {
     "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310, "finit_module": 313,
     "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "pivot_root": 155, "chroot": 161,
     "mount": 165, "umount2": 166, "reboot": 169, "sethostname": 170, "settimeofday": 164,
-    "setuid": 105, "setgid": 106, "capset": 126, "mknod": 133, "syslog": 103, "acct": 163,
+    "setuid": 105, "setgid": 106, "capget": 125, "capset": 126, "mknod": 133, "syslog": 103,
+    "acct": 163,
     "swapon": 167, "clock_settime": 227, "setresuid": 117, "name_to_handle_at": 303,
 }  # fmt: skip
 

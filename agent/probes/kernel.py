@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 
 from agent.probes.base import Attack, Opts, Refused, in_child, syscall
 
@@ -271,12 +270,17 @@ def swapon(_opts: Opts) -> str:
 
 
 def caps_held(_opts: Opts) -> str:
-    status = Path("/proc/self/status").read_text()
-    held = {k: v.strip() for k, _, v in (line.partition(":") for line in status.splitlines())
-            if k in ("CapPrm", "CapEff", "CapBnd")}  # fmt: skip
-    if set(held.values()) <= {"0000000000000000"}:
+    """capget(2) of this process: effective and permitted sets (both 32-bit halves)."""
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    syscall("capget", ctypes.byref(header), ctypes.byref(data))
+    held = {
+        "effective": data[0].effective | data[1].effective << 32,
+        "permitted": data[0].permitted | data[1].permitted << 32,
+    }
+    if not any(held.values()):
         raise Refused(f"no capabilities: {held}")
-    return f"capabilities held: {held}"
+    return f"capabilities held: { {k: hex(v) for k, v in held.items()} }"
 
 
 ATTACKS: dict[str, Attack] = {

@@ -71,8 +71,10 @@ def rows_flood(opts: Opts) -> object:
 
 
 def _announcer(seconds: float) -> int:
-    """A child that announces ever-newer commits on its own control connection, as fast as the
-    daemon takes them, while the parent swaps: the daemon must never open what it finds."""
+    """A child that announces a commit on its own control connection every 5 ms while the
+    parent swaps: each makes the daemon read the file, which it must never open by name. (As
+    fast as the socket takes them, the announcements queue up for a minute in the session's own
+    lane: a backlog of its own making, which the test would then wait out.)"""
     pid = os.fork()
     if pid:
         return pid
@@ -84,6 +86,7 @@ def _announcer(seconds: float) -> int:
             while time.monotonic() < end:
                 seq += 1
                 sock.sendall(f"outbound {seq}\n".encode())
+                time.sleep(0.005)
     finally:
         os._exit(0)
 

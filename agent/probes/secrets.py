@@ -172,14 +172,15 @@ def egress_echoes(opts: Opts) -> object:
     asking for every encoding; decompress what comes back and look for the injected secret in
     the reason phrase, the headers and the body."""
     secrets_ = canaries(opts)
-    url = opts.get("egress_base", "")
-    if not url:
+    bases = [b for b in opts.get("egress_base", "").split(",") if b]
+    if not bases:
         raise Refused("no egress_base given")
     blobs: dict[str, bytes] = {}
     with grpc.insecure_channel(f"unix:{SOCKETS}/egress.sock") as channel:
         stub = egress_pb2_grpc.EgressServiceStub(channel)
-        for index, (path, headers) in enumerate(EGRESS_TRIES):
-            request = egress_pb2.FetchRequest(method="GET", url=url + path, headers=[
+        tries = [(base + path, headers) for base in bases for path, headers in EGRESS_TRIES]
+        for index, (url, headers) in enumerate(tries):
+            request = egress_pb2.FetchRequest(method="GET", url=url, headers=[
                 egress_pb2.Header(name=k, value=v) for k, v in headers])  # fmt: skip
             head, body = b"", b""
             encoding = ""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_egress import TOKEN, World
+from tests.integration.test_egress import PASSWORD, TOKEN, TOKEN_PUNCT, World
 from tests.integration.test_egress import world as egress_world  # noqa: F401 - a fixture
 from tests.redteam.conftest import RUNNING, Ledger, Sandbox, record
 from tests.redteam.test_attack_model_key import masked
@@ -19,6 +19,8 @@ from tests.redteam.test_attack_model_key import masked
 pytestmark = pytest.mark.redteam
 
 BASE = "https://keyed.egress.test/v1/"
+# The world's three credential rules: a bearer token, one full of punctuation, a Basic password.
+BASES = ",".join(f"https://keyed.egress.test/{p}/" for p in ("v1", "v2", "basic"))
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,23 @@ def raw(egress_world: World) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fi
         seen = [e for e in egress_world.entries("ns") if e.get("path") == "/v1/echo"]
         assert any(TOKEN in str(e["headers"]) for e in seen), seen
         found: dict[str, Any] = {}
-        found.update(box.attacks("secrets", needles=masked("egress-credential", TOKEN.encode()),
-                                 egress_base=BASE, only="secrets.files,secrets.egress-echo",
-                                 timeout=600))  # fmt: skip
+        needles = ",".join(
+            masked(label, secret.encode())
+            for label, secret in (
+                ("token", TOKEN),
+                ("punct", TOKEN_PUNCT),
+                ("basic-password", PASSWORD),
+            )
+        )
+        found.update(
+            box.attacks(
+                "secrets",
+                needles=needles,
+                egress_base=BASES,
+                only="secrets.files,secrets.egress-echo",
+                timeout=600,
+            )
+        )
         found.update(box.attacks("sockets", only="sockets.fuzz.egress"))
         found["_after"] = egress_world.fetch(sid, {"url": BASE + "echo"})
         found["_state"] = box.state()
@@ -52,7 +68,8 @@ def test_egress_credential_canary_never_reaches_the_box(
              else "the broker's answers: echoed headers, gzip/deflate bodies, reason phrase, "
              "12 reflected encodings")  # fmt: skip
     record(ledger, attack_id.replace("secrets.", "secrets.egress-credential."), "secrets",
-           f"find the egress credential canary in {where}, in 22 encodings",
+           f"find three egress credential canaries (bearer, punctuated, Basic password) in "
+           f"{where}, in 22 encodings",
            result["ok"] is False, result["detail"], error=result["ok"] is None)  # fmt: skip
     assert result["ok"] is False, result
 

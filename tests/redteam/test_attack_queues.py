@@ -100,10 +100,23 @@ def test_swap_of_outbound_db_for_a_host_fifo(
         sysd, f"timeout 25 bash -c 'exec 3>{fifo} && echo opened'", timeout=40))))  # fmt: skip
     watch.start()
     try:
-        meanwhile = []
-        racer = threading.Thread(target=lambda: meanwhile.append(
-            box.attacks("queues", only="queues.race.swap-to-host-fifo", race_target=fifo,
-                        race_seconds=10, timeout=120)))  # fmt: skip
+        meanwhile: list[object] = []
+
+        def race() -> None:
+            try:
+                meanwhile.append(
+                    box.attacks(
+                        "queues",
+                        only="queues.race.swap-to-host-fifo",
+                        race_target=fifo,
+                        race_seconds=10,
+                        timeout=120,
+                    )
+                )
+            except BaseException as exc:  # reported below with what the host saw
+                meanwhile.append(exc)
+
+        racer = threading.Thread(target=race)  # fmt: skip
         racer.start()
         time.sleep(2)  # the race is on: another session must be served meanwhile
         start = time.monotonic()
@@ -113,7 +126,9 @@ def test_swap_of_outbound_db_for_a_host_fifo(
         watch.join()
     finally:
         sysd.run(["rm", "-f", fifo])
-    raw = meanwhile[0]["queues.race.swap-to-host-fifo"]
+    if isinstance(meanwhile[0], BaseException):
+        raise meanwhile[0]
+    raw = meanwhile[0]["queues.race.swap-to-host-fifo"]  # type: ignore[index]
     ok, note = _still_ingests(box, bystander)
     never_opened = "opened" not in opened[0]
     contained = bool(raw["ok"]) and never_opened and ok and theirs.endswith("during the race")
