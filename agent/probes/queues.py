@@ -71,7 +71,7 @@ def rows_flood(opts: Opts) -> object:
 
 
 def _announcer(seconds: float) -> int:
-    """A child that announces a commit on its own control connection every 5 ms while the
+    """A child that announces a commit on its own control connection every 20 ms while the
     parent swaps: each makes the daemon read the file, which it must never open by name. (As
     fast as the socket takes them, the announcements queue up for a minute in the session's own
     lane: a backlog of its own making, which the test would then wait out.)"""
@@ -86,7 +86,7 @@ def _announcer(seconds: float) -> int:
             while time.monotonic() < end:
                 seq += 1
                 sock.sendall(f"outbound {seq}\n".encode())
-                time.sleep(0.005)
+                time.sleep(0.02)
     finally:
         os._exit(0)
 

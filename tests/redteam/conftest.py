@@ -110,9 +110,8 @@ class Sandbox:
 
     def send(self, text: str, timeout: float = 120) -> str:
         """One message through the host (``ironctl send``): the agent's reply text."""
-        proc = self.sysd.run(
-            ["ironctl", "send", self.sid, "-", "--json"], input=text.encode(), timeout=timeout
-        )
+        argv = ["ironctl", "--timeout", str(int(timeout)), "send", self.sid, "-", "--json"]
+        proc = self.sysd.run(argv, input=text.encode(), timeout=timeout + 30)
         assert proc.returncode == 0, out(proc)
         return str(json.loads(proc.stdout)["reply"]["text"])
 

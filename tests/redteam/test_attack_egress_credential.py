@@ -29,9 +29,9 @@ def raw(egress_world: World) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fi
     box = Sandbox(egress_world.sysd, sid)
     try:
         # Control: the rule really injects the credential upstream.
-        reply = egress_world.fetch(sid, {"url": BASE + "echo"})
+        reply = egress_world.fetch(sid, {"url": BASE + "hello"})
         assert "HTTP 200" in reply, reply
-        seen = [e for e in egress_world.entries("ns") if e.get("path") == "/v1/echo"]
+        seen = [e for e in egress_world.entries("ns") if e.get("path") == "/v1/hello"]
         assert any(TOKEN in str(e["headers"]) for e in seen), seen
         found: dict[str, Any] = {}
         needles = ",".join(
@@ -52,7 +52,7 @@ def raw(egress_world: World) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fi
             )
         )
         found.update(box.attacks("sockets", only="sockets.fuzz.egress"))
-        found["_after"] = egress_world.fetch(sid, {"url": BASE + "echo"})
+        found["_after"] = egress_world.fetch(sid, {"url": BASE + "hello"})
         found["_state"] = box.state()
         yield found
     finally:
