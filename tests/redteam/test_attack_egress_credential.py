@@ -34,6 +34,9 @@ def raw(egress_world: World) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fi
         seen = [e for e in egress_world.entries("ns") if e.get("path") == "/v1/hello"]
         assert any(TOKEN in str(e["headers"]) for e in seen), seen
         found: dict[str, Any] = {}
+        # The fuzz first: the canary searches below spend the session's egress budget.
+        found.update(box.attacks("sockets", only="sockets.fuzz.egress"))
+        found["_after"] = egress_world.fetch(sid, {"url": BASE + "hello"})
         needles = ",".join(
             masked(label, secret.encode())
             for label, secret in (
@@ -51,8 +54,6 @@ def raw(egress_world: World) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fi
                 timeout=600,
             )
         )
-        found.update(box.attacks("sockets", only="sockets.fuzz.egress"))
-        found["_after"] = egress_world.fetch(sid, {"url": BASE + "hello"})
         found["_state"] = box.state()
         yield found
     finally:

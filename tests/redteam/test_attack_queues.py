@@ -61,7 +61,7 @@ def _still_ingests(box: Sandbox, bystander: Sandbox, wait: float = 90) -> tuple[
     try:
         own = box.send("after the attack", timeout=wait)
     except AssertionError as exc:
-        own = f"FAILED: {str(exc)[:120]}"
+        own = f"no reply within {wait:.0f} s ({str(exc).splitlines()[0][:60]})"
     theirs = bystander.send("meanwhile", timeout=60)
     seconds = time.monotonic() - start
     ok = own.endswith("after the attack") and theirs.endswith("meanwhile")
@@ -129,11 +129,15 @@ def test_swap_of_outbound_db_for_a_host_fifo(
     if isinstance(meanwhile[0], BaseException):
         raise meanwhile[0]
     raw = meanwhile[0]["queues.race.swap-to-host-fifo"]  # type: ignore[index]
-    # Every announcement made the daemon read the file again, in this session's own lane: the
-    # backlog is the attacker's alone (the bystander was served meanwhile), and drains.
-    ok, note = _still_ingests(box, bystander, wait=240)
+    # What is attacked here is the host (a path the agent chose, opened by root) and the other
+    # sessions. The attacker's own session is its own to wreck (it may stop answering at will):
+    # whether it still answers is reported, not judged.
+    _own_ok, note = _still_ingests(box, bystander, wait=60)
+    after = bystander.send("after the race", timeout=60)
     never_opened = "opened" not in opened[0]
-    contained = bool(raw["ok"]) and never_opened and ok and theirs.endswith("during the race")
+    active = out(sysd.run(["systemctl", "is-active", "ironclawd"])).strip() == "active"
+    contained = bool(raw["ok"]) and never_opened and theirs.endswith("during the race")
+    contained = contained and after.endswith("after the race") and active
     record(ledger, "queues.race.swap-to-host-fifo", "queues",
            "swap outbound.db for a symlink to a host FIFO while announcing commits", contained,
            f"{raw['detail']}; host FIFO opened by the daemon: {not never_opened}; bystander "
