@@ -35,6 +35,7 @@ from cryptography.x509.oid import NameOID
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.fixtures import RESULTS, ROOT
 from tests.harness.leaks import find_leaks
+from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
 
 pytestmark = pytest.mark.integration
@@ -52,6 +53,7 @@ TOKEN_BASIC = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
 CREDENTIALS = {CREDENTIAL: TOKEN, CREDENTIAL_PUNCT: TOKEN_PUNCT, CREDENTIAL_BASIC: TOKEN_BASIC}
 NS_ADDRESS, HOST_ADDRESS = "198.51.100.1", "198.51.100.2"
 RPC_TIMEOUT = 60.0
+AUDIT_LOG = "/var/lib/ironclaw/audit.log"
 DNS_NAMES_8088 = ("loop", "private", "cgnat", "meta", "mcast", "zero", "mixed", "mapped",
                   "meta6", "rebind")  # fmt: skip
 
@@ -174,15 +176,27 @@ class World:
             call.cancel()
         pytest.fail(f"no reply to {args}")
 
-    def cursor(self) -> str:
-        proc = self.sysd.run(["journalctl", "-n", "0", "--show-cursor", "--no-pager"])
-        return out(proc).strip().rsplit("cursor: ", 1)[-1]
+    def cursor(self) -> int:
+        """Where the audit log ends now (its size in bytes)."""
+        return int(out(self.sysd.run(["stat", "-c", "%s", AUDIT_LOG])).strip())
 
-    def decisions(self, sid: str, after: str) -> list[dict[str, Any]]:
-        proc = self.sysd.run(["journalctl", "--no-pager", "-o", "json", "--after-cursor", after,
-                              f"IRONCLAW_SID={sid}"])  # fmt: skip
-        records = [json.loads(line) for line in out(proc).splitlines() if line.startswith("{")]
-        return [r for r in records if "IRONCLAW_EGRESS_VERDICT" in r]
+    def decisions(self, sid: str, after: int, count: int) -> list[dict[str, Any]]:
+        """The session's egress decisions recorded in the audit log after ``after``, once at
+        least ``count`` are there, as ``IRONCLAW_*`` fields like the journal's. The audit log
+        is the complete record: the journal's lines are throttled per session and verdict (a box
+        decides how many requests it makes), and decisions are group-committed within
+        milliseconds of the answer."""
+
+        def read() -> list[dict[str, Any]]:
+            proc = self.sysd.run(["tail", "-c", f"+{after + 1}", AUDIT_LOG])
+            records = [json.loads(line) for line in proc.stdout.decode().splitlines() if line]
+            return [r for r in records if r.get("event") == "egress.decision"
+                    and r.get("actor") == f"session:{sid}"]  # fmt: skip
+
+        found = wait_for(f"{count} egress decisions of {sid}", read, lambda r: len(r) >= count, 20)
+        fields = ({f"IRONCLAW_{k.upper()}": str(v) for k, v in r.items()} for r in found)
+        return [{**f, "MESSAGE": json.dumps(r), "IRONCLAW_EGRESS_VERDICT": r["verdict"]}
+                for f, r in zip(fields, found, strict=True)]  # fmt: skip
 
 
 def _wait_ready(log: Path, timeout: float = 20) -> None:
@@ -290,7 +304,7 @@ def test_allowed_request_reaches_the_test_server_and_the_reply_returns(
     assert {"listener": "sni", "name": "api.egress.test"}.items() <= next(
         e for e in world.entries("ns") if e.get("listener") == "sni"
     ).items()
-    (decision,) = world.decisions(session, mark)
+    (decision,) = world.decisions(session, mark, 1)
     assert decision["IRONCLAW_EGRESS_VERDICT"] == "allowed"
     assert decision["IRONCLAW_ADDRESS"] == NS_ADDRESS and decision["IRONCLAW_STATUS"] == "200"
     assert (
@@ -342,7 +356,7 @@ def test_injected_credential_reaches_upstream_but_never_the_agent(
     assert REFUSED in plain and "body carries the injected credential" in plain, plain
     assert REFUSED in asked and "body carries the injected credential" in asked, asked
     assert REFUSED in forced and "Content-Encoding gzip cannot be inspected" in forced, forced
-    decisions = world.decisions(session, mark)
+    decisions = world.decisions(session, mark, 3)
     assert [d["IRONCLAW_EGRESS_VERDICT"] for d in decisions] == ["failed"] * 3
     assert all("response refused" in d["IRONCLAW_REASON"] for d in decisions)
     assert "stripped Accept-Encoding" in decisions[1]["IRONCLAW_REASON"]
@@ -355,7 +369,7 @@ def test_the_reason_phrase_is_the_standard_one(world: World, session: str) -> No
     _, sent = served(world, "/v1/reason")
     assert sent.startswith(f"HTTP/1.1 401 Unauthorized Bearer {TOKEN}\r\n".encode())  # control
     assert "HTTP 401 Unauthorized\nContent-Type" in reply and "\n\ndenied" in reply, reply
-    decisions = world.decisions(session, mark)
+    decisions = world.decisions(session, mark, 1)
     assert decisions[0]["IRONCLAW_EGRESS_VERDICT"] == "allowed"
     assert not no_leak(reply, decisions)
 
@@ -387,7 +401,7 @@ def test_encoded_reflections_of_the_credential_are_refused_and_audited(
     assert not failures, "\n".join(failures)
     assert served(world, "/v2/reflect/plus")[0]["x-api-key"] == f"Bearer {TOKEN_PUNCT}"
     assert served(world, "/basic/reflect/password")[0]["authorization"] == f"Basic {TOKEN_BASIC}"
-    decisions = world.decisions(session, mark)
+    decisions = world.decisions(session, mark, len(REFLECTIONS))
     assert len(decisions) == len(REFLECTIONS)
     assert {d["IRONCLAW_EGRESS_VERDICT"] for d in decisions} == {"failed"}
     assert not no_leak("\n".join(replies), decisions)
@@ -427,7 +441,7 @@ def test_requests_carrying_or_mirroring_a_credential_never_leave(
             failures.append(f"{args}: expected '{fragment}', got: {reply}")
     assert not failures, "\n".join(failures)
     assert [e for e in world.entries("ns")[before:] if "path" in e] == []  # nothing reached it
-    decisions = world.decisions(session, mark)
+    decisions = world.decisions(session, mark, len(CARRYING))
     assert [d["IRONCLAW_EGRESS_VERDICT"] for d in decisions] == ["denied"] * len(CARRYING)
     for (_args, fragment), decision in zip(CARRYING, decisions, strict=True):
         assert fragment in decision["IRONCLAW_REASON"], decision["MESSAGE"]
@@ -513,7 +527,7 @@ def test_hostile_requests_are_denied_logged_and_never_reach_a_server(
             failures.append(f"{args}: expected {code} '{fragment}', got: {reply}")
     assert not failures, "\n".join(failures)
 
-    decisions = world.decisions(session, mark)
+    decisions = world.decisions(session, mark, len(cases) + 1)
     assert len(decisions) == len(cases) + 1, [d["MESSAGE"] for d in decisions]
     assert decisions[0]["IRONCLAW_EGRESS_VERDICT"] == "allowed"
     for (args, _code, fragment), decision in zip(cases, decisions[1:], strict=True):
