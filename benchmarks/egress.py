@@ -9,7 +9,7 @@ for it in the private /etc/hosts. Compared, all over HTTPS with certificate veri
 - ``broker``: EgressBroker.fetch in-process (rules, resolution, address checks, pinned
   connection, masking, audit);
 - ``broker_grpc``: the same through EgressService on a Unix socket (the agent's path, minus
-  the gVisor hop, which TESTING.md measures at ~1 ms p50).
+  the gVisor hop, measured here at ~1 ms p50).
 Prints medians and writes ``results/bench-egress.json``.
 """
 

@@ -1,4 +1,4 @@
-"""Well-known paths (ARCHITECTURE.md §8): what the daemon touches on the host is named here."""
+"""Well-known paths (docs/architecture.md §8): what the daemon touches on the host is named here."""
 
 from __future__ import annotations
 

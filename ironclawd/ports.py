@@ -1,4 +1,4 @@
-"""The small Protocols behind which every host effect sits (STYLE.md §3).
+"""The small Protocols behind which every host effect sits (docs/style.md §3).
 
 Services receive implementations through their constructors; only ``daemon.py`` picks the real
 adapters (``host/``, ``store/``). Fakes for the unit tier live in ``tests/fakes`` and pass the

@@ -1,1 +1,1 @@
-"""api layer (see ARCHITECTURE.md §9)."""
+"""api layer (see docs/architecture.md §9)."""

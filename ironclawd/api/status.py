@@ -1,4 +1,4 @@
-"""The one table from ironclawd's error classes to gRPC status codes (STYLE.md §6)."""
+"""The one table from ironclawd's error classes to gRPC status codes (docs/style.md §6)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""bundle layer (see ARCHITECTURE.md §9)."""
+"""bundle layer (see docs/architecture.md §9)."""

@@ -1,4 +1,4 @@
-"""Assemble the agent's read-only rootfs (ARCHITECTURE.md §3 "Rootfs").
+"""Assemble the agent's read-only rootfs (docs/architecture.md §3 "Rootfs").
 
 The rootfs holds exactly: the frozen agent at ``/app/agent`` (PyInstaller --onedir output), the
 template files from ``oci-bundles/agent/`` (passwd, group, nsswitch.conf), the host shared

@@ -1,7 +1,7 @@
 """Policy -> OCI runtime-spec ``config.json`` (pure), and the checks every emitted spec must pass.
 
 ``build_spec`` turns a ``SandboxPolicy`` into a config.json dict for runsc; ``check_spec`` refuses
-any spec that lacks one of the walls of ARCHITECTURE.md §2 B1/§3, whoever built it. Facts about
+any spec that lacks one of the walls of docs/architecture.md §2 B1/§3, whoever built it. Facts about
 runsc 0.0~20221219 (OCI spec 1.0.2-dev) that shaped the rules were seen on this project's test
 machines and are cited where they matter:
 
@@ -70,7 +70,7 @@ FRESH_NAMESPACES = ("pid", "ipc", "uts", "mount")
 
 
 def netns_path(sid: str) -> str:
-    """The path of a session's empty network namespace (ARCHITECTURE.md §8)."""
+    """The path of a session's empty network namespace (docs/architecture.md §8)."""
     return str(paths.NETNS_DIR / f"ironclaw-{sid}")
 
 
@@ -152,7 +152,7 @@ def _fixed_mounts(policy: SandboxPolicy) -> list[dict[str, Any]]:
             "source": "tmpfs",
             "options": ["ro", *HYGIENE, "size=4k", "mode=555"],
         },
-        # The only writable place of the box; lost when the sandbox stops (ARCHITECTURE.md §3).
+        # The only writable place of the box; lost when the sandbox stops (docs/architecture.md §3).
         {
             "destination": WORKSPACE_DIR,
             "type": "tmpfs",
@@ -366,8 +366,8 @@ def _check_mounts(mounts: object, sid: str, granted: Sequence[Mount]) -> None:
             raise _Refusal("mount-readonly", f"{where}: both ro and rw")
         if expected[2] and not read_only:
             raise _Refusal("mount-readonly", f"{where}: expected read-only")
-        # Every writable mount: nosuid, nodev, noexec (ARCHITECTURE.md §2 B1); the opposite flags
-        # would override them, since mount(8) applies options left to right.
+        # Every writable mount: nosuid, nodev, noexec (docs/architecture.md §2 B1); the opposite
+        # flags would override them, since mount(8) applies options left to right.
         undone = [flag for flag in ("suid", "dev", "exec") if flag in options]
         if undone:
             raise _Refusal("mount-hygiene", f"{where}: options {undone} undo nosuid/nodev/noexec")

@@ -1,8 +1,8 @@
 """The atomic bundle writer: puts a checked ``config.json`` into a session's bundle directory.
 
-The directory is made 0700 (ARCHITECTURE.md §3: bundles live under
-``/var/lib/ironclaw/bundles/<sid>/``, 0700); the file appears whole or not at all (STYLE.md §12:
-write a temp file, fsync, rename, fsync the directory).
+The directory is made 0700 (docs/architecture.md §3: bundles live under
+``/var/lib/ironclaw/bundles/<sid>/``, 0700); the file appears whole or not at all
+(docs/style.md §12: write a temp file, fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations

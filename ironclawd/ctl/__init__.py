@@ -1,1 +1,1 @@
-"""ctl layer (see ARCHITECTURE.md §9)."""
+"""ctl layer (see docs/architecture.md §9)."""

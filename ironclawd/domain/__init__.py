@@ -1,1 +1,1 @@
-"""domain layer (see ARCHITECTURE.md §9)."""
+"""domain layer (see docs/architecture.md §9)."""

@@ -1,4 +1,4 @@
-"""Which network addresses the egress broker may connect to (ARCHITECTURE.md §6). Pure.
+"""Which network addresses the egress broker may connect to (docs/architecture.md §6). Pure.
 
 Two tiers of refusal:
 - **never**: unspecified, loopback, link-local (which holds the cloud metadata service),

@@ -1,4 +1,4 @@
-"""Capability changes held for a human decision (ARCHITECTURE.md §7). Pure values and rules.
+"""Capability changes held for a human decision (docs/architecture.md §7). Pure values and rules.
 
 A change names its kind, target agent and a typed payload; at submission the host records the
 agent's configuration before and after, and a canonical hash of exactly what would be applied.

@@ -1,6 +1,6 @@
 """The sandbox policy: everything one session's sandbox is allowed to be, as a frozen value.
 
-A ``SandboxPolicy`` is validated when it is made (STYLE.md §9: validate at the edge, name the
+A ``SandboxPolicy`` is validated when it is made (docs/style.md §9: validate at the edge, name the
 field and what was expected). It checks shape and ranges only; which host paths may be mounted is
 decided by ``ironclawd.bundle.spec.check_spec``, which knows the host layout. Pure: no I/O.
 """
@@ -39,7 +39,7 @@ MOUNT_TYPES = frozenset({"bind", "tmpfs"})
 # Each of these would undo nosuid/nodev/noexec or the read-only flag the spec adds itself.
 FORBIDDEN_MOUNT_OPTIONS = frozenset({"ro", "rw", "suid", "dev", "exec", "remount", "bind", "rbind"})
 # Env names whose words say "secret": secrets reach the agent only through the proxy, never its
-# environment (ARCHITECTURE.md §2 B1, §5), and the environment lands in config.json on disk.
+# environment (docs/architecture.md §2 B1, §5), and the environment lands in config.json on disk.
 SECRET_ENV_WORDS = frozenset(
     {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "CREDENTIAL",
      "CREDENTIALS", "AUTH", "AUTHORIZATION", "COOKIE", "PRIVATE", "BEARER"}

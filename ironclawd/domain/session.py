@@ -1,4 +1,4 @@
-"""Sessions: the explicit state machine (ARCHITECTURE.md §3 Lifecycle). Pure values."""
+"""Sessions: the explicit state machine (docs/architecture.md §3 Lifecycle). Pure values."""
 
 from __future__ import annotations
 

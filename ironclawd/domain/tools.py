@@ -1,4 +1,5 @@
-"""The tools an agent may be given (ARCHITECTURE.md §5); which ones each agent has is policy."""
+"""The tools an agent may be given (docs/architecture.md §5); which ones each agent has is
+policy."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""host layer (see ARCHITECTURE.md §9)."""
+"""host layer (see docs/architecture.md §9)."""

@@ -1,4 +1,5 @@
-"""What the installed runsc offers, and the argv that runs a sandbox with it (ARCHITECTURE §3).
+"""What the installed runsc offers, and the argv that runs a sandbox with it
+(docs/architecture.md §3).
 
 runsc's flags differ between releases (Debian 12 ships 20221219 with ptrace and kvm; Debian 13
 ships 20240729, which adds systrap), so they are detected, never assumed. Parsing and argv

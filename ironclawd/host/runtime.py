@@ -28,7 +28,7 @@ class RunscRuntime:
 
     def run_argv(self, bundle: Path, container_id: str) -> list[str]:
         # --host-uds=open: the agent connects to its session's sockets; the only host directory
-        # with sockets mounted into the box is that session's own (ARCHITECTURE.md §3).
+        # with sockets mounted into the box is that session's own (docs/architecture.md §3).
         return runsc.runsc_argv(
             self._info,
             root=self._root,

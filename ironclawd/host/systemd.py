@@ -1,4 +1,4 @@
-"""Transient sandbox units over D-Bus with pystemd (ARCHITECTURE.md §3 "Unit").
+"""Transient sandbox units over D-Bus with pystemd (docs/architecture.md §3 "Unit").
 
 Every public call opens its own bus connection and closes it before returning: sd-bus objects are
 not thread-safe and the daemon calls these from worker threads; a connection costs about a
@@ -128,8 +128,8 @@ def build_properties(spec: UnitSpec) -> list[Property]:
         *hardening.sandbox_properties([str(p) for p in spec.writable_paths]),
     ]
     if spec.netns_path is not None:
-        # runsc ignores the spec's netns path with --network=none (TESTING.md): start the whole
-        # runsc process tree inside the empty namespace instead.
+        # runsc ignores the spec's netns path with --network=none (docs/development.md, runsc):
+        # start the whole runsc process tree inside the empty namespace instead.
         props.append(("NetworkNamespacePath", "s", str(spec.netns_path)))
     seen = {name for name, _, _ in props}
     for name, text in sorted(spec.extra_properties.items()):

@@ -1,1 +1,1 @@
-"""services layer (see ARCHITECTURE.md §9)."""
+"""services layer (see docs/architecture.md §9)."""

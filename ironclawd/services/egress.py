@@ -1,4 +1,4 @@
-"""The egress broker (ARCHITECTURE.md §6): the agent's only way to an external API.
+"""The egress broker (docs/architecture.md §6): the agent's only way to an external API.
 
 Deny by default. A request must match one of its agent's rules; the broker resolves the name
 itself (once), refuses the whole request if *any* answer is an address it may not reach, and

@@ -1,4 +1,4 @@
-"""The approval gateway: every capability change waits for a human (ARCHITECTURE.md §7).
+"""The approval gateway: every capability change waits for a human (docs/architecture.md §7).
 
 Deterministic verifiers run first (schema, supported kind, target exists or not, no-op, rate of
 submissions per submitter) and may reject at once; everything that passes them is held pending.

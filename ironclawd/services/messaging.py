@@ -97,7 +97,7 @@ class MessageService:
         check_client_id(client_id)
         session = self._sessions.get(sid)
         if session.state is not State.RUNNING:
-            # An idle-stopped session starts again on the next message (ARCHITECTURE.md §3).
+            # An idle-stopped session starts again on the next message (docs/architecture.md §3).
             session = await self._sessions.start(sid)
         writer = await asyncio.to_thread(self._writer, sid)
         replies_before, _chain = self.store.last_reply(sid)

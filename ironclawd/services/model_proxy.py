@@ -1,4 +1,4 @@
-"""The model proxy (ARCHITECTURE.md §5): one turn of the agent's model, with the key injected
+"""The model proxy (docs/architecture.md §5): one turn of the agent's model, with the key injected
 here, the persona and tools fixed by the host, budgets keyed by the session the socket belongs
 to, secrets redacted from everything returned, and every call audited (never its content)."""
 

@@ -1,6 +1,6 @@
 """Reconcile on daemon start: adopt the sandboxes still running, settle sessions a dead daemon
 left mid-transition, and remove every orphaned unit, netns, runsc state, bundle and socket dir
-(ARCHITECTURE.md §3 Lifecycle)."""
+(docs/architecture.md §3 Lifecycle)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A session's host resources (socket dir, netns, bundle, runsc state, unit) are made inside one
 AsyncExitStack and kept only if the agent says hello; any failure rolls all of them back. The
-state is persisted after every transition (STYLE.md §8, §11).
+state is persisted after every transition (docs/style.md §8, §11).
 """
 
 from __future__ import annotations

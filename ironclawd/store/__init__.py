@@ -1,1 +1,1 @@
-"""store layer (see ARCHITECTURE.md §9)."""
+"""store layer (see docs/architecture.md §9)."""

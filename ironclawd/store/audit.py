@@ -1,4 +1,4 @@
-"""The audit log: append-only, hash-chained, keyed, fsync'd (ARCHITECTURE.md §7).
+"""The audit log: append-only, hash-chained, keyed, fsync'd (docs/architecture.md §7).
 
 One JSON object per line. Each record carries ``prev`` (the previous record's ``mac``) and its
 own ``mac`` = HMAC-SHA256 over the canonical JSON of everything else, under a key derived from

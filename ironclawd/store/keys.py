@@ -1,4 +1,4 @@
-"""Key custody: the master key, and per-session keys wrapped under it (ARCHITECTURE.md §4).
+"""Key custody: the master key, and per-session keys wrapped under it (docs/architecture.md §4).
 
 The master key (256 bits) comes from a systemd credential when the unit passes one
 (``LoadCredential=``/``LoadCredentialEncrypted=master.key:...`` puts it in

@@ -1,4 +1,4 @@
-"""Per-session encrypted queues (ARCHITECTURE.md §4): the host's side.
+"""Per-session encrypted queues (docs/architecture.md §4): the host's side.
 
 ``inbound.db`` — the host is its only writer; the agent reads it through a read-only mount.
 ``outbound.db`` — the agent is its only writer; the host reads it read-only and *ingests* rows
@@ -8,7 +8,7 @@ Both are SQLCipher 4 with the session's raw 256-bit key, rollback journal (WAL's
 does not cross the gVisor boundary), synchronous=FULL. File locks taken in the sandbox are not
 seen by the host, so nothing relies on them: each file has one writer, commits are announced on
 the control socket, and a reader that meets a hot journal or a half-written page gets an error
-and retries (TESTING.md, "SQLite across the gVisor boundary").
+and retries (docs/development.md, "SQLite / SQLCipher").
 
 The outbound file is written by an untrusted agent: store/outbound.py reads it without trusting
 any path (descriptors only, a private copy for SQLite).

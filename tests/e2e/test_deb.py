@@ -144,7 +144,7 @@ def leftovers(sd: SystemdHarness) -> dict[str, str]:
 
 
 def test_package_contents(deb: Path) -> None:
-    """The layout the package promises (ARCHITECTURE.md §8): checked without installing."""
+    """The layout the package promises (docs/architecture.md §8): checked without installing."""
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, check=True)
     # "-rwxr-xr-x root/root 203 2026-11-30 05:00 ./usr/bin/ironctl" (symlinks: "... -> target")
     paths = {

@@ -1,6 +1,6 @@
 """Boot a private systemd for tests and demos, and tear it down without a trace.
 
-The recipe is the one in docs (TESTING.md, "A private systemd for tests and demos"): new PID,
+The recipe (docs/development.md, "The private systemd"): new PID,
 mount and UTS namespaces; an overlay whose lower layer is the host's root (or, with ``lower=``,
 another root tree such as a debootstrapped Debian) and whose upper layer is a tmpfs;
 `pivot_root` into it; `exec systemd`. systemd at boot runs tmpfiles, sysusers, sysctl,
@@ -41,7 +41,7 @@ BOOT_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 30.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
 
-# Units that fail in any container and do not matter to us (TESTING.md: "degraded" caused by
+# Units that fail in any container and do not matter to us ("degraded" caused by
 # modules-load is expected). Anything else failing is a real problem and is reported.
 EXPECTED_FAILURES = frozenset(
     {

@@ -65,7 +65,7 @@ def frozen_dir() -> Path:
     assert result.returncode == 0, result.stderr
     out = Path(result.stdout.strip())
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
-    # Measured, not asserted (STYLE.md §20): shown with -s.
+    # Measured, not asserted (docs/style.md §20): shown with -s.
     print(f"\nbuild-agent: {time.monotonic() - started:.1f} s, {size / 2**20:.1f} MiB, {out}")
     return out
 

@@ -5,8 +5,8 @@ cannot be confused with another run's) and removes every session at its end (``c
 do not depend on each other. ``inventory`` looks, from inside the private systemd, at every place
 a session can leave something behind; ``leftovers`` narrows that to one session id.
 
-Timings (create, stop, adopt after a kill) are recorded, never asserted (STYLE.md §20): they are
-printed at the end of the module and written to results/test_sessions-timings.json.
+Timings (create, stop, adopt after a kill) are recorded, never asserted (docs/style.md §20):
+they are printed at the end of the module and written to results/test_sessions-timings.json.
 """
 
 from __future__ import annotations

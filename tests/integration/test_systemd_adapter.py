@@ -136,7 +136,7 @@ def test_kill_then_wait_reports_the_signal(private_systemd: Any, netns: str, uni
 
 
 def test_start_job_wait_timing(private_systemd: Any, netns: str) -> None:
-    """Measured, not asserted beyond the timeout (STYLE.md §20): printed for the docs."""
+    """Measured, not asserted beyond the timeout (docs/style.md §20): printed for the docs."""
     seconds = ok(private_systemd, "bench", "9", f"/run/netns/{netns}")["seconds"]
     assert all(s < 10 for s in seconds)
     print(f"\ntransient unit start -> job done: median {statistics.median(seconds) * 1e3:.1f} ms, "

@@ -6,7 +6,7 @@ agent's uid inside that session's sandbox (conftest.py). Each denial is set agai
 shows the same attempt succeeding where it should, so no test passes because its probe is blind.
 
 Network traffic goes only to loopback and to addresses no route can reach (RFC 5737 TEST-NET-2,
-RFC 3849 2001:db8::/32), never to a public address (TESTING.md).
+RFC 3849 2001:db8::/32), never to a public address.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ UNROUTABLE = ("198.51.100.1:53", "[2001:db8::1]:53")
 # gVisor's netstack says EHOSTUNREACH where Linux says ENETUNREACH; both mean "no route".
 NO_ROUTE = {"ENETUNREACH", "EHOSTUNREACH"}
 REFUSAL = "refused a control connection from outside its unit"
-# What a session's own sockets directory may hold (ARCHITECTURE.md §8); nothing else of
+# What a session's own sockets directory may hold (docs/architecture.md §8); nothing else of
 # /run/ironclaw may show inside.
 SESSION_SOCKETS = {"control.sock", "model.sock", "egress.sock", "gateway.sock"}
 
