@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
+from ironclawd.ctl import argtypes, exitcodes, render
+from ironclawd.ctl.common import Stub, add_command, decode_stdin, print_json, read_stdin, to_dict
 
 
 def _when(stamp: float) -> str:
@@ -22,7 +22,7 @@ def _when(stamp: float) -> str:
 
 def _payload(args: argparse.Namespace) -> str:
     if args.payload == "-":
-        return sys.stdin.read()
+        return read_stdin()
     if args.payload is not None:
         return str(args.payload)
     fields: dict[str, Any] = {}
@@ -104,7 +104,9 @@ def _confirm(args: argparse.Namespace, change: admin_pb2.Change, verb: str) -> b
               file=sys.stderr)  # fmt: skip
         return False
     show_change(args, change)
-    answer = input(f"{verb} change {change.id} ({change.kind} on {change.agent})? [y/N] ")
+    question = f"{verb} change {change.id} ({change.kind} on {change.agent})? [y/N] "
+    print(render.visible(question), end="", flush=True)
+    answer = decode_stdin(sys.stdin.buffer.readline())
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -169,7 +171,8 @@ def cmd_agent_create(args: argparse.Namespace, stub: Stub) -> int:
     )  # fmt: skip
     change = stub.SubmitChange(request, timeout=args.timeout).change
     if not args.json:
-        print(f"agent {args.name}: create_agent change {change.id} is pending a human decision")
+        print(f"agent {render.visible(args.name)}: create_agent change {change.id} is pending a "
+              "human decision")  # fmt: skip
     show_change(args, change)
     return exitcodes.OK
 
@@ -264,7 +267,9 @@ def register(sub: Any) -> None:
     audit_verbs = audit.add_subparsers(dest="verb", metavar="VERB", required=True)
     listing = add_command(audit_verbs, "list", "print audit records",
                           "ironctl audit list --after 100 --limit 50", cmd_audit_list)  # fmt: skip
-    listing.add_argument("--after", type=int, default=0, help="records after this seq")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--after", type=argtypes.int_range(0, argtypes.MAX_SEQ), default=0,
+                         help="records after this seq")  # fmt: skip
+    listing.add_argument("--limit", type=argtypes.int_range(1, 10_000), default=100,
+                         help="at most this many records, 1 to 10000 (default 100)")  # fmt: skip
     add_command(audit_verbs, "verify", "check every record and link; names the first bad one",
                 "ironctl audit verify", cmd_audit_verify)  # fmt: skip

@@ -11,7 +11,14 @@ from typing import Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, to_dict
+from ironclawd.ctl.common import (
+    Stub,
+    UsageError,
+    add_command,
+    decode_stdin,
+    read_stdin,
+    to_dict,
+)
 
 
 def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMessageResponse:
@@ -37,7 +44,7 @@ def _answer(
 
 
 def cmd_send(args: argparse.Namespace, stub: Stub) -> int:
-    text = sys.stdin.read() if args.text == "-" else args.text
+    text = read_stdin() if args.text == "-" else args.text
     sent = _send(stub, args.sid, text, args.timeout)
     if args.no_wait:
         doc: dict[str, Any] = {"seq": sent.seq, "duplicate": sent.duplicate}
@@ -55,18 +62,17 @@ def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
     sid = args.sid
     if not sid:
         if not args.agent:
-            print("ironctl: chat: give a session id or --agent NAME", file=sys.stderr)
-            return exitcodes.USAGE
+            raise UsageError("ironctl chat: give a session id or --agent NAME")
         created = stub.CreateSession(
             admin_pb2.CreateSessionRequest(agent=args.agent), timeout=args.timeout
         )
         sid = created.session.sid
-        print(f"started session {sid} of agent {args.agent}", file=sys.stderr)
+        print(f"started session {sid} of agent {render.visible(args.agent)}", file=sys.stderr)
     interactive = sys.stdin.isatty()
     while True:
         if interactive:
             print("you> ", end="", flush=True)
-        line = sys.stdin.readline()
+        line = decode_stdin(sys.stdin.buffer.readline())
         if not line:
             return exitcodes.OK
         text = line.rstrip("\n")
@@ -83,7 +89,7 @@ def cmd_verify(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print(json.dumps(to_dict(report)))
     elif report.ok:
-        print(f"session {args.sid}: {report.checked} ingested replies verified")
+        print(f"session {render.visible(args.sid)}: {report.checked} ingested replies verified")
     else:
         print(
             f"session {args.sid}: TAMPERING at reply {report.first_bad_seq}: {report.problem} "

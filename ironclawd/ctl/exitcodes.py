@@ -13,12 +13,14 @@ NOT_FOUND = 5
 CONFLICT = 6
 INVALID = 7  # the daemon refused an argument
 TIMEOUT = 8
-INTERNAL = 9
+INTERNAL = 9  # in the daemon, or in ironctl itself
 # ironctl containment verify (no daemon involved):
 BAD_SIGNATURE = 10  # signature missing, malformed, by another key, or not matching the report
 MALFORMED_REPORT = 11  # the report is missing, not JSON, or not ironclaw-containment-report/1
 ESCAPED = 12  # a validly signed report in which an attack escaped
 INCONCLUSIVE = 13  # an attack errored, or the negative control saw no escape
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+PIPE_CLOSED = 141  # the reader of standard output went away (128 + SIGPIPE, as a shell shows)
 
 _BY_CODE = {
     grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
@@ -37,14 +39,15 @@ _BY_CODE = {
 HELP = """exit codes:
   0  success (doctor: every required check passed)
   1  failure (doctor: a required check failed)
-  2  bad command line
+  2  bad command line (also: an argument that is not UTF-8, a number out of range)
   3  daemon not reachable (is ironclawd running? systemctl status ironclawd)
   4  permission denied (join group ironclaw-admin, then log in again)
-  5  not found      6  conflict with current state      7  invalid argument
-  8  timed out      9  internal error in the daemon
+  5  not found      6  conflict with current state      7  invalid argument (or input)
+  8  timed out      9  internal error (in the daemon, or in ironctl)
   containment verify: 10 bad or missing signature   11 malformed report
                       12 an attack escaped          13 inconclusive (an attack errored, or
-                         the negative control saw no escape)"""
+                         the negative control saw no escape)
+  130 interrupted (Ctrl-C)    141 standard output was closed early (| head)"""
 
 
 def for_status(code: grpc.StatusCode) -> int:

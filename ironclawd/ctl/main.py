@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
+import traceback
 
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import changes, chat, containment, exitcodes, render, sessions
-from ironclawd.ctl.common import Stub, add_command, common_options, print_json
+from ironclawd.ctl import argtypes, changes, chat, containment, exitcodes, render, sessions
+from ironclawd.ctl.common import (
+    CtlError,
+    Parser,
+    Stub,
+    UsageError,
+    add_command,
+    common_options,
+    print_json,
+)
 
 DEFAULT_SOCKET = "/run/ironclaw/admin.sock"
+DEBUG_ENV = "IRONCTL_DEBUG"
 
 
 def cmd_status(args: argparse.Namespace, stub: Stub) -> int:
@@ -38,7 +49,7 @@ def cmd_doctor(args: argparse.Namespace, stub: Stub) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     socket_default = os.environ.get("IRONCLAW_ADMIN_SOCKET", DEFAULT_SOCKET)
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ironctl",
         description="Operate ironclawd: health, sandboxed agent sessions, changes, audit.",
         epilog="examples:\n  ironctl doctor\n  ironctl session create --agent demo\n"
@@ -73,18 +84,98 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one ironctl command. Every outcome is an exit code and at most a one-line error
+    (JSON under --json): never a traceback, unless IRONCTL_DEBUG=1 asks for one."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = _wants_json(args)
+    _tolerant_streams()
+    try:
+        try:
+            code = _run(args, as_json)
+            sys.stdout.flush()  # here, not at exit, so a closed pipe is seen and handled
+        except KeyboardInterrupt:
+            return exitcodes.INTERRUPTED
+        except BrokenPipeError:
+            raise
+        except Exception as exc:  # last resort: any bug is one line, not a traceback
+            return _report(as_json, _internal(exc))
+        else:
+            return code
+    except BrokenPipeError:
+        # The reader went away (ironctl ... | head -1): stop quietly, as a program killed by
+        # SIGPIPE would, and let nothing more reach the closed pipe at interpreter exit.
+        _stdout_to_devnull()
+        return exitcodes.PIPE_CLOSED
+
+
+def _run(argv: list[str], as_json: bool) -> int:
+    try:
+        problem = argtypes.undecodable(argv)
+        if problem is not None:
+            raise UsageError(f"ironctl: {problem}")
+        args = build_parser().parse_args(argv)
+    except CtlError as err:
+        return _report(as_json, err)
+    except SystemExit as exc:  # --help was printed
+        return exc.code if isinstance(exc.code, int) else exitcodes.USAGE
     channel = grpc.insecure_channel(f"unix:{args.socket}")
     try:
         code: int = args.func(args, admin_pb2_grpc.AdminServiceStub(channel))
     except grpc.RpcError as err:
         return _report_rpc_error(args, err)
-    except KeyboardInterrupt:
-        return 130
+    except CtlError as err:
+        return _report(args.json, err, args.command)
     else:
         return code
     finally:
         channel.close()
+
+
+def _wants_json(argv: list[str]) -> bool:
+    # Before parsing (a usage error has no parsed arguments): --json or an abbreviation of it
+    # that argparse would accept, anywhere before a "--".
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    return any(len(w) >= 3 and "--json".startswith(w) for w in words)
+
+
+def _report(as_json: bool, err: CtlError, command: str = "") -> int:
+    message = argtypes.shown_message(str(err))
+    if as_json:
+        doc = {"error": {"code": err.code, "message": message, "exit": err.exit_code}}
+        print(json.dumps(doc))
+    else:
+        prefix = f"ironctl: {command}: " if command else ""
+        print(f"{prefix}{message}", file=sys.stderr)
+    return err.exit_code
+
+
+def _internal(exc: Exception) -> CtlError:
+    if os.environ.get(DEBUG_ENV) == "1":
+        traceback.print_exc()
+        hint = ""
+    else:
+        hint = f" (set {DEBUG_ENV}=1 for a traceback)"
+    return CtlError(
+        "IRONCTL_INTERNAL",
+        exitcodes.INTERNAL,
+        f"ironctl: internal error in ironctl: {type(exc).__name__}: {exc}{hint}",
+    )
+
+
+def _tolerant_streams() -> None:
+    # Text that cannot be encoded for this terminal (a C locale, say) is printed escaped.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a real file (a test's capture): nothing will be flushed to a pipe
 
 
 def _report_rpc_error(args: argparse.Namespace, err: grpc.RpcError) -> int:
@@ -95,6 +186,7 @@ def _report_rpc_error(args: argparse.Namespace, err: grpc.RpcError) -> int:
         detail = _explain_unavailable(args.socket, detail)
         if detail.startswith("permission denied"):
             exit_code = exitcodes.PERMISSION
+    detail = argtypes.shown_message(detail)
     if args.json:
         print(json.dumps({"error": {"code": code.name, "message": detail, "exit": exit_code}}))
     else:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl import argtypes, exitcodes, render
 from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
 
 STATE_NAMES: dict[int, str] = {
@@ -59,7 +59,7 @@ def cmd_rm(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print(json.dumps({"removed": args.sid}))
     else:
-        print(f"removed session {args.sid}")
+        print(f"removed session {render.visible(args.sid)}")
     return exitcodes.OK
 
 
@@ -124,6 +124,7 @@ def register(sub: Any) -> Any:
         cmd_logs,
     )
     logs.add_argument("sid", metavar="SID", help="session id")
-    logs.add_argument("-n", "--lines", type=int, default=100, help="last N lines (default 100)")
+    logs.add_argument("-n", "--lines", type=argtypes.int_range(1, 10_000), default=100,
+                      help="last N lines, 1 to 10000 (default 100)")  # fmt: skip
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     return verbs
