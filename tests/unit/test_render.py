@@ -17,6 +17,9 @@ from ironclawd.ctl.render import visible
         ("zero\u200bwidth", "zero\\u200bwidth"),
         ("bom\ufeff", "bom\\ufeff"),
         ("c1\x9b", "c1\\x9b"),
+        ("byte\udcff", "byte\\xff"),
+        ("lone\ud800", "lone\\ud800"),
+        ("line\u2028sep", "line\\u2028sep"),
         ("déjà vu ✓", "déjà vu ✓"),
     ],
 )
