@@ -200,7 +200,8 @@ def cmd_audit_verify(args: argparse.Namespace, stub: Stub) -> int:
         print(json.dumps(to_dict(reply)))
     elif reply.ok:
         flag = "with" if reply.append_only else "WITHOUT"
-        print(f"audit log intact: {reply.records} records ({flag} the append-only flag)")
+        note = f"; {reply.problem}" if reply.problem else ""
+        print(f"audit log intact: {reply.records} records ({flag} the append-only flag){note}")
     else:
         print(f"audit log TAMPERED: first bad record {reply.first_bad_seq}: {reply.problem}")
     return exitcodes.OK if reply.ok else exitcodes.FAILED

@@ -6,6 +6,12 @@ the master key — so rewriting history needs the key, not just a text editor an
 file is opened O_APPEND and, where the filesystem supports it, carries the kernel's append-only
 flag (FS_APPEND_FL, chattr +a): even root must drop CAP_LINUX_IMMUTABLE-guarded flag first.
 The newest (seq, mac) is also kept in the state DB, so a truncated tail is detected too.
+
+Appends are all-or-nothing: each record is one checked write; a failed or short write (a full
+disk) is cut back to the last whole record before anything else is appended, and a tail torn by
+a crash is cut back when the log is opened. Each cut is itself recorded (``audit.repaired``,
+naming the bytes cut) before the next record, so ``verify`` tells a crash (a cut, recorded) from
+tampering (a bad MAC, link or seq among the records).
 """
 
 from __future__ import annotations
@@ -14,22 +20,27 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ironclawd.errors import HostError
+from ironclawd.errors import DiskFull, HostError
+from ironclawd.store.diskspace import is_disk_full
+
+log = logging.getLogger("ironclawd.audit")
 
 GENESIS = "0" * 64
 FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_SETFLAGS = 0x40086602
 FS_APPEND_FL = 0x00000020
 MAX_RECORD = 64 * 1024
+REPAIRED = "audit.repaired"
 
 
 @dataclass(frozen=True)
@@ -37,7 +48,8 @@ class VerifyResult:
     ok: bool
     records: int
     first_bad: int = 0  # seq (1-based line number) of the first bad record
-    problem: str = ""
+    problem: str = ""  # what is wrong; when ok, what was repaired after a crash or full disk
+    repairs: int = 0  # audit.repaired records and torn writes found between whole records
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:
@@ -45,10 +57,17 @@ def canonical(record: Mapping[str, Any]) -> bytes:
 
 
 class AuditLog:
-    def __init__(self, path: Path, key: bytes) -> None:
+    def __init__(
+        self, path: Path, key: bytes, write: Callable[[int, bytes], int] = os.write
+    ) -> None:
         self._path = path
         self._key = key
+        self._write = write  # os.write; tests pass a short or failing one
         self._lock = threading.Lock()
+        self._size = 0  # bytes of whole records: where the next record starts
+        self._cut_bytes = 0  # cut since the last audit.repaired record was written
+        self._cut_reason = ""
+        self._torn = False  # a failed write left bytes that could not be cut yet
         self.append_only = False
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -59,21 +78,34 @@ class AuditLog:
             raise HostError(f"opening audit log {path}: {exc.strerror}") from exc
         self.append_only = _set_append_only(self._fd)
         self._seq, self._prev = self._tail()
+        self._size = self._whole_size()
+        if not self._cut(self._size, "a torn record at the end (a crash or a full disk)"):
+            log.critical("audit log %s: cannot cut its torn tail: new records refused", path)
 
     def _tail(self) -> tuple[int, str]:
         seq, prev = 0, GENESIS
-        for record in self._records():
+        for record, _torn in self._lines():
             seq, prev = int(record.get("seq", 0)), str(record.get("mac", GENESIS))
         return seq, prev
 
-    def _records(self) -> Iterator[dict[str, Any]]:
+    def _whole_size(self) -> int:
+        """Bytes up to the last newline: what follows it is a record torn mid-write."""
+        with open(self._path, "rb") as f:
+            data = f.read()
+        return data.rfind(b"\n") + 1
+
+    def _lines(self) -> Iterator[tuple[dict[str, Any], bool]]:
+        """(record, torn) per whole line. ``torn``: the line is a whole record behind the bytes
+        of an earlier write torn by a full disk (written by a version without cut-back)."""
         with open(self._path, "rb") as f:
             for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    record = {}
-                yield record if isinstance(record, dict) else {}
+                if not line.endswith(b"\n"):
+                    return  # a torn tail: not a record (cut at the next start)
+                yield _parse(line)
+
+    def _records(self) -> Iterator[dict[str, Any]]:
+        for record, _torn in self._lines():
+            yield record
 
     @property
     def head(self) -> tuple[int, str]:
@@ -93,28 +125,86 @@ class AuditLog:
         return False
 
     def append(self, event: str, actor: str, *, sync: bool = True, **fields: Any) -> dict[str, Any]:
-        """Append one record; with ``sync`` (the default) fsync it before returning."""
+        """Append one record whole or not at all; with ``sync`` (the default) fsync it before
+        returning. A cut made since the last record is recorded first (``audit.repaired``)."""
         with self._lock:
-            record: dict[str, Any] = {
-                "seq": self._seq + 1,
-                "time": round(time.time(), 6),
-                "event": event,
-                "actor": actor,
-                **fields,
-                "prev": self._prev,
-            }
-            record["mac"] = self._mac(record)
-            line = canonical(record) + b"\n"
-            if len(line) > MAX_RECORD:
-                raise HostError(f"audit record for {event} is too large ({len(line)} bytes)")
-            try:
-                os.write(self._fd, line)
-                if sync:
-                    os.fsync(self._fd)
-            except OSError as exc:
-                raise HostError(f"appending to audit log {self._path}: {exc.strerror}") from exc
-            self._seq, self._prev = record["seq"], record["mac"]
+            if self._cut_bytes:
+                self._append(REPAIRED, "ironclawd", bytes_cut=self._cut_bytes,
+                             at_offset=self._size, reason=self._cut_reason)  # fmt: skip
+                self._cut_bytes, self._cut_reason = 0, ""
+            record = self._append(event, actor, **fields)
+            if sync:
+                self.sync()
             return record
+
+    def _append(self, event: str, actor: str, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "seq": self._seq + 1,
+            "time": round(time.time(), 6),
+            "event": event,
+            "actor": actor,
+            **fields,
+            "prev": self._prev,
+        }
+        record["mac"] = self._mac(record)
+        line = canonical(record) + b"\n"
+        if len(line) > MAX_RECORD:
+            raise HostError(f"audit record for {event} is too large ({len(line)} bytes)")
+        if self._torn and not self._cut(self._size, self._cut_reason):
+            raise HostError(
+                f"appending to audit log {self._path}: a torn record could not be cut back; "
+                "refusing to append after it"
+            )
+        try:
+            written = self._write(self._fd, line)
+        except OSError as exc:
+            self._cut(self._size, f"a failed write ({exc.strerror})")
+            if is_disk_full(exc):
+                raise DiskFull(
+                    f"appending to audit log {self._path}: {exc.strerror}; the record was not "
+                    "written"
+                ) from exc
+            raise HostError(f"appending to audit log {self._path}: {exc.strerror}") from exc
+        if written != len(line):
+            self._cut(self._size, f"a short write ({written} of {len(line)} bytes)")
+            raise DiskFull(
+                f"appending to audit log {self._path}: short write ({written} of {len(line)} "
+                "bytes, the filesystem is full); the record was not written"
+            )
+        self._size += len(line)
+        self._seq, self._prev = record["seq"], record["mac"]
+        return record
+
+    def _cut(self, size: int, reason: str) -> bool:
+        """Cut the file back to ``size`` (the end of the last whole record); whether it now
+        ends there. The append-only flag forbids truncation even to root: it is lifted for the
+        cut (CAP_LINUX_IMMUTABLE, which the daemon keeps) and set again at once."""
+        try:
+            extra = os.fstat(self._fd).st_size - size
+            if extra <= 0:
+                self._torn = False
+                return True
+            try:
+                os.ftruncate(self._fd, size)
+            except PermissionError:
+                if not self.append_only:
+                    raise
+                _set_flag(self._fd, False)
+                try:
+                    os.ftruncate(self._fd, size)
+                finally:
+                    _set_flag(self._fd, True)
+        except OSError as exc:
+            self._torn, self._cut_reason = True, reason
+            log.critical("audit log %s: cutting %s back to %d bytes: %s", self._path, reason,
+                         size, exc.strerror)  # fmt: skip
+            return False
+        log.warning("audit log %s: cut %d bytes of %s back to the last whole record", self._path,
+                    extra, reason)  # fmt: skip
+        self._torn = False
+        self._cut_bytes += extra
+        self._cut_reason = reason
+        return True
 
     def sync(self) -> None:
         try:
@@ -128,9 +218,11 @@ class AuditLog:
 
     def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyResult:
         """Walk the whole file: every MAC, every link, seq without gaps; then the tail against
-        the head remembered elsewhere (catches truncation of the last records)."""
-        prev, count = GENESIS, 0
-        for line_no, record in enumerate(self._records(), start=1):
+        the head remembered elsewhere (catches truncation of the last records). Cuts after a
+        crash or a full disk (``audit.repaired``) and torn bytes before a whole record are not
+        tampering: they are counted and named in ``problem`` of an ok result."""
+        prev, count, repairs, torn_at = GENESIS, 0, 0, []
+        for line_no, (record, torn) in enumerate(self._lines(), start=1):
             if record.get("seq") != line_no:
                 found = record.get("seq")
                 problem = f"expected seq {line_no}, found {found!r} (deleted, reordered, inserted)"
@@ -141,13 +233,38 @@ class AuditLog:
                 return VerifyResult(False, count, line_no, "chain broken (prev does not match)")
             prev = str(record["mac"])
             count += 1
+            if torn:
+                torn_at.append(line_no)
+            repairs += record.get("event") == REPAIRED
+        bad = self._check_end(count, prev, expected_head)
+        if bad is not None:
+            return bad
+        notes = []
+        if repairs:
+            notes.append(f"{repairs} torn write(s) cut back after a crash or a full disk "
+                         f"({REPAIRED} records)")  # fmt: skip
+        if torn_at:
+            notes.append(f"torn bytes before record(s) {', '.join(map(str, torn_at[:10]))} "
+                         "(a full disk before cut-back existed)")  # fmt: skip
+        return VerifyResult(True, count, 0, "; ".join(notes), repairs + len(torn_at))
+
+    def _check_end(
+        self, count: int, prev: str, expected_head: tuple[int, str] | None
+    ) -> VerifyResult | None:
+        """The end of the file: no bytes after the last whole record, nothing cut off before
+        the head remembered elsewhere."""
+        tail = os.stat(self._path).st_size - self._whole_size()
+        if tail > 0:
+            problem = (f"{tail} bytes after the last whole record (a cut mid-record, or a "
+                       "torn write not yet cut back)")  # fmt: skip
+            return VerifyResult(False, count, count + 1, problem)
         if expected_head is not None and expected_head[0] > count:
             return VerifyResult(
                 False, count, count + 1, f"log truncated: {expected_head[0]} records were written"
             )
         if expected_head is not None and expected_head[0] == count and expected_head[1] != prev:
             return VerifyResult(False, count, count, "last record differs from the remembered one")
-        return VerifyResult(True, count)
+        return None
 
     def read(self, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         out = []
@@ -160,6 +277,32 @@ class AuditLog:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _parse(line: bytes) -> tuple[dict[str, Any], bool]:
+    """A line as a record, and whether it had torn bytes before it: a line that does not
+    parse is taken as the last whole record it ends with, if any ({} if none)."""
+    try:
+        record = json.loads(line)
+        return (record if isinstance(record, dict) else {}), False
+    except ValueError:
+        pass
+    start = line.find(b'{"', 1)
+    while start > 0:
+        try:
+            record = json.loads(line[start:])
+        except ValueError:
+            start = line.find(b'{"', start + 1)
+            continue
+        return (record, True) if isinstance(record, dict) else ({}, False)
+    return {}, False
+
+
+def _set_flag(fd: int, on: bool) -> None:
+    buf = fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("i", 0))
+    flags = struct.unpack("i", buf)[0]
+    flags = flags | FS_APPEND_FL if on else flags & ~FS_APPEND_FL
+    fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags))
 
 
 def _set_append_only(fd: int) -> bool:
