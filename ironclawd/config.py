@@ -52,6 +52,7 @@ class DaemonConfig:
     master_key_file: Path = Path("/etc/ironclaw/credentials/master.key")
     agent_log_lines: int = 10
     agent_log_window_seconds: float = 60.0
+    min_free_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,10 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
         DaemonConfig,
         {
             "log_level": _Key(_choice(LOG_LEVELS), "Lowest level sent to the journal."),
-            "state_dir": _Key(_abs_path, "State DB, wrapped keys, bundles, queues, audit log."),
+            "state_dir": _Key(
+                _abs_path,
+                "State DB, wrapped keys, queues, bundles, mount frames, agent rootfs, audit log.",
+            ),
             "master_key_file": _Key(
                 _abs_path,
                 "Master key (0600 root, made on first start) when no systemd credential "
@@ -147,6 +151,12 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 "requests); the rest are counted in one 'suppressed' line. Live on reload.",
             ),
             "agent_log_window_seconds": _Key(_float(1.0, 3600.0), "That window. Live on reload."),
+            "min_free_bytes": _Key(
+                _int(0, 2**50),
+                "New sessions and messages are refused (RESOURCE_EXHAUSTED, naming this key) "
+                "while the filesystem of `state_dir` has less free space than this, so what was "
+                "accepted can still be answered, ingested and audited; 0 turns the check off.",
+            ),
         },
     ),
     "admin": (

@@ -176,7 +176,14 @@ class Daemon:
         data = SessionData(
             store,
             master,
-            DataLayout(QUEUES_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR, config.queues),
+            DataLayout(
+                QUEUES_DIR,
+                paths.KEYS_RUN_DIR,
+                paths.INGEST_DIR,
+                config.queues,
+                state_dir,
+                config.daemon.min_free_bytes,
+            ),
         )
         audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)
         # Seeded once with the built-in demo agent and the config's [agents.NAME] tables; after

@@ -19,6 +19,11 @@ class HostError(IronclawError):
     """A host effect (systemd, netns, mount, file) failed."""
 
 
+class DiskFull(HostError):
+    """The state directory's filesystem is full or below ``daemon.min_free_bytes``: nothing
+    was written; the message names the directory and the threshold. Retry when space is back."""
+
+
 class SandboxError(IronclawError):
     """A sandbox could not be built, started or stopped."""
 

@@ -27,7 +27,7 @@ from ironclawd.domain.messages import (
     check_client_id,
 )
 from ironclawd.domain.session import State
-from ironclawd.errors import IronclawError
+from ironclawd.errors import DiskFull, IronclawError
 from ironclawd.ports import AuditSink, ControlPlane
 from ironclawd.services.audit import Throttled
 from ironclawd.services.lanes import Lanes
@@ -43,6 +43,9 @@ log = logging.getLogger("ironclawd.messages")
 # that crashes on a message must not be restarted in a tight loop.
 RESTARTS_PER_WINDOW = 5
 RESTART_WINDOW_SECONDS = 60.0
+# Replies the agent wrote while the state DB's disk was full are ingested again this often until
+# it takes them: waiting for the agent's next announcement would leave them unseen until then.
+INGEST_RETRY_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class MessageService:
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._restarts: dict[str, list[float]] = {}
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self._full: set[str] = set()  # sessions whose replies the state DB refused (full)
         self._limits = limits or QueueLimits()
         # Each session reads its agent's file in its own lane: one hostile session cannot hold
         # the threads every other session's sends and creates need.
@@ -96,6 +101,7 @@ class MessageService:
         check_body(body)
         check_client_id(client_id)
         session = self._sessions.get(sid)
+        await asyncio.to_thread(self._data.check_space, f"sending to session {sid}")
         if session.state is not State.RUNNING:
             # An idle-stopped session starts again on the next message (docs/architecture.md §3).
             session = await self._sessions.start(sid)
@@ -160,6 +166,10 @@ class MessageService:
         if writer is not None:
             writer.close()
         self._lanes.close(sid)
+        self._full.discard(sid)
+        retry = self._retries.pop(sid, None)
+        if retry is not None:
+            retry.cancel()
 
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
@@ -200,7 +210,11 @@ class MessageService:
                     chain = chain_link(chain, *row)
                     replies.append(Reply(*row, chain))
                 if replies:
-                    await asyncio.to_thread(self.store.add_replies, sid, replies)
+                    try:
+                        await asyncio.to_thread(self.store.add_replies, sid, replies)
+                    except DiskFull as exc:
+                        self._retry_ingest(sid, exc)
+                        return total
                     self._sessions.touch(sid)
                     condition = self._condition(sid)
                     async with condition:
@@ -208,6 +222,31 @@ class MessageService:
                     total += len(replies)
                 if len(replies) < batch:
                     return total
+
+    def _retry_ingest(self, sid: str, exc: DiskFull) -> None:
+        """The state DB could not take the agent's replies: try again until it can (the agent
+        announced them once and will not again), so no restart is needed when space is back."""
+        ratelog.warning(log, sid, "ingest disk full", "session %s: replies wait in its outbound "
+                        "queue: %s", sid, exc)  # fmt: skip
+        self._full.add(sid)
+        if sid not in self._retries:
+            self._retries[sid] = asyncio.get_running_loop().create_task(
+                self._ingest_until_taken(sid), name=f"ingest-retry-{sid}"
+            )
+
+    async def _ingest_until_taken(self, sid: str) -> None:
+        delay = INGEST_RETRY_SECONDS
+        try:
+            while sid in self._full:
+                await asyncio.sleep(delay)
+                self._full.discard(sid)  # ingest adds it back if the disk is still full
+                try:
+                    await self.ingest(sid)
+                except IronclawError as exc:
+                    log.warning("session %s: ingesting after a full disk: %s", sid, exc)
+                delay = min(delay * 2, 8.0)
+        finally:
+            self._retries.pop(sid, None)
 
     def _read_batch(self, sid: str, after: int, limit: int) -> list[RawRow]:
         """In the session's lane: clear setid bits the box planted, then read a batch."""

@@ -12,6 +12,7 @@ from ironclawd import paths, ratelog
 from ironclawd.domain.messages import QueueLimits, Reply
 from ironclawd.errors import HostError, IronclawError
 from ironclawd.store import queues
+from ironclawd.store.diskspace import check_free
 from ironclawd.store.keys import MasterKey, new_session_key, remove_tmpfs_key, write_tmpfs_key
 from ironclawd.store.outbound import OUTBOUND_FILE, OutboundReader, restore_outbound, strip_setid
 from ironclawd.store.quota_mount import OutboundQuota, is_mounted
@@ -26,6 +27,8 @@ class DataLayout:
     keys_dir: Path  # /run/ironclaw/keys (tmpfs)
     scratch_dir: Path = paths.INGEST_DIR  # root-only: private copies of outbound.db
     limits: QueueLimits = field(default_factory=QueueLimits)
+    state_dir: Path = paths.STATE_DIR  # whose filesystem min_free_bytes is checked on
+    min_free_bytes: int = 0  # [daemon] min_free_bytes; 0: no check
 
 
 class SessionData:
@@ -33,6 +36,11 @@ class SessionData:
         self._store = store
         self._master = master
         self.layout = layout
+
+    def check_space(self, doing: str) -> None:
+        """Refuse (DiskFull, naming the directory and ``daemon.min_free_bytes``) new work while
+        the state directory's filesystem is below the threshold."""
+        check_free(self.layout.state_dir, self.layout.min_free_bytes, doing)
 
     def key(self, sid: str) -> bytes:
         wrapped = self._store.wrapped_key(sid)

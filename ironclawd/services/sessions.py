@@ -105,6 +105,7 @@ class SessionService:
     async def create(self, agent: str, sid: str | None = None) -> Session:
         spec = find_agent(self._agents, agent)
         sid = check_sid(sid) if sid else new_sid()
+        self.data.check_space(f"creating session {sid}")
         now = self._clock()
         session = Session(sid, spec.name, State.CREATING, now, now, now)
         self._store.insert(session)  # Conflict if the id is taken

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import sqlcipher3
 
-from ironclawd.errors import HostError, InvalidArgument
+from ironclawd.errors import DiskFull, HostError, InvalidArgument
+from ironclawd.store.diskspace import is_disk_full
 from ironclawd.store.fdwalk import remove_tree
 from ironclawd.store.quota_mount import OutboundQuota, mount_outbound, unmount_outbound
 
@@ -64,6 +65,8 @@ class InboundWriter:
                     f"PRAGMA user_version = {QUEUE_VERSION}; COMMIT;"
                 )
         except (OSError, sqlcipher3.Error) as exc:
+            if is_disk_full(exc):
+                raise DiskFull(f"opening inbound queue {path}: {exc}") from exc
             raise HostError(f"opening inbound queue {path}: {exc}") from exc
 
     def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
@@ -84,6 +87,8 @@ class InboundWriter:
                     (created_at, body, client_id or None),
                 ).fetchall()
             except sqlcipher3.Error as exc:
+                if is_disk_full(exc):
+                    raise DiskFull(f"appending to {self._path}: {exc}; not accepted") from exc
                 raise HostError(f"appending to {self._path}: {exc}") from exc
         return int(rows[0][0]), True
 

@@ -7,6 +7,7 @@ metadata only (ids, states, times); message data lives in the per-session encryp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -17,7 +18,8 @@ import sqlcipher3
 from ironclawd.domain.changes import Change, ChangeState
 from ironclawd.domain.messages import GENESIS, Reply
 from ironclawd.domain.session import Session, State
-from ironclawd.errors import AlreadyExists, HostError, NotFound
+from ironclawd.errors import AlreadyExists, DiskFull, HostError, NotFound
+from ironclawd.store.diskspace import is_disk_full
 
 SCHEMA_VERSION = 3
 _MIGRATIONS = {
@@ -77,6 +79,52 @@ _CHANGE_COLUMNS = (
 _COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
 
 
+class _FullChecked:
+    """The connection, with SQLITE_FULL translated once into DiskFull (naming the DB); every
+    other error passes unchanged. A failed statement leaves no transaction open."""
+
+    def __init__(self, db: sqlcipher3.Connection, path: Path) -> None:
+        self._db = db
+        self._path = path
+
+    def _full(self, exc: sqlcipher3.Error) -> DiskFull:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlcipher3.Error):  # SQLite may have rolled it back
+                self._db.execute("ROLLBACK")
+        return DiskFull(f"writing state DB {self._path}: {exc}; nothing was written")
+
+    def execute(self, sql: str, params: Any = ()) -> sqlcipher3.Cursor:
+        try:
+            return self._db.execute(sql, params)
+        except sqlcipher3.Error as exc:
+            if is_disk_full(exc):
+                raise self._full(exc) from exc
+            raise
+
+    def executemany(self, sql: str, params: Any) -> sqlcipher3.Cursor:
+        try:
+            return self._db.executemany(sql, params)
+        except sqlcipher3.Error as exc:
+            if is_disk_full(exc):
+                raise self._full(exc) from exc
+            raise
+
+    def executescript(self, script: str) -> sqlcipher3.Cursor:
+        try:
+            return self._db.executescript(script)
+        except sqlcipher3.Error as exc:
+            if is_disk_full(exc):
+                raise self._full(exc) from exc
+            raise
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self._db.in_transaction)
+
+    def close(self) -> None:
+        self._db.close()
+
+
 class StateStore:
     """Thread-safe access to the state DB (calls come from the event loop and its threads)."""
 
@@ -87,7 +135,9 @@ class StateStore:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             os.close(fd)
-            self._db = sqlcipher3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db = _FullChecked(
+                sqlcipher3.connect(str(path), check_same_thread=False, isolation_level=None), path
+            )
             self._db.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
             self._db.execute("PRAGMA cipher_memory_security = ON")
             # Deleted session keys must not linger in free pages.
@@ -191,7 +241,8 @@ class StateStore:
                     [(sid, r.seq, r.in_reply_to, r.created_at, r.body, r.chain) for r in replies],
                 )
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # a full disk rolled it back already
+                    self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
 
