@@ -172,12 +172,13 @@ class Daemon:
             start_timeout=config.sandbox.start_timeout_seconds,
             idle_timeout=float(config.sandbox.idle_timeout_seconds),
             mount_allowlist=config.gateway.mount_allowlist,
+            state_dir=state_dir,
         )
         data = SessionData(
             store,
             master,
             DataLayout(
-                QUEUES_DIR,
+                state_dir / QUEUES_DIR.name,
                 paths.KEYS_RUN_DIR,
                 paths.INGEST_DIR,
                 config.queues,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ironclawd import paths
@@ -74,9 +75,9 @@ def netns_path(sid: str) -> str:
     return str(paths.NETNS_DIR / f"ironclaw-{sid}")
 
 
-def session_mounts(sid: str) -> tuple[Mount, ...]:
-    """The host mounts a session's sandbox gets: its sockets dir, its key, its queue dirs."""
-    queue = QUEUES_DIR / sid
+def session_mounts(sid: str, state_dir: Path = paths.STATE_DIR) -> tuple[Mount, ...]:
+    """A session's host mounts: its sockets dir, its key, its queues (under ``state_dir``)."""
+    queue = state_dir / QUEUES_DIR.name / sid
     return (
         Mount(SOCKETS_DIR, str(paths.SESSIONS_RUN_DIR / sid)),
         Mount(KEY_FILE, str(paths.KEYS_RUN_DIR / sid)),
@@ -85,21 +86,31 @@ def session_mounts(sid: str) -> tuple[Mount, ...]:
     )
 
 
-def granted_mounts(sid: str, grants: Sequence[AgentMount]) -> tuple[Mount, ...]:
+def frame_dir(sid: str, state_dir: Path = paths.STATE_DIR) -> Path:
+    """A session's mount frame under ``daemon.state_dir``."""
+    return state_dir / FRAMES_DIR.name / sid
+
+
+def granted_mounts(
+    sid: str, grants: Sequence[AgentMount], state_dir: Path = paths.STATE_DIR
+) -> tuple[Mount, ...]:
     """The mounts for an agent's granted directories: the session's frame at /mnt, then one
     bind per grant at /mnt/<name> (order matters: the frame must be there first)."""
     if not grants:
         return ()
-    frame = Mount(GRANTS_DIR, str(FRAMES_DIR / sid))
+    frame = Mount(GRANTS_DIR, str(frame_dir(sid, state_dir)))
     binds = tuple(Mount(f"{GRANTS_DIR}/{g.name}", g.source, read_only=g.read_only) for g in grants)
     return (frame, *binds)
 
 
-def _allowed_mounts(sid: str, granted: Sequence[Mount]) -> dict[str, tuple[str, str, bool]]:
+def _allowed_mounts(
+    sid: str, granted: Sequence[Mount], state_dir: Path
+) -> dict[str, tuple[str, str, bool]]:
     """destination -> (type, source, must be read-only), for this session only."""
-    allowed = {m.destination: (m.type, m.source, m.read_only) for m in session_mounts(sid)}
+    own = session_mounts(sid, state_dir)
+    allowed = {m.destination: (m.type, m.source, m.read_only) for m in own}
     for mount in granted:
-        _check_grant(mount, sid)
+        _check_grant(mount, sid, state_dir)
         allowed[mount.destination] = (mount.type, mount.source, mount.read_only)
     allowed.update(
         {
@@ -112,12 +123,13 @@ def _allowed_mounts(sid: str, granted: Sequence[Mount]) -> dict[str, tuple[str, 
     return allowed
 
 
-def _check_grant(mount: Mount, sid: str) -> None:
+def _check_grant(mount: Mount, sid: str, state_dir: Path) -> None:
     """A granted mount the caller vouches for: only /mnt (this session's frame, read-only) and
     binds of a host directory at /mnt/<name> that is none of the daemon's own places."""
     where = f"granted mount {mount.destination}"
     if mount.destination == GRANTS_DIR:
-        if (mount.type, mount.source, mount.read_only) != ("bind", str(FRAMES_DIR / sid), True):
+        frame = ("bind", str(frame_dir(sid, state_dir)), True)
+        if (mount.type, mount.source, mount.read_only) != frame:
             raise _Refusal("mount-granted", f"{where}: expected this session's read-only frame")
         return
     parent, _, name = mount.destination.rpartition("/")
@@ -126,7 +138,7 @@ def _check_grant(mount: Mount, sid: str) -> None:
     source = mount.source
     if source == "/" or any(
         source == p or source.startswith(p + "/") or p.startswith(source + "/")
-        for p in NEVER_GRANTED
+        for p in (*NEVER_GRANTED, str(state_dir))
     ):
         raise _Refusal("mount-granted", f"{where}: source {source} is never granted")
 
@@ -175,7 +187,9 @@ def _env(policy: SandboxPolicy) -> list[str]:
     return [f"{name}={value}" for name, value in env.items()]
 
 
-def build_spec(policy: SandboxPolicy, granted: Sequence[Mount] = ()) -> dict[str, Any]:
+def build_spec(
+    policy: SandboxPolicy, granted: Sequence[Mount] = (), state_dir: Path = paths.STATE_DIR
+) -> dict[str, Any]:
     """The config.json for ``policy``'s sandbox; raises SandboxError if it fails ``check_spec``
     (``granted``: the agent's approved mounts among ``policy.mounts``, see ``check_spec``)."""
     mounts = _fixed_mounts(policy)
@@ -223,7 +237,7 @@ def build_spec(policy: SandboxPolicy, granted: Sequence[Mount] = ()) -> dict[str
             "readonlyPaths": list(READONLY_PATHS),
         },
     }
-    check_spec(spec, granted)
+    check_spec(spec, granted, state_dir)
     return spec
 
 
@@ -245,7 +259,9 @@ def _obj(value: object, where: str) -> dict[str, Any]:
     return value
 
 
-def check_spec(spec: Mapping[str, Any], granted: Sequence[Mount] = ()) -> None:
+def check_spec(
+    spec: Mapping[str, Any], granted: Sequence[Mount] = (), state_dir: Path = paths.STATE_DIR
+) -> None:
     """Refuse (SandboxError naming the rule) a spec that lacks any sandbox wall.
 
     ``granted`` are mounts the caller vouches for beyond the session's own (an agent's approved
@@ -258,12 +274,12 @@ def check_spec(spec: Mapping[str, Any], granted: Sequence[Mount] = ()) -> None:
     ``mount-hygiene``, ``mounts-required``.
     """
     try:
-        _check(spec, granted)
+        _check(spec, granted, state_dir)
     except _Refusal as refusal:
         raise SandboxError(f"refusing spec: {refusal}") from None
 
 
-def _check(spec: Mapping[str, Any], granted: Sequence[Mount]) -> None:
+def _check(spec: Mapping[str, Any], granted: Sequence[Mount], state_dir: Path) -> None:
     if not isinstance(spec, Mapping):
         raise _Refusal("shape", "spec: expected an object")
     annotations = _obj(spec.get("annotations"), "annotations")
@@ -290,7 +306,7 @@ def _check(spec: Mapping[str, Any], granted: Sequence[Mount]) -> None:
     # runtime-spec config-linux.md "Devices": nodes the runtime must create; gVisor has its own.
     if linux.get("devices"):
         raise _Refusal("devices", "linux.devices: expected none")
-    _check_mounts(spec.get("mounts"), sid, granted)
+    _check_mounts(spec.get("mounts"), sid, granted, state_dir)
 
 
 def _check_namespaces(linux: dict[str, Any], sid: str) -> None:
@@ -338,10 +354,10 @@ def _check_user(user: dict[str, Any]) -> None:
         raise _Refusal("user", "process.user.additionalGids: expected no gid 0")
 
 
-def _check_mounts(mounts: object, sid: str, granted: Sequence[Mount]) -> None:
+def _check_mounts(mounts: object, sid: str, granted: Sequence[Mount], state_dir: Path) -> None:
     if not isinstance(mounts, list) or not all(isinstance(m, dict) for m in mounts):
         raise _Refusal("shape", "mounts: expected a list of objects")
-    allowed = _allowed_mounts(sid, granted)
+    allowed = _allowed_mounts(sid, granted, state_dir)
     seen: set[str] = set()
     for mount in mounts:
         destination = mount.get("destination")

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ironclawd import paths
 from ironclawd.bundle.spec import check_spec, render_spec
 from ironclawd.domain.policy import Mount
 from ironclawd.errors import HostError
@@ -24,14 +25,19 @@ BUNDLE_DIR_MODE = 0o700
 CONFIG_MODE = 0o600
 
 
-def write_bundle(bundle_dir: Path, spec: Mapping[str, Any], granted: Sequence[Mount] = ()) -> Path:
+def write_bundle(
+    bundle_dir: Path,
+    spec: Mapping[str, Any],
+    granted: Sequence[Mount] = (),
+    state_dir: Path = paths.STATE_DIR,
+) -> Path:
     """Check ``spec`` and write it atomically as ``bundle_dir/config.json``; return that path.
 
     ``bundle_dir`` is created (mode 0700) if missing; its parent must exist. An existing
     config.json is replaced atomically. Raises SandboxError for a refused spec, HostError if the
     directory or file cannot be written (a symlink in place of the directory included).
     """
-    check_spec(spec, granted)
+    check_spec(spec, granted, state_dir)
     data = render_spec(spec).encode()
     try:
         dir_fd = _open_bundle_dir(bundle_dir)

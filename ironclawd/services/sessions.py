@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ironclawd import paths
 from ironclawd.bundle.spec import (
-    FRAMES_DIR,
     SOCKETS_DIR,
     build_spec,
+    frame_dir,
     granted_mounts,
     session_mounts,
 )
@@ -56,6 +57,7 @@ class SandboxLayout:
     adopt_timeout: float = 20.0
     idle_timeout: float = 0.0  # 0: never stop idle sessions
     mount_allowlist: tuple[str, ...] = ()  # [gateway] mount_allowlist, re-checked at each start
+    state_dir: Path = paths.STATE_DIR  # [daemon] state_dir: queues and mount frames live there
 
 
 class SessionService:
@@ -251,12 +253,12 @@ class SessionService:
                 granted = await asyncio.to_thread(self._grant_mounts, sid, agent)
                 undo.push_async_callback(
                     self._quietly_sync, "removing mount frame", remove_frame,
-                    FRAMES_DIR / sid,
+                    frame_dir(sid, self.layout.state_dir),
                 )  # fmt: skip
                 bundle = self.layout.bundles_dir / sid
                 policy = self._policy(session, agent, netns, granted)
-                spec = build_spec(policy, granted)
-                await asyncio.to_thread(write_bundle, bundle, spec, granted)
+                spec = build_spec(policy, granted, self.layout.state_dir)
+                await asyncio.to_thread(write_bundle, bundle, spec, granted, self.layout.state_dir)
                 undo.push_async_callback(self._quietly_sync, "removing bundle", remove_tree, bundle)
                 undo.push_async_callback(
                     self._quietly_sync,
@@ -308,7 +310,9 @@ class SessionService:
         await self._quietly("closing sockets", self._close_sockets, session.sid)
         await self._quietly("closing control socket", self.control.close, session.sid)
         await self._quietly_sync("removing session key", self.data.release, session.sid)
-        await self._quietly_sync("removing mount frame", remove_frame, FRAMES_DIR / session.sid)
+        await self._quietly_sync(
+            "removing mount frame", remove_frame, frame_dir(session.sid, self.layout.state_dir)
+        )
 
     def _grant_mounts(self, sid: str, agent: AgentSpec) -> tuple[Mount, ...]:
         """The agent's approved mounts, each source checked again against the allowlist (it may
@@ -316,8 +320,8 @@ class SessionService:
         for grant in agent.mounts:
             resolve_mount_source(grant.source, self.layout.mount_allowlist)
         if agent.mounts:
-            make_frame(FRAMES_DIR / sid, [g.name for g in agent.mounts])
-        return granted_mounts(sid, agent.mounts)
+            make_frame(frame_dir(sid, self.layout.state_dir), [g.name for g in agent.mounts])
+        return granted_mounts(sid, agent.mounts, self.layout.state_dir)
 
     def _policy(
         self, session: Session, agent: AgentSpec, netns: Path, granted: tuple[Mount, ...] = ()
@@ -338,7 +342,7 @@ class SessionService:
             tasks_max=agent.tasks_max,
             cpu_percent=agent.cpu_percent,
             workspace_bytes=agent.workspace_bytes,
-            mounts=session_mounts(session.sid) + granted,
+            mounts=session_mounts(session.sid, self.layout.state_dir) + granted,
         )  # fmt: skip
 
     def _unit_spec(
@@ -349,7 +353,7 @@ class SessionService:
         netns: Path,
         granted: tuple[Mount, ...],
     ) -> UnitSpec:
-        mounts = session_mounts(session.sid) + granted
+        mounts = session_mounts(session.sid, self.layout.state_dir) + granted
         writable = [Path(m.source) for m in mounts if not m.read_only]
         return UnitSpec(
             name=session.unit,

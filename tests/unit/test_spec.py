@@ -502,3 +502,20 @@ def test_granted_mount_rules_refuse_reordering_and_loosening() -> None:
 
 def test_the_shared_rootfs_has_an_empty_mnt_for_the_frame() -> None:
     assert "mnt" in MOUNTPOINTS
+
+
+def test_a_configured_state_dir_holds_the_queues_and_frames_and_is_never_granted() -> None:
+    """``daemon.state_dir`` is honoured by the sandbox's mounts, not only by the host side."""
+    state = Path("/srv/ironclaw-state")
+    granted = S.granted_mounts(SID, GRANTS, state)
+    policy = make_policy(mounts=S.session_mounts(SID, state) + granted)
+    spec = S.build_spec(policy, granted, state)
+    S.check_spec(spec, granted, state)
+    assert _mount(spec, "/queue/outbound")["source"] == f"{state}/queues/{SID}/outbound"
+    assert _mount(spec, "/mnt")["source"] == str(S.frame_dir(SID, state))
+    with pytest.raises(SandboxError, match="mount-allowlist: mount /queue/inbound"):
+        own = S.build_spec(make_policy(mounts=S.session_mounts(SID, state)), state_dir=state)
+        S.check_spec(own)  # the default state dir's queues are another place
+    leak = (*granted, P.Mount("/mnt/state", f"{state}/queues"))
+    with pytest.raises(SandboxError, match="is never granted"):
+        S.build_spec(make_policy(mounts=S.session_mounts(SID, state) + leak), leak, state)
