@@ -108,7 +108,7 @@ class MessageService:
         writer = await asyncio.to_thread(self._writer, sid)
         replies_before, _chain = self.store.last_reply(sid)
         seq, new = await asyncio.to_thread(writer.append, body, time.time(), client_id or None)
-        self._sessions.touch(sid)
+        self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
             log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
         return Sent(seq, new, replies_before)
@@ -215,13 +215,21 @@ class MessageService:
                     except DiskFull as exc:
                         self._retry_ingest(sid, exc)
                         return total
-                    self._sessions.touch(sid)
+                    self._touch(sid)
                     condition = self._condition(sid)
                     async with condition:
                         condition.notify_all()
                     total += len(replies)
                 if len(replies) < batch:
                     return total
+
+    def _touch(self, sid: str) -> None:
+        """Note activity; on a full disk the persisted time waits for the next touch (what was
+        accepted or ingested must still be acknowledged and announced)."""
+        try:
+            self._sessions.touch(sid)
+        except DiskFull as exc:
+            ratelog.warning(log, sid, "touch disk full", "session %s: activity time: %s", sid, exc)
 
     def _retry_ingest(self, sid: str, exc: DiskFull) -> None:
         """The state DB could not take the agent's replies: try again until it can (the agent
