@@ -89,10 +89,16 @@ class AuditLog:
         return seq, prev
 
     def _whole_size(self) -> int:
-        """Bytes up to the last newline: what follows it is a record torn mid-write."""
+        """Bytes up to the last newline: what follows it is a record torn mid-write. The last
+        MAX_RECORD bytes hold it (no record is longer), unless several torn writes pile up."""
         with open(self._path, "rb") as f:
-            data = f.read()
-        return data.rfind(b"\n") + 1
+            start = max(0, os.fstat(f.fileno()).st_size - MAX_RECORD - 1)
+            f.seek(start)
+            last = f.read().rfind(b"\n")
+            if last < 0 and start > 0:
+                f.seek(0)
+                start, last = 0, f.read().rfind(b"\n")
+        return start + last + 1
 
     def _lines(self) -> Iterator[tuple[dict[str, Any], bool]]:
         """(record, torn) per whole line. ``torn``: the line is a whole record behind the bytes
@@ -253,7 +259,8 @@ class AuditLog:
     ) -> VerifyResult | None:
         """The end of the file: no bytes after the last whole record, nothing cut off before
         the head remembered elsewhere."""
-        tail = os.stat(self._path).st_size - self._whole_size()
+        with self._lock:  # not while a record is half-copied into the file
+            tail = os.stat(self._path).st_size - self._whole_size()
         if tail > 0:
             problem = (f"{tail} bytes after the last whole record (a cut mid-record, or a "
                        "torn write not yet cut back)")  # fmt: skip

@@ -175,3 +175,19 @@ def test_disk_full_is_resource_exhausted_naming_the_directory_and_the_threshold(
     assert code_for(caught.value) is grpc.StatusCode.RESOURCE_EXHAUSTED
     check_free(tmp_path, 0, "off")
     check_free(tmp_path, 1, "plenty")
+
+
+def test_a_torn_tail_longer_than_a_record_is_cut_to_the_last_whole_record(
+    tmp_path: Path, no_append_flag: None
+) -> None:
+    """Several torn writes in a row (an older version on a full disk) never cut whole records."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, KEY)
+    log.append("a", "ironclawd")
+    size, head = path.stat().st_size, log.head
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b'{"actor":' * (audit_store.MAX_RECORD // 4))
+    again = AuditLog(path, KEY)
+    assert path.stat().st_size == size and again.head == head
+    again.close()
