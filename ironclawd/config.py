@@ -293,14 +293,29 @@ def _parse_agents(body: Any, source: str) -> tuple[AgentSpec, ...]:
                 raise ConfigError(
                     f"{source}: unknown key 'agents.{name}.{key}'{_hint(key, AGENT_KEYS)}"
                 )
-            try:
-                values[key] = AGENT_KEYS[key].convert(value)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"{source}: bad value for 'agents.{name}.{key}': expected {exc}, got {value!r}"
-                ) from None
+            values[key] = _convert(AGENT_KEYS[key], value, f"agents.{name}.{key}", source)
         agents.append(AgentSpec(name=name, **values))
     return tuple(agents)
+
+
+def _convert(spec: _Key, value: Any, key: str, source: str) -> Any:
+    """One value converted, or a ConfigError naming the key: a converter meeting a value of a
+    type it did not foresee (TypeError, ...) is a bad value too, never a crash of start or
+    reload."""
+    try:
+        return spec.convert(value)
+    except ValueError as exc:
+        expected = str(exc)
+    except (TypeError, KeyError, AttributeError, OverflowError):
+        expected = _expected(spec)
+    raise ConfigError(
+        f"{source}: bad value for '{key}': expected {expected}, got {_clip(value)}"
+    ) from None
+
+
+def _clip(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_config(text: str, source: str) -> Config:
@@ -324,12 +339,7 @@ def parse_config(text: str, source: str) -> Config:
         for key, value in body.items():
             if key not in keys:
                 raise ConfigError(f"{source}: unknown key '{table}.{key}'{_hint(key, keys)}")
-            try:
-                values[key] = keys[key].convert(value)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"{source}: bad value for '{table}.{key}': expected {exc}, got {value!r}"
-                ) from None
+            values[key] = _convert(keys[key], value, f"{table}.{key}", source)
         sections[table] = cls(**values)
     return dataclasses.replace(Config(**sections), source=source)
 
@@ -369,6 +379,8 @@ def _expected(spec: _Key) -> str:
         spec.convert(object())
     except ValueError as exc:
         return str(exc)
+    except (TypeError, KeyError, AttributeError, OverflowError):
+        return "a value of the type in docs/config.md"
     return "any"
 
 

@@ -131,5 +131,5 @@ def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
         )
     try:
         return tuple(rule_from_mapping(r) for r in v)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise ValueError(f"a list of egress rules: {exc}") from None

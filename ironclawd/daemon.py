@@ -21,6 +21,7 @@ from pystemd.daemon import notify, watchdog_enabled
 from ironclawd import __version__, paths, ratelog
 from ironclawd.api.admin import AdminServicer
 from ironclawd.api.control import ControlServer
+from ironclawd.api.preflight import check_host
 from ironclawd.api.sandbox import SandboxApi
 from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
@@ -282,13 +283,21 @@ class Daemon:
             ratelog.AGENT_LOG.flush()
 
     def _reload(self) -> None:
+        # READY=1 must follow RELOADING=1 whatever happens, or systemd waits on "reloading"
+        # and queues every later reload behind this one.
         _notify(reloading=1, status="reloading configuration")
         try:
-            new = load_config(self._config_path)
+            self._apply(load_config(self._config_path))
         except ConfigError as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
             _notify(ready=1, status=f"reload refused: {exc}")
-            return
+        except Exception:
+            log.exception("reload failed, keeping the running configuration")
+            _notify(ready=1, status="reload failed (see the journal)")
+        else:
+            _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
+
+    def _apply(self, new: Config) -> None:
         # Only the log level is live; the rest shapes sockets, sandboxes and the registry seed.
         for table in ("admin", "sandbox", "sockets", "gateway", "egress", "agents"):
             if getattr(new, table, None) != getattr(self._config, table, None):
@@ -297,7 +306,6 @@ class Daemon:
         ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
         self._config = new
         log.info("configuration reloaded from %s", new.source)
-        _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
 
 
 def _runtime(config: Config) -> SandboxRuntime:
@@ -336,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         # Before anything is bound: the journal names the bad key, systemd sees the failure.
+        log.error("invalid configuration: %s", exc, extra={"IRONCLAW_CONFIG_ERROR": str(exc)})
+        print(f"ironclawd: invalid configuration: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    try:
+        check_host(config)
+    except ConfigError as exc:
         log.error("invalid configuration: %s", exc, extra={"IRONCLAW_CONFIG_ERROR": str(exc)})
         print(f"ironclawd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG

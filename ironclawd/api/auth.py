@@ -12,11 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
+from ironclawd.api.boundary import admit_request, lenient, refuse
 from ironclawd.api.peer import Caller, PeerRegistry
-from ironclawd.api.status import code_for
-from ironclawd.errors import IronclawError
 
 log = logging.getLogger("ironclawd.admin")
 
@@ -26,34 +24,6 @@ _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("ironclaw_calle
 def current_caller() -> Caller:
     """The caller of the RPC being served (set by :class:`CallerInterceptor`)."""
     return _CALLER.get()
-
-
-class _Undecodable:
-    """A request that did not parse (e.g. a string field that is not UTF-8). grpc answers a
-    deserializer's exception with UNKNOWN and a Python class name; parsing leniently and
-    refusing in the handler, after the caller is known, gives INVALID_ARGUMENT and the reason."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    if deserializer is None:
-        return None
-    parse = deserializer
-
-    def deserialize(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except DecodeError as exc:
-            return _Undecodable(f"malformed request: {exc}")
-
-    return deserialize
-
-
-async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    if isinstance(request, _Undecodable):
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
 
 if TYPE_CHECKING:
@@ -84,13 +54,13 @@ class CallerInterceptor(_Interceptor):
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=_lenient(handler.request_deserializer),
+                request_deserializer=lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
-                request_deserializer=_lenient(handler.request_deserializer),
+                request_deserializer=lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None:
@@ -134,18 +104,18 @@ class CallerInterceptor(_Interceptor):
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await self._admit(method, context)
-            await _refuse_undecodable(request, context)
+            await admit_request(request, context)
             started = time.monotonic()
             try:
                 async with asyncio.timeout(self._max_seconds):
                     return await behavior(request, context)
-            except IronclawError as exc:
-                await context.abort(code_for(exc), str(exc))
             except TimeoutError:
                 await context.abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"{method} ran past the daemon's limit of {self._max_seconds:g}s",
                 )
+            except Exception as exc:
+                await refuse(exc, method, context)
             finally:
                 log.debug("%s took %.1f ms", method, (time.monotonic() - started) * 1e3)
 
@@ -166,26 +136,28 @@ class CallerInterceptor(_Interceptor):
                 request: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> AsyncIterator[Any]:
                 await self._admit(method, context)
-                await _refuse_undecodable(request, context)
+                await admit_request(request, context)
                 try:
                     async with asyncio.timeout(limit):
                         async for item in behavior(request, context):
                             yield item
-                except IronclawError as exc:
-                    await context.abort(code_for(exc), str(exc))
                 except TimeoutError:
                     await too_long(context)
+                except Exception as exc:
+                    await refuse(exc, method, context)
 
             return wrapped_gen
 
         # Handlers that stream with ``await context.write(...)`` (grpc_health's Watch).
         async def wrapped_writer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await self._admit(method, context)
-            await _refuse_undecodable(request, context)
+            await admit_request(request, context)
             try:
                 async with asyncio.timeout(limit):
                     await behavior(request, context)
             except TimeoutError:
                 await too_long(context)
+            except Exception as exc:
+                await refuse(exc, method, context)
 
         return wrapped_writer

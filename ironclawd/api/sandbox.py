@@ -23,15 +23,14 @@ from ironclaw.egress.v1 import egress_pb2_grpc
 from ironclaw.gateway.v1 import gateway_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd import ratelog
+from ironclawd.api.boundary import admit_request, lenient, refuse
 from ironclawd.api.egress import EgressServicer
 from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sandbox_gateway import GatewayServicer
 from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer, SessionSockets
 from ironclawd.api.sockets import remove_stale_socket
-from ironclawd.api.status import code_for
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.model import Message, ToolCall, ToolDef
-from ironclawd.errors import IronclawError
 from ironclawd.ports import AuditSink
 from ironclawd.services.audit import Throttled
 from ironclawd.services.egress import EgressBroker
@@ -147,17 +146,18 @@ class _PeerInterceptor(_Interceptor):
             async def unary(request: Any, context: Context) -> Any:
                 peer = await admit(context)
                 try:
+                    await admit_request(request, context)
                     async with asyncio.timeout(limit):
                         return await inner(request, context)
-                except IronclawError as exc:
-                    await context.abort(code_for(exc), str(exc))
                 except TimeoutError:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "call ran too long")
+                except Exception as exc:
+                    await refuse(exc, details.method, context)
                 finally:
                     done(peer)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
+                unary, lenient(handler.request_deserializer), handler.response_serializer
             )
         if handler.unary_stream is not None:
             inner_stream: Callable[..., AsyncIterator[Any]] = handler.unary_stream  # type: ignore[assignment]
@@ -170,16 +170,17 @@ class _PeerInterceptor(_Interceptor):
                 assert task is not None
                 timer = asyncio.get_running_loop().call_later(limit, task.cancel)
                 try:
+                    await admit_request(request, context)
                     async for item in inner_stream(request, context):
                         yield item
-                except IronclawError as exc:
-                    await context.abort(code_for(exc), str(exc))
+                except Exception as exc:
+                    await refuse(exc, details.method, context)
                 finally:
                     timer.cancel()
                     done(peer)
 
             return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
+                stream, lenient(handler.request_deserializer), handler.response_serializer
             )
         raise RuntimeError(f"{details.method}: only unary and server-streaming calls are served")
 

@@ -35,6 +35,17 @@ def ensure_private_dir(path: Path, mode: int) -> None:
     os.chmod(path, mode, follow_symlinks=False)
 
 
+def check_existing_dirs(path: Path) -> None:
+    """The checks of :func:`ensure_private_dir` on the parts of ``path`` that exist already,
+    without creating anything (``ironclawd --check-config``)."""
+    for ancestor in reversed(path.parents):
+        if not os.path.lexists(ancestor):
+            return
+        _check_dir(ancestor, allow_sticky=True)
+    if os.path.lexists(path):
+        _check_dir(path, allow_sticky=False)
+
+
 def _check_dir(path: Path, *, allow_sticky: bool) -> None:
     try:
         st = os.lstat(path)

@@ -143,7 +143,7 @@ def _egress_rules(payload: dict[str, Any]) -> list[EgressRule]:
     for index, raw in enumerate(rules):
         try:
             parsed.append(rule_from_mapping(raw))
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise InvalidArgument(f"payload.rules[{index}]: expected {exc}") from None
     return parsed
 

@@ -108,15 +108,19 @@ def rule_from_mapping(raw: object) -> EgressRule:
     if host.startswith("*.") and "." not in host[2:]:
         raise ValueError("host: a wildcard needs at least two labels after '*.'")
     scheme = raw.get("scheme", "https")
-    if scheme not in DEFAULT_PORTS:
+    if not isinstance(scheme, str) or scheme not in DEFAULT_PORTS:
         raise ValueError("scheme: 'https' or 'http'")
     port = raw.get("port", 0)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError("port: 1-65535 (0: the scheme's default)")
-    methods = tuple(str(m).upper() for m in raw.get("methods", ["GET"]))
+    raw_methods = raw.get("methods", ["GET"])
+    if not isinstance(raw_methods, list) or not all(isinstance(m, str) for m in raw_methods):
+        raise ValueError("methods: a list from " + ", ".join(sorted(METHODS)))
+    methods = tuple(m.upper() for m in raw_methods)
     if not methods or not set(methods) <= METHODS:
         raise ValueError("methods: a list from " + ", ".join(sorted(METHODS)))
-    prefixes = tuple(raw.get("path_prefixes", ["/"]))
+    raw_prefixes = raw.get("path_prefixes", ["/"])
+    prefixes = tuple(raw_prefixes) if isinstance(raw_prefixes, list) else ()
     if not prefixes or not all(isinstance(p, str) and p.startswith("/") for p in prefixes):
         raise ValueError("path_prefixes: a list of paths starting with '/'")
     text = {k: raw.get(k, getattr(EgressRule, k)) for k in
@@ -159,7 +163,7 @@ def parse_url(url: str) -> Target:
     if m is None:
         raise InvalidArgument(f"url {url!r}: expected scheme://host[:port]/path[?query]")
     scheme = m["scheme"].lower()
-    if scheme not in DEFAULT_PORTS:
+    if not isinstance(scheme, str) or scheme not in DEFAULT_PORTS:
         raise PolicyDenied(f"url: scheme '{scheme}' is not served (only https, or http if granted)")
     authority = m["authority"]
     if "@" in authority:

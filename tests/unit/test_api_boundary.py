@@ -1,0 +1,79 @@
+"""The request boundary (api/boundary.py): what it refuses and how it echoes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclaw.gateway.v1 import gateway_pb2
+from ironclaw.model.v1 import model_pb2
+from ironclawd.api.boundary import (
+    ECHO_CHARS,
+    Undecodable,
+    check_json,
+    check_request,
+    clip,
+    lenient,
+)
+from ironclawd.errors import InvalidArgument
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (admin_pb2.GetChangeRequest(id="x" * 10_000), "id"),
+        (admin_pb2.SubmitChangeRequest(payload_json='{"a": "\\ud800"}'), "payload_json"),
+        (admin_pb2.SubmitChangeRequest(payload_json="[" * 100 + "]" * 100), "payload_json"),
+        (admin_pb2.SubmitChangeRequest(payload_json='{"a": 1e999}'), "payload_json"),
+        (admin_pb2.SubmitChangeRequest(payload_json='{"a": NaN}'), "payload_json"),
+        (admin_pb2.SubmitChangeRequest(payload_json='{"a": 99999999999999999999}'), "payload_json"),
+        (admin_pb2.ListAuditRequest(after_seq=2**64 - 1), "after_seq"),
+        (admin_pb2.GetSessionRequest(sid="a\x00b"), "sid"),
+        (gateway_pb2.SubmitChangeRequest(payload_json='{"a": [1, 2'), "payload_json"),
+        (model_pb2.CompleteRequest(messages=[model_pb2.Message(role=77)]), "messages[0].role"),
+    ],
+)
+def test_out_of_shape_requests_are_refused_naming_the_field(request_: object, field: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        check_request(request_)  # type: ignore[arg-type]
+    assert str(caught.value).startswith(field)
+    assert len(str(caught.value)) < 300
+
+
+def test_in_shape_requests_pass() -> None:
+    check_request(admin_pb2.SendMessageRequest(sid="s1", text="nul \x00 is data in text"))
+    check_request(admin_pb2.SubmitChangeRequest(kind="tools", payload_json='{"tools": ["fs"]}'))
+    check_request(admin_pb2.ListAuditRequest(after_seq=2**63 - 1))
+
+
+def test_clip_escapes_control_characters_and_cuts() -> None:
+    assert clip("a\x1b[31m\ud800") == "a\\x1b[31m\\ud800"
+    assert clip("é") == "é"
+    assert len(clip("x" * 10_000)) == ECHO_CHARS
+
+
+def test_lenient_deserializer_turns_garbage_into_a_refusal() -> None:
+    parse = lenient(admin_pb2.GetSessionRequest.FromString)
+    assert parse is not None
+    assert isinstance(parse(b"\x0a\x02\xff\xfe"), Undecodable)  # a string that is not UTF-8
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=30,
+))  # fmt: skip
+def test_check_json_either_passes_or_refuses(value: object) -> None:
+    try:
+        text = json.dumps(value)
+    except ValueError:
+        return
+    try:
+        check_json(text, "payload_json")
+    except InvalidArgument as exc:
+        assert str(exc).startswith("payload_json: ")
