@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -25,10 +26,19 @@ def console() -> Console:
     return _console()
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is left to ironctl's main() (exit 141, as for every
+    other write), not turned into a silent exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "standard output closed")
+
+
 def _console() -> Console:
     # rich already honours NO_COLOR; colour is further limited to a real terminal.
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    return Console(no_color=not colour, highlight=False, soft_wrap=False)
+    return _Console(no_color=not colour, highlight=False, soft_wrap=False)
 
 
 def status(reply: admin_pb2.GetStatusResponse) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ironclawd.ctl import exitcodes
+from ironclawd.ctl import exitcodes, render, sessions
 from ironclawd.ctl import main as ctl_main
 from ironclawd.ctl.main import main
 from tests.harness.ctl_commands import commands
@@ -134,6 +134,20 @@ def test_a_closed_pipe_ends_quietly_with_141(
 ) -> None:
     monkeypatch.setattr("sys.stdout", ClosedPipe())
     assert main(argv) == exitcodes.PIPE_CLOSED
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_pipe_under_a_rich_table_ends_with_141_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rich turns a closed pipe into a silent exit 1 unless told otherwise.
+    def listing(args: Any, stub: Any) -> int:
+        render.sessions([], {})
+        return exitcodes.OK
+
+    monkeypatch.setattr(sessions, "cmd_list", listing)
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    assert main(["session", "list"]) == exitcodes.PIPE_CLOSED
     assert capsys.readouterr().err == ""
 
 
