@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import paths, ratelog
-from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir
+from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, serve_unix
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.session import check_sid, unit_name
 from ironclawd.errors import HostError
@@ -107,7 +107,7 @@ class ControlServer:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._serve(sid, channel, reader, writer)
 
-        server = await asyncio.start_unix_server(handle, sock=sock, limit=MAX_LINE)
+        server = await serve_unix(handle, sock, limit=MAX_LINE)
         channel = _Channel(server, hello)
         self._channels[sid] = channel
         return directory

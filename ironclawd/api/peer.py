@@ -23,6 +23,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ironclawd.api.sockets import serve_unix
 from ironclawd.api.splice import splice_to
 
 log = logging.getLogger("ironclawd.admin")
@@ -119,7 +120,7 @@ class PeerFront:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._handle, sock=self._listener)
+        self._server = await serve_unix(self._handle, self._listener)
 
     async def close(self) -> None:
         if self._server is not None:

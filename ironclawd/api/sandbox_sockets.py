@@ -20,7 +20,7 @@ from pathlib import Path
 from ironclawd import ratelog
 from ironclawd.api import control
 from ironclawd.api.limits import HTTP2_PREFACE, Conn, ConnectionTable, TokenBucket
-from ironclawd.api.sockets import bind_unix_socket
+from ironclawd.api.sockets import bind_unix_socket, serve_unix
 from ironclawd.api.splice import splice_to
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.session import unit_name
@@ -72,7 +72,7 @@ class SessionSockets:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._accept(sid, name, (table, rate), reader, writer)
 
-        server = await asyncio.start_unix_server(handle, sock=sock)
+        server = await serve_unix(handle, sock)
         self._sockets[(sid, name)] = _Socket(server, table, rate)
 
     async def close(self, sid: str, name: str) -> None:

@@ -8,10 +8,12 @@ reuse it.
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ironclawd.errors import HostError
@@ -106,3 +108,22 @@ def bind_unix_socket(path: Path, *, mode: int, group: str | None) -> socket.sock
     sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def serve_unix(
+    handler: ConnectionHandler, sock: socket.socket, limit: int = 2**16
+) -> asyncio.Server:
+    """``asyncio.start_unix_server`` whose connection tasks never end cancelled: Python 3.11's
+    done callback calls ``exception()`` on them, which raises CancelledError and logs a traceback
+    for every connection still open when the daemon stops (fixed upstream in 3.12)."""
+
+    async def quiet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        except asyncio.CancelledError:
+            writer.transport.abort()  # the loop is stopping: this connection ends with it
+
+    return await asyncio.start_unix_server(quiet, sock=sock, limit=limit)

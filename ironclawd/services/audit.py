@@ -22,8 +22,11 @@ class Audit:
         self._log = audit_log
         self._store = store
         self._queue: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None] = queue.SimpleQueue()
-        # Owned by this object: started here, stopped (after draining) by close().
-        self._writer = threading.Thread(target=self._write_batches, name="audit-writer")
+        # Owned by this object: started here, stopped (after draining) by close(). A daemon
+        # thread: a start-up that fails before close() must still let the process exit.
+        self._writer = threading.Thread(
+            target=self._write_batches, name="audit-writer", daemon=True
+        )
         self._writer.start()
         if not audit_log.append_only:
             log.warning(

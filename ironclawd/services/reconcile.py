@@ -8,10 +8,11 @@ import asyncio
 import logging
 import os
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ironclawd.domain.reconcile import Action, HostFacts, decide
 from ironclawd.domain.session import (
-    LIVE,
+    Session,
     State,
     netns_name,
     sid_from_netns,
@@ -37,23 +38,36 @@ class ReconcileReport:
 
 
 async def reconcile(service: SessionService) -> ReconcileReport:
+    """Settle every persisted session from what the host shows (``decide``); a session that
+    cannot be settled is marked failed and logged, never an error for the daemon's start."""
     report = ReconcileReport()
     units = {
         u.name: u
         for u in await asyncio.to_thread(service.units.list_units, "ironclaw-sbx-*.service")
     }
+    netns = set(await asyncio.to_thread(service.netns.list_names, "ironclaw-"))
+    containers = set(await asyncio.to_thread(service.runtime.list_ids))
     adopt = []
     for session in service.list_sessions():
-        if session.state not in LIVE:
-            continue
         unit = units.get(session.unit)
-        if session.state is State.RUNNING and unit is not None and unit.active_state == "active":
+        facts = HostFacts(
+            unit_state=unit.active_state if unit is not None else "",
+            netns=netns_name(session.sid) in netns,
+            runsc=session.container_id in containers,
+        )
+        action, reason = decide(session.state, facts)
+        if action is Action.KEEP:
+            continue
+        if action is Action.ADOPT:
             adopt.append(session)
-        else:
-            reason = f"daemon restarted while the session was {session.state.value}"
+            continue
+        try:
             await service.settle(session, reason)
-            report.settled.append(session.sid)
-    results = await asyncio.gather(*(service.adopt(s) for s in adopt))
+        except Exception as exc:  # one bad session must not keep the daemon from starting
+            log.exception("reconcile: settling session %s", session.sid)
+            await _last_resort(service, session, f"reconcile: settling it failed: {exc}")
+        report.settled.append(session.sid)
+    results = await asyncio.gather(*(_adopt(service, s) for s in adopt))
     kept = {s.sid for s in results if s.state is State.RUNNING}
     report.adopted = sorted(kept)
     report.settled += sorted(s.sid for s in results if s.state is not State.RUNNING)
@@ -63,6 +77,22 @@ async def reconcile(service: SessionService) -> ReconcileReport:
     await _remove_orphans(service, kept, [u.name for u in left], report)
     log.info("reconcile: %s", report.summary())
     return report
+
+
+async def _adopt(service: SessionService, session: Session) -> Session:
+    try:
+        return await service.adopt(session)
+    except Exception as exc:  # one bad session must not keep the daemon from starting
+        log.exception("reconcile: adopting session %s", session.sid)
+        return await _last_resort(service, session, f"reconcile: adopting it failed: {exc}")
+
+
+async def _last_resort(service: SessionService, session: Session, reason: str) -> Session:
+    try:
+        return await service.mark_failed(session.sid, reason)
+    except Exception:  # logged; the daemon starts and serves the others
+        log.exception("reconcile: marking session %s failed", session.sid)
+        return replace(session, state=State.FAILED)  # never adopted; its leftovers are orphans
 
 
 async def _remove_orphans(

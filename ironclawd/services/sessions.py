@@ -12,9 +12,10 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ironclawd import paths
 from ironclawd.bundle.spec import (
@@ -44,6 +45,7 @@ from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.sessions")
 
+T = TypeVar("T")
 TOUCH_PERSIST_SECONDS = 10.0
 AGENT_ARGV = ("/app/agent/agent",)
 
@@ -93,6 +95,7 @@ class SessionService:
         self._locks: dict[str, asyncio.Lock] = {}
         self._idle_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._work: set[asyncio.Task[Any]] = set()  # commands in flight (``_owned``)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -104,19 +107,32 @@ class SessionService:
 
     # -- commands --------------------------------------------------------------------------
 
+    # Each command runs in a task the service owns (``_owned``): a caller that goes away (an
+    # expired deadline, a closed connection) cancels only its wait, never the work, and every
+    # way the work can end leaves the session settled (``_guarded``).
+
     async def create(self, agent: str, sid: str | None = None) -> Session:
         spec = find_agent(self._agents, agent)
         sid = check_sid(sid) if sid else new_sid()
         self.data.check_space(f"creating session {sid}")
+        return await self._owned(self._create(spec, sid))
+
+    async def _create(self, spec: AgentSpec, sid: str) -> Session:
         now = self._clock()
         session = Session(sid, spec.name, State.CREATING, now, now, now)
-        self._store.insert(session)  # Conflict if the id is taken
-        self._audit(session, "created")
         async with self._lock(sid):
-            return await self._start(session, spec)
+            self._store.insert(session)  # Conflict if the id is taken
+            return await self._guarded(sid, "creating", self._created_then_start(session, spec))
+
+    async def _created_then_start(self, session: Session, spec: AgentSpec) -> Session:
+        self._audit(session, "created")
+        return await self._start(session, spec)
 
     async def start(self, sid: str) -> Session:
-        async with self._lock(check_sid(sid)):
+        return await self._owned(self._start_cmd(check_sid(sid)))
+
+    async def _start_cmd(self, sid: str) -> Session:
+        async with self._lock(sid):
             session = self._store.get(sid)
             if session.state is State.RUNNING:
                 return session
@@ -124,24 +140,31 @@ class SessionService:
                 raise Conflict(f"session {sid} is {session.state.value}: cannot start it now")
             if session.state is State.FAILED:
                 await self._teardown(session)
-            return await self._start(session, find_agent(self._agents, session.agent))
+            agent = find_agent(self._agents, session.agent)
+            return await self._guarded(sid, "starting", self._start(session, agent))
 
     async def stop(self, sid: str) -> Session:
-        async with self._lock(check_sid(sid)):
+        return await self._owned(self._stop_cmd(check_sid(sid)))
+
+    async def _stop_cmd(self, sid: str) -> Session:
+        async with self._lock(sid):
             session = self._store.get(sid)
             if session.state is State.STOPPED:
                 return session
-            return await self._stop(session, State.STOPPED)
+            return await self._guarded(sid, "stopping", self._stop(session, State.STOPPED))
 
     async def remove(self, sid: str, force: bool = False) -> None:
-        async with self._lock(check_sid(sid)):
+        await self._owned(self._remove_cmd(check_sid(sid), force))
+
+    async def _remove_cmd(self, sid: str, force: bool) -> None:
+        async with self._lock(sid):
             session = self._store.get(sid)
             if session.state in LIVE and not force:
                 raise Conflict(
                     f"session {sid} is {session.state.value}: stop it first (or use --force)"
                 )
             if session.state is not State.STOPPED:
-                session = await self._stop(session, State.STOPPED)
+                session = await self._guarded(sid, "removing", self._stop(session, State.STOPPED))
             await self._teardown(session)  # idempotent: nothing of it may outlive its record
             for hook in self._remove_hooks:
                 hook(sid)
@@ -203,14 +226,52 @@ class SessionService:
             return session
 
     async def settle(self, session: Session, reason: str) -> Session:
-        """Clean up a session a dead daemon left mid-transition; it ends stopped or failed."""
+        """Clean up a session a dead daemon left mid-transition: a stop under way is finished
+        (stopped), anything else ends failed with ``reason``."""
         async with self._lock(session.sid):
-            final = State.STOPPED if session.state is State.STOPPING else State.FAILED
             if session.state is State.CREATING:
                 session = self._move(session, State.FAILED, error=reason)
                 await self._teardown(session)
                 return session
-            return await self._stop(session, final, error="" if final is State.STOPPED else reason)
+            if session.state is State.STOPPING:
+                return await self._stop(session, State.STOPPED)
+            return await self._stop(session, State.FAILED, error=reason)
+
+    async def mark_failed(self, sid: str, reason: str) -> Session:
+        """The last resort for a session nothing else could settle: tear down what may exist and
+        record it failed with ``reason``, whatever state it was in (errors are logged)."""
+        session = self._store.get(sid)
+        await self._teardown(session)
+        failed = replace(session, state=State.FAILED, updated_at=self._clock(), error=reason)
+        self._store.save(failed)
+        self._audit_quietly(failed, State.FAILED.value)
+        return failed
+
+    async def _owned(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` in a task of the service's and wait for it; cancelling the wait (the
+        client left) does not cancel the task."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._work.add(task)
+        task.add_done_callback(_owned_done)
+        task.add_done_callback(self._work.discard)
+        return await asyncio.shield(task)
+
+    async def _guarded(self, sid: str, what: str, work: Coroutine[Any, Any, T]) -> T:
+        """Await ``work`` (a transition of session ``sid``, under its lock); if it ends any other
+        way than by settling the session, tear it down and record it failed, then re-raise."""
+        try:
+            return await work
+        except BaseException as exc:
+            with contextlib.suppress(IronclawError):  # a session removed meanwhile is settled
+                session = self._store.get(sid)
+                if session.state in LIVE:
+                    reason = _describe(exc, f"{what} session {sid}")
+                    log.error("%s", reason)
+                    await self._teardown(session)
+                    failed = transition(session, State.FAILED, self._clock(), reason)
+                    self._store.save(failed)
+                    self._audit_quietly(failed, State.FAILED.value)
+            raise
 
     def touch(self, sid: str) -> None:
         """Record activity (a message) so the idle timer starts over. Kept in memory and written
@@ -290,7 +351,8 @@ class SessionService:
 
     async def _stop(self, session: Session, final: State, error: str = "") -> Session:
         self._disarm_idle(session.sid)
-        session = self._move(session, State.STOPPING)
+        if session.state is not State.STOPPING:  # a stop a crash interrupted goes on
+            session = self._move(session, State.STOPPING)
         await self._teardown(session)
         return self._move(session, final, error=error)
 
@@ -390,6 +452,12 @@ class SessionService:
             extra={"IRONCLAW_SID": session.sid, "IRONCLAW_SESSION_EVENT": event},
         )
 
+    def _audit_quietly(self, session: Session, event: str) -> None:
+        try:
+            self._audit(session, event)
+        except (IronclawError, OSError) as exc:
+            log.error("session %s %s: not recorded in the audit log: %s", session.sid, event, exc)
+
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
 
@@ -429,7 +497,9 @@ class SessionService:
                     result = unit.result if unit else "gone"
                     reason = f"sandbox exited (unit result: {result})"
                     log.warning("session %s: %s", sid, reason)
-                    await self._stop(session, State.FAILED, error=reason)
+                    await self._guarded(
+                        sid, "failing", self._stop(session, State.FAILED, error=reason)
+                    )
             # Outside the lock: a hook may start the session again.
             for hook in self._exit_hooks:
                 await self._quietly(f"after session {sid} exited", hook, sid)
@@ -465,12 +535,16 @@ class SessionService:
         self._store.close()
 
     async def close(self) -> None:
-        """Stop watching (the sandboxes keep running: a restarted daemon adopts them)."""
+        """Let commands in flight finish (those still running after a stop timeout are cancelled
+        and end failed), then stop watching (the sandboxes keep running: a restarted daemon
+        adopts them)."""
         for sid in list(self._idle_timers):
             self._disarm_idle(sid)
-        for task in list(self._tasks):
+        if self._work:
+            await asyncio.wait(set(self._work), timeout=self.layout.stop_timeout)
+        for task in [*self._work, *self._tasks]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._work, *self._tasks, return_exceptions=True)
 
 
 def remove_tree(path: Path) -> None:
@@ -480,7 +554,16 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def _owned_done(task: asyncio.Task[Any]) -> None:
+    # Its caller may be gone: fetch the outcome so asyncio does not log it as never retrieved
+    # (the work has logged and recorded it already).
+    if not task.cancelled():
+        task.exception()
+
+
 def _describe(exc: BaseException, what: str) -> str:
     if isinstance(exc, TimeoutError):
         return f"{what}: the agent did not connect to its control socket in time"
+    if isinstance(exc, asyncio.CancelledError):
+        return f"{what}: cancelled (the daemon is stopping)"
     return f"{what}: {exc}"

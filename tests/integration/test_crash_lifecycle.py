@@ -1,0 +1,291 @@
+"""A crash at any instant never wedges the lifecycle (issue 11): ``kill -9`` of the daemon in the
+middle of create, stop and rm, a client that leaves mid-create, a fatal start error, a clean stop
+with connected sandboxes. After every restart the daemon must reach READY and every session must
+be settled (running, stopped or failed) with nothing of it left on the host unless it runs.
+
+Randomized tests print their seed; ``IRONCLAW_CRASH_SEED=N`` replays one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shlex
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.harness.polling import wait_for
+from tests.integration.test_sessions import (
+    cursor,
+    inventory,
+    journal_since,
+    leftovers,
+    list_sessions,
+    out,
+    remove_all_sessions,
+    sh,
+    unit_props,
+)
+
+pytestmark = pytest.mark.integration
+
+CONFIG = "/etc/ironclaw/ironclawd.toml"
+SETTLED = {"running", "stopped", "failed"}
+
+
+def states_of(sysd: Any) -> dict[str, str]:
+    """{sid: state} of every session (``session list`` names states SESSION_STATE_X)."""
+    return {
+        s["sid"]: str(s["state"]).lower().removeprefix("session_state_")
+        for s in list_sessions(sysd)
+    }
+
+
+READY_BOUND = 40.0  # seconds from the kill to READY=1 (TimeoutStartSec is 60)
+# Operations interrupted by a kill, in total (IRONCLAW_CRASH_ROUNDS: more for a soak run).
+CRASH_ROUNDS = max(51, int(os.environ.get("IRONCLAW_CRASH_ROUNDS", "51")))
+
+
+def seed() -> int:
+    value = int(os.environ.get("IRONCLAW_CRASH_SEED", secrets.randbits(32)))
+    print(f"\nseed: IRONCLAW_CRASH_SEED={value}")
+    return value
+
+
+@pytest.fixture
+def clean(daemon: Any) -> Iterator[Any]:
+    """The daemon running with its default config and no sessions, before and after."""
+    sh(daemon, f"rm -f {CONFIG}; systemctl reset-failed ironclawd; true")
+    remove_all_sessions(daemon)
+    yield daemon
+    sh(daemon, f"rm -f {CONFIG}; systemctl reset-failed ironclawd; true")
+    remove_all_sessions(daemon)
+    stray = {k: v for k, v in inventory(daemon).items() if v and k != "cgroup"}
+    assert stray == {}, stray
+
+
+def create(sysd: Any, sid: str) -> None:
+    proc = sysd.run(["ironctl", "session", "create", "--agent", "demo", "--sid", sid])
+    assert proc.returncode == 0, out(proc)
+
+
+def kill_at(sysd: Any, commands: list[str], event: str, delay: float) -> tuple[bool, float]:
+    """Start ``commands`` (ironctl argument strings) in the background, wait for a journal line
+    containing ``event`` (bounded), ``kill -9`` the daemon ``delay`` seconds later, then start it
+    again. Whether the event was seen, and the seconds from the kill to READY."""
+    background = "\n".join(f"ironctl {c} >/dev/null 2>&1 &" for c in commands)
+    script = f"""
+        c=$(journalctl -n0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p')
+        coproc J {{ exec journalctl -f --after-cursor="$c" -o cat --no-pager; }}
+        {background}
+        timeout 20 grep -m1 -q -F -e {shlex.quote(event)} <&"${{J[0]}}"; seen=$?
+        sleep {delay:.3f}
+        old=$(systemctl show -P MainPID ironclawd.service)
+        systemctl kill -s KILL ironclawd.service
+        t0=$(date +%s.%N)
+        kill $J_PID
+        # Until systemd has seen it die: a "start" before that finds the unit still active.
+        timeout 20 bash -c "while [ \\$(systemctl show -P MainPID ironclawd) = $old ]; do
+                            sleep 0.02; done"
+        # Type=notify: "start" returns when the restarted daemon said READY=1 (or failed).
+        timeout {READY_BOUND} systemctl start ironclawd.service; rc=$?
+        t1=$(date +%s.%N)
+        wait
+        echo "$seen $rc $t0 $t1"
+    """
+    proc = sh(sysd, script, timeout=READY_BOUND + 60)
+    seen, rc, t0, t1 = proc.stdout.decode().split()[-4:]
+    state = out(sysd.run(["systemctl", "is-active", "ironclawd.service"])).strip()
+    assert rc == "0" and state == "active", (
+        f"ironclawd not READY within {READY_BOUND}s of the kill (rc {rc}, {state}):\n"
+        + out(sysd.run(["journalctl", "-u", "ironclawd", "-n", "40", "--no-pager", "-o", "cat"]))
+    )
+    return seen == "0", float(t1) - float(t0)
+
+
+def assert_settled(sysd: Any) -> dict[str, str]:
+    """Serving, every session settled, and only running sessions own host resources."""
+    status = sysd.run(["ironctl", "status"])
+    assert status.returncode == 0, out(status)
+    states = states_of(sysd)
+    stuck = {sid: st for sid, st in states.items() if st not in SETTLED}
+    assert stuck == {}, stuck
+    running = {sid for sid, st in states.items() if st == "running"}
+    found = inventory(sysd)
+    leaked = {
+        kind: [e for e in found[kind] if not any(sid in e for sid in running)]
+        for kind in ("unit", "netns", "bundle", "socketdir")
+    }
+    leaked = {kind: entries for kind, entries in leaked.items() if entries}
+    assert leaked == {}, (leaked, states)
+    return states
+
+
+# -- the reproduction from the issue ---------------------------------------------------------
+
+
+def test_kill_while_stopping_never_wedges_start_up(clean: Any) -> None:
+    sysd = clean
+    rng = random.Random(seed())
+    for attempt in range(3):
+        sid = f"stopkill{attempt}{secrets.token_hex(3)}"
+        create(sysd, sid)
+        mark = cursor(sysd)
+        # A stop takes about 0.1s, the issue hit it one time in four. Here a unit that is part
+        # of the sandbox's and ordered after it takes 2s to stop (SIGCONT does not end it;
+        # systemd waits TimeoutStopSec, then SIGKILL), so the sandbox's stop job, and the
+        # daemon's "stopping", last that long: every attempt is killed inside the window.
+        unit = f"ironclaw-sbx-{sid}.service"
+        hold = (
+            f"systemd-run -q --unit=stophold-{sid} -p PartOf={unit} -p After={unit} "
+            "-p KillSignal=SIGCONT -p TimeoutStopSec=2 sleep 600"
+        )
+        assert sh(sysd, hold).returncode == 0
+        delay = rng.uniform(0.0, 1.0)
+        seen, took = kill_at(sysd, [f"session stop {sid}"], f"session {sid} stopping", delay)
+        assert seen, f"session {sid} never logged 'stopping'"
+        log = journal_since(sysd, mark)
+        assert "cannot go from" not in log, log
+        states = assert_settled(sysd)
+        print(f"killed {delay:.3f}s into stopping: READY {took:.2f}s later, {states[sid]}")
+        assert states[sid] == "stopped", states  # the interrupted stop was finished
+        proc = sysd.run(["ironctl", "session", "rm", sid])
+        assert proc.returncode == 0, out(proc)
+        assert leftovers(sysd, sid) == {}
+
+
+# -- kill -9 at random points of create, stop and rm -----------------------------------------
+
+# Where a kill lands: after the journal line of one of the operations plus a random delay.
+# "admin call" lines mark a request's arrival, the session lines its transitions.
+CALL = "admin call /ironclaw.admin.v1.AdminService/"
+
+
+def plan(rng: random.Random, states: dict[str, str]) -> tuple[list[str], str]:
+    """The operations of one round (ironctl argument strings) and the event that times the kill."""
+    running = sorted(sid for sid, st in states.items() if st == "running")
+    idle = sorted(sid for sid, st in states.items() if st in {"stopped", "failed"})
+    ops: list[tuple[str, list[str]]] = []
+    for _ in range(max(0, 3 - len(states))):
+        sid = f"crash{secrets.token_hex(4)}"
+        events = [f"{CALL}CreateSession", f"session {sid} created", f"session {sid} starting"]
+        ops.append((f"session create --agent demo --sid {sid}", events))
+    for sid in rng.sample(running, min(len(running), 2)):
+        if rng.random() < 0.5:
+            ops.append((f"session stop {sid}", [f"{CALL}StopSession", f"session {sid} stopping"]))
+        else:
+            events = [f"{CALL}RemoveSession", f"session {sid} stopping", f"session {sid} stopped"]
+            ops.append((f"session rm --force {sid}", events))
+    for sid in rng.sample(idle, min(len(idle), 2)):
+        ops.append((f"session rm {sid}", [f"{CALL}RemoveSession"]))
+    _, events = rng.choice(ops)
+    return [command for command, _ in ops], rng.choice(events)
+
+
+def test_random_kills_during_create_stop_rm_leave_everything_settled(clean: Any) -> None:
+    sysd = clean
+    rng = random.Random(seed())
+    rounds = kills = 0
+    ready: list[float] = []
+    states: dict[str, str] = {}
+    while rounds < CRASH_ROUNDS:
+        commands, event = plan(rng, states)
+        delay = rng.uniform(0.0, 0.5)
+        seen, took = kill_at(sysd, commands, event, delay)
+        ready.append(took)
+        rounds += len(commands)
+        kills += 1
+        states = assert_settled(sysd)
+        print(
+            f"kill {kills}: {delay:.3f}s after {event!r} ({'seen' if seen else 'NOT seen'}) "
+            f"during {commands}: READY {took:.2f}s later; {sorted(states.values())}"
+        )
+    print(
+        f"{rounds} interrupted operations, {kills} kills; READY after a kill: "
+        f"median {sorted(ready)[len(ready) // 2]:.2f}s, max {max(ready):.2f}s"
+    )
+
+
+# -- a client that leaves mid-create ---------------------------------------------------------
+
+
+def test_client_deadline_mid_create_leaves_no_session_starting(clean: Any) -> None:
+    sysd = clean
+    for batch in range(2):
+        sids = [f"deadline{batch}{i}{secrets.token_hex(3)}" for i in range(5)]
+        creates = "\n".join(
+            f"ironctl --timeout 0.2 session create --agent demo --sid {sid} &" for sid in sids
+        )
+        sh(sysd, f"{creates}\nwait")
+        # The work goes on without its clients and ends settled, never stuck in "starting".
+        states = wait_for(
+            f"sessions {sids} settled",
+            lambda: states_of(sysd),
+            lambda states, sids=sids: all(states.get(sid) in SETTLED for sid in sids),
+            90,
+        )
+        assert {states[sid] for sid in sids} == {"running"}, states
+        assert_settled(sysd)
+        rm = "\n".join(f"ironctl session rm --force {sid} || exit 1" for sid in sids)
+        assert sh(sysd, rm).returncode == 0
+    assert assert_settled(sysd) == {}
+
+
+# -- a fatal start error exits at once -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ('[admin]\ngroup = "nosuchgroup"\n', "group 'nosuchgroup' does not exist"),
+        ('[admin]\nsocket = "/tmp/ironclaw-unsafe/admin.sock"\n', "refusing /tmp/ironclaw-unsafe"),
+    ],
+    ids=["missing-admin-group", "unsafe-socket-parent"],
+)
+def test_fatal_start_error_exits_at_once(clean: Any, config: str, needle: str) -> None:
+    sysd = clean
+    setup = f"""
+        install -d -m 0777 /tmp/ironclaw-unsafe
+        printf {shlex.quote(config)} > {CONFIG}
+        systemctl stop ironclawd.service
+    """
+    assert sh(sysd, setup).returncode == 0
+    mark = cursor(sysd)
+    proc = sysd.run(["systemctl", "start", "ironclawd.service"], timeout=90)
+    assert proc.returncode != 0
+    sh(sysd, "systemctl stop ironclawd.service")  # no restart loop while the journal is read
+    lines = out(
+        sysd.run(["journalctl", "--no-pager", "-o", "short-unix", "--after-cursor", mark])
+    ).splitlines()
+    failed = [ln for ln in lines if needle in ln and ("ironclawd failed" in ln or "invalid" in ln)]
+    exited = [ln for ln in lines if "ironclawd.service: Main process exited, code=exited" in ln]
+    assert failed and exited, "\n".join(lines)
+    assert "status=1/FAILURE" in exited[0] or "status=78/CONFIG" in exited[0], exited[0]
+    took = float(exited[0].split()[0]) - float(failed[0].split()[0])
+    print(f"fatal start error: the process exited {took:.3f}s after logging it")
+    assert took < 3, f"the process lived {took:.1f}s after its fatal error"
+    assert not [ln for ln in lines if "timed out" in ln or "Killing process" in ln], lines
+    sh(sysd, f"rm -rf {CONFIG} /tmp/ironclaw-unsafe; systemctl reset-failed ironclawd")
+    assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
+
+
+# -- a clean stop with connected sandboxes ---------------------------------------------------
+
+
+def test_clean_stop_with_connected_sandboxes_logs_no_traceback(clean: Any) -> None:
+    sysd = clean
+    sid = f"cleanstop{secrets.token_hex(3)}"
+    create(sysd, sid)
+    # A message makes the agent open its model socket too (a gRPC connection it keeps).
+    proc = sysd.run(["ironctl", "send", sid, "hello"])
+    assert proc.returncode == 0, out(proc)
+    mark = cursor(sysd)
+    assert sysd.run(["systemctl", "stop", "ironclawd.service"]).returncode == 0
+    log = journal_since(sysd, mark)
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert unit_props(sysd, "ironclawd.service", "Result")["Result"] == "success"
+    assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
+    assert assert_settled(sysd)[sid] == "running"
