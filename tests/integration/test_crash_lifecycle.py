@@ -141,12 +141,15 @@ def test_kill_while_stopping_never_wedges_start_up(clean: Any) -> None:
         unit = f"ironclaw-sbx-{sid}.service"
         hold = (
             f"systemd-run -q --unit=stophold-{sid} -p PartOf={unit} -p After={unit} "
-            "-p KillSignal=SIGCONT -p TimeoutStopSec=2 sleep 600"
+            "-p KillSignal=SIGCONT -p TimeoutStopSec=2 -p CollectMode=inactive-or-failed "
+            "sleep 600"
         )
         assert sh(sysd, hold).returncode == 0
         delay = rng.uniform(0.0, 1.0)
         seen, took = kill_at(sysd, [f"session stop {sid}"], f"session {sid} stopping", delay)
         assert seen, f"session {sid} never logged 'stopping'"
+        # Gone with the stop; its references would keep the sandbox's unit loaded.
+        sh(sysd, f"systemctl stop stophold-{sid}; systemctl reset-failed stophold-{sid}; true")
         log = journal_since(sysd, mark)
         assert "cannot go from" not in log, log
         states = assert_settled(sysd)
