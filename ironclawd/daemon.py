@@ -363,16 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     harden_process()
     try:
         asyncio.run(Daemon(args.config, config).run())
-    except ConfigError as exc:
-        log.error("invalid configuration: %s", exc, extra={"IRONCLAW_CONFIG_ERROR": str(exc)})
-        print(f"ironclawd: invalid configuration: {exc}", file=sys.stderr)
-        _notify(status=f"failed: {exc}")
-        return EX_CONFIG
     except IronclawError as exc:
         log.error("ironclawd failed: %s", exc)
         print(f"ironclawd: {exc}", file=sys.stderr)
         _notify(status=f"failed: {exc}")
-        return 1
+        return EX_CONFIG if isinstance(exc, ConfigError) else 1
     return 0
 
 

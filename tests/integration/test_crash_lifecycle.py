@@ -251,8 +251,10 @@ def test_client_deadline_mid_create_leaves_no_session_starting(clean: Any) -> No
     [
         ('[admin]\ngroup = "nosuchgroup"\n', "group 'nosuchgroup' does not exist"),
         ('[admin]\nsocket = "/tmp/ironclaw-unsafe/admin.sock"\n', "refusing /tmp/ironclaw-unsafe"),
+        # Found only when the admin socket is bound: after the audit log and its writer started.
+        ("", "refusing to replace /run/ironclaw/admin.sock: a symlink"),
     ],
-    ids=["missing-admin-group", "unsafe-socket-parent"],
+    ids=["missing-admin-group", "unsafe-socket-parent", "symlink-at-socket"],
 )
 def test_fatal_start_error_exits_at_once(clean: Any, config: str, needle: str) -> None:
     sysd = clean
@@ -260,6 +262,7 @@ def test_fatal_start_error_exits_at_once(clean: Any, config: str, needle: str) -
         install -d -m 0777 /tmp/ironclaw-unsafe
         printf {shlex.quote(config)} > {CONFIG}
         systemctl stop ironclawd.service
+        {"" if config else "ln -sf /nonexistent /run/ironclaw/admin.sock"}
     """
     assert sh(sysd, setup).returncode == 0
     mark = cursor(sysd)
@@ -278,6 +281,7 @@ def test_fatal_start_error_exits_at_once(clean: Any, config: str, needle: str) -
     assert took < 3, f"the process lived {took:.1f}s after its fatal error"
     assert not [ln for ln in lines if "timed out" in ln or "Killing process" in ln], lines
     sh(sysd, f"rm -rf {CONFIG} /tmp/ironclaw-unsafe; systemctl reset-failed ironclawd")
+    sh(sysd, "test -L /run/ironclaw/admin.sock && rm /run/ironclaw/admin.sock; true")
     assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
 
 
