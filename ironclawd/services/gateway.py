@@ -73,6 +73,7 @@ class Gateway:
         self._restart = restart_agent_sessions
         self._clock = clock
         self._lock = asyncio.Lock()
+        self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
         self._refusals = Throttled(audit, clock=clock)
 
@@ -197,6 +198,17 @@ class Gateway:
     # -- decisions (admin API only) -------------------------------------------------------
 
     async def approve(self, change_id: str, expected_hash: str, approver: str) -> Change:
+        # Once decided, the change is applied in a task of the gateway's: a client that leaves
+        # (its deadline) must not cut the apply between the registry and the sessions' restart.
+        task = asyncio.get_running_loop().create_task(
+            self._approve(change_id, expected_hash, approver)
+        )
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _approve(self, change_id: str, expected_hash: str, approver: str) -> Change:
         async with self._lock:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
@@ -228,7 +240,7 @@ class Gateway:
         self._audit.record("change.approval_refused", approver, change=change.id, reason=why)
         raise Conflict(f"cannot approve {change.id}: {why}")
 
-    async def _apply(self, change: Change) -> Change:
+    async def _apply(self, change: Change, **fields: object) -> Change:
         try:
             self._registry.put(self._new_spec(change))
         except (Conflict, InvalidArgument, PolicyDenied) as exc:
@@ -236,11 +248,16 @@ class Gateway:
             self._store.save_change(failed)
             self._audit.record("change.failed", "ironclawd", change=change.id, reason=str(exc))
             raise
+        return await self._restart_and_record(change, **fields)
+
+    async def _restart_and_record(self, change: Change, **fields: object) -> Change:
+        # "applied" only once the sessions run the new spec (a revoked mount is gone from them):
+        # a crash before that leaves it "approved", and resume() finishes the restart.
+        restarted = await self._restart(change.agent)
         applied = transition(change, ChangeState.APPLIED)
         self._store.save_change(applied)
-        restarted = await self._restart(change.agent)
         self._audit.record("change.applied", "ironclawd", change=change.id, agent=change.agent,
-                           restarted_sessions=restarted)  # fmt: skip
+                           restarted_sessions=restarted, **fields)  # fmt: skip
         log.info("change %s applied to agent %s; restarted sessions: %s", change.id,
                  change.agent, ", ".join(restarted) or "none")  # fmt: skip
         return applied
@@ -256,12 +273,31 @@ class Gateway:
         return apply_payload(change.kind, change.agent, current, payload)
 
     async def resume(self) -> None:
-        """After a restart: finish applying changes approved before the daemon died."""
+        """After a restart: finish applying changes approved before the daemon died. A change
+        whose new spec already reached the registry (the crash came between that write and
+        "applied") only needs its sessions restarted; re-applying it would find the agent
+        "changed since" and record as failed a change that took effect."""
         for change in self._store.list_changes(ChangeState.APPROVED.value):
+            current = canonical(agent_view(self._registry.get(change.agent)))
+            # The approval's own record may be what the crash cut: name the approver here too.
+            fields = {"resumed": True, "approved_by": change.decided_by}
             try:
-                await self._apply(change)
+                if current == change.after:
+                    await self._restart_and_record(change, **fields)
+                else:
+                    await self._apply(change, **fields)
             except (Conflict, InvalidArgument, PolicyDenied) as exc:
                 log.warning("change %s could not be applied after restart: %s", change.id, exc)
+            else:
+                log.info("change %s approved by %s before a restart: applied now", change.id,
+                         change.decided_by)  # fmt: skip
+
+
+def _retrieve(task: asyncio.Task[Change]) -> None:
+    # The approver may have left: its refusal or failure is already audited, not "never
+    # retrieved".
+    if not task.cancelled():
+        task.exception()
 
 
 def _same_person(approver: str, submitter: str) -> bool:

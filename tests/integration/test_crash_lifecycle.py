@@ -1,13 +1,16 @@
 """A crash at any instant never wedges the lifecycle (issue 11): ``kill -9`` of the daemon in the
-middle of create, stop and rm, a client that leaves mid-create, a fatal start error, a clean stop
-with connected sandboxes. After every restart the daemon must reach READY and every session must
-be settled (running, stopped or failed) with nothing of it left on the host unless it runs.
+middle of create, stop, rm, a change's approval and a reload, a client that leaves mid-create, a
+fatal start error, a clean stop with connected sandboxes. After every restart the daemon must
+reach READY and every session must be settled (running, stopped or failed) with nothing of it
+left on the host unless it runs, every change decided or pending (never "approved" without an
+outcome), and the audit log must verify.
 
 Randomized tests print their seed; ``IRONCLAW_CRASH_SEED=N`` replays one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -73,10 +76,10 @@ def create(sysd: Any, sid: str) -> None:
 
 
 def kill_at(sysd: Any, commands: list[str], event: str, delay: float) -> tuple[bool, float]:
-    """Start ``commands`` (ironctl argument strings) in the background, wait for a journal line
+    """Start ``commands`` (shell commands) in the background, wait for a journal line
     containing ``event`` (bounded), ``kill -9`` the daemon ``delay`` seconds later, then start it
     again. Whether the event was seen, and the seconds from the kill to READY."""
-    background = "\n".join(f"ironctl {c} >/dev/null 2>&1 &" for c in commands)
+    background = "\n".join(f"{c} >/dev/null 2>&1 &" for c in commands)
     script = f"""
         c=$(journalctl -n0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p')
         coproc J {{ exec journalctl -f --after-cursor="$c" -o cat --no-pager; }}
@@ -146,7 +149,9 @@ def test_kill_while_stopping_never_wedges_start_up(clean: Any) -> None:
         )
         assert sh(sysd, hold).returncode == 0
         delay = rng.uniform(0.0, 1.0)
-        seen, took = kill_at(sysd, [f"session stop {sid}"], f"session {sid} stopping", delay)
+        seen, took = kill_at(
+            sysd, [f"ironctl session stop {sid}"], f"session {sid} stopping", delay
+        )
         assert seen, f"session {sid} never logged 'stopping'"
         # Gone with the stop; its references would keep the sandbox's unit loaded.
         sh(sysd, f"systemctl stop stophold-{sid}; systemctl reset-failed stophold-{sid}; true")
@@ -160,55 +165,95 @@ def test_kill_while_stopping_never_wedges_start_up(clean: Any) -> None:
         assert leftovers(sysd, sid) == {}
 
 
-# -- kill -9 at random points of create, stop and rm -----------------------------------------
+# -- kill -9 at random points of create, stop, rm, approve and reload ------------------------
 
 # Where a kill lands: after the journal line of one of the operations plus a random delay.
 # "admin call" lines mark a request's arrival, the session lines its transitions.
 CALL = "admin call /ironclaw.admin.v1.AdminService/"
+# Many changes from one operator (the default allows 20 an hour); agent_log_lines varies so that
+# each reload has something to apply.
+RATE = "[gateway]\nsubmissions_per_hour = 1000\n[daemon]\nagent_log_lines = {}\n"
+DECIDED = {"pending", "applied", "failed", "rejected"}
 
 
-def plan(rng: random.Random, states: dict[str, str]) -> tuple[list[str], str]:
-    """The operations of one round (ironctl argument strings) and the event that times the kill."""
+def ctl_json(sysd: Any, *args: str) -> Any:
+    proc = sysd.run(["ironctl", *args, "--json"])
+    assert proc.returncode == 0, (args, out(proc))
+    return json.loads(proc.stdout.decode())
+
+
+def plan(rng: random.Random, states: dict[str, str], change: str) -> tuple[list[str], str]:
+    """The operations of one round (shell commands) and the event that times the kill: sessions
+    created, stopped and removed, ``change`` approved (a persona change of the agent every
+    session runs: approving it restarts them) and the configuration reloaded."""
     running = sorted(sid for sid, st in states.items() if st == "running")
     idle = sorted(sid for sid, st in states.items() if st in {"stopped", "failed"})
     ops: list[tuple[str, list[str]]] = []
     for _ in range(max(0, 3 - len(states))):
         sid = f"crash{secrets.token_hex(4)}"
         events = [f"{CALL}CreateSession", f"session {sid} created", f"session {sid} starting"]
-        ops.append((f"session create --agent demo --sid {sid}", events))
+        ops.append((f"ironctl session create --agent demo --sid {sid}", events))
     for sid in rng.sample(running, min(len(running), 2)):
         if rng.random() < 0.5:
-            ops.append((f"session stop {sid}", [f"{CALL}StopSession", f"session {sid} stopping"]))
+            events = [f"{CALL}StopSession", f"session {sid} stopping"]
+            ops.append((f"ironctl session stop {sid}", events))
         else:
             events = [f"{CALL}RemoveSession", f"session {sid} stopping", f"session {sid} stopped"]
-            ops.append((f"session rm --force {sid}", events))
+            ops.append((f"ironctl session rm --force {sid}", events))
     for sid in rng.sample(idle, min(len(idle), 2)):
-        ops.append((f"session rm {sid}", [f"{CALL}RemoveSession"]))
+        ops.append((f"ironctl session rm {sid}", [f"{CALL}RemoveSession"]))
+    ops.append((f"ironctl change approve {change} --yes", [f"{CALL}ApproveChange"]))
+    reload = f"printf {shlex.quote(RATE.format(rng.randint(1, 9999)))} > {CONFIG}; "
+    ops.append((reload + "systemctl reload ironclawd", ["Reloading", "configuration reloaded"]))
+    rng.shuffle(ops)
     _, events = rng.choice(ops)
     return [command for command, _ in ops], rng.choice(events)
 
 
-def test_random_kills_during_create_stop_rm_leave_everything_settled(clean: Any) -> None:
+def assert_change_settled(sysd: Any, change: dict[str, Any]) -> str:
+    """The change decided or still pending, never "approved" without an outcome; the agent runs
+    its persona exactly when it says "applied"; the audit log verifies (a torn tail is a repair)."""
+    shown = ctl_json(sysd, "change", "show", change["id"])
+    state = shown["state"]
+    assert state in DECIDED, shown
+    assert state not in {"failed", "rejected"} or shown.get("note"), shown
+    persona = ctl_json(sysd, "agent", "show", "demo")["persona"]
+    wanted = json.loads(change["payload_json"])["persona"]
+    assert (persona == wanted) == (state == "applied"), (shown, persona)
+    proc = sysd.run(["ironctl", "audit", "verify"])
+    assert proc.returncode == 0, out(proc)
+    return str(state)
+
+
+def test_random_kills_leave_sessions_and_changes_settled(clean: Any) -> None:
     sysd = clean
     rng = random.Random(seed())
+    sh(sysd, f"printf {shlex.quote(RATE.format(1000))} > {CONFIG}; systemctl restart ironclawd")
     rounds = kills = 0
     ready: list[float] = []
+    outcomes: dict[str, int] = {}
     states: dict[str, str] = {}
     while rounds < CRASH_ROUNDS:
-        commands, event = plan(rng, states)
+        persona = f"You are crash-tested. Marker {secrets.token_hex(4)}."
+        change = ctl_json(sysd, "change", "submit", "--kind", "persona", "--agent", "demo",
+                          "--persona", persona, "--reason", "crash test")  # fmt: skip
+        commands, event = plan(rng, states, change["id"])
         delay = rng.uniform(0.0, 0.5)
         seen, took = kill_at(sysd, commands, event, delay)
         ready.append(took)
         rounds += len(commands)
         kills += 1
         states = assert_settled(sysd)
+        decided = assert_change_settled(sysd, change)
+        outcomes[decided] = outcomes.get(decided, 0) + 1
         print(
             f"kill {kills}: {delay:.3f}s after {event!r} ({'seen' if seen else 'NOT seen'}) "
-            f"during {commands}: READY {took:.2f}s later; {sorted(states.values())}"
+            f"during {[c.rpartition('; ')[2] for c in commands]}: READY {took:.2f}s later; "
+            f"change {decided}; {sorted(states.values())}"
         )
     print(
-        f"{rounds} interrupted operations, {kills} kills; READY after a kill: "
-        f"median {sorted(ready)[len(ready) // 2]:.2f}s, max {max(ready):.2f}s"
+        f"{rounds} interrupted operations, {kills} kills; changes: {outcomes}; READY after a "
+        f"kill: median {sorted(ready)[len(ready) // 2]:.2f}s, max {max(ready):.2f}s"
     )
 
 

@@ -1,0 +1,77 @@
+"""The gateway across a crash and a departed approver (issue 11): a change approved before the
+daemon died is applied at start, never recorded failed because its own write already landed, and
+"applied" is recorded only once the agent's sessions run the new spec."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from ironclawd.domain.changes import Change, ChangeState, transition
+from ironclawd.services.gateway import Gateway, GatewayPolicy
+from ironclawd.services.registry import Registry
+from tests.unit.test_changes_domain import DEMO, ROOT, World
+
+
+def _crashed_after_approval(put: bool) -> tuple[World, Change]:
+    """A world whose daemon died after ``change`` was recorded approved, and (``put``) after
+    its new spec reached the registry too: a new gateway over the same store, as at start."""
+    w = World()
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
+    approved = transition(change, ChangeState.APPROVED, decided_by="uid:1000(alice)",
+                          decided_at=w.now)  # fmt: skip
+    w.store.save_change(approved)
+    if put:
+        w.registry.put(replace(DEMO, persona="New."))
+    again = World()
+    again.store = w.store
+    again.registry = Registry(w.store, [DEMO])  # type: ignore[arg-type]
+    again.gateway = Gateway(
+        store=w.store,  # type: ignore[arg-type]
+        registry=again.registry,
+        audit=again.audit,
+        policy=GatewayPolicy(),
+        restart_agent_sessions=again._restart,
+        clock=lambda: again.now,
+    )
+    return again, change
+
+
+@pytest.mark.parametrize("put", [False, True], ids=["before-the-registry", "after-the-registry"])
+def test_a_change_approved_before_a_crash_is_applied_at_start_never_failed(put: bool) -> None:
+    w, change = _crashed_after_approval(put)
+    asyncio.run(w.gateway.resume())
+    assert w.store.changes[change.id].state is ChangeState.APPLIED
+    assert w.registry["demo"].persona == "New."
+    assert w.restarted == ["demo"]  # the sessions run the new spec before it says "applied"
+    assert w.audit.events() == ["change.applied"]
+    assert w.audit.records[0][2]["approved_by"] == "uid:1000(alice)"
+
+
+def test_an_approver_that_leaves_does_not_cut_the_apply() -> None:
+    w = World()
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
+    release = asyncio.Event()
+
+    async def slow_restart(agent: str) -> list[str]:
+        await release.wait()
+        return await w._restart(agent)
+
+    w.gateway._restart = slow_restart
+
+    async def leave_mid_apply() -> None:
+        call = asyncio.create_task(w.gateway.approve(change.id, change.hash, ROOT))
+        while w.store.changes[change.id].state is ChangeState.PENDING:
+            await asyncio.sleep(0)
+        call.cancel()  # the client's deadline, mid-restart
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        release.set()
+        while w.store.changes[change.id].state is not ChangeState.APPLIED:
+            await asyncio.sleep(0)
+
+    asyncio.run(asyncio.wait_for(leave_mid_apply(), 5))
+    assert w.restarted == ["demo"]
+    assert w.audit.events() == ["change.submitted", "change.approved", "change.applied"]
