@@ -202,7 +202,12 @@ def plan(rng: random.Random, states: dict[str, str], change: str) -> tuple[list[
             ops.append((f"ironctl session rm --force {sid}", events))
     for sid in rng.sample(idle, min(len(idle), 2)):
         ops.append((f"ironctl session rm {sid}", [f"{CALL}RemoveSession"]))
-    ops.append((f"ironctl change approve {change} --yes", [f"{CALL}ApproveChange"]))
+    # Approving restarts the running sessions of the agent (stop, start): the longest stretch of
+    # an approval, during which it is "approved" and not yet "applied".
+    stopped = {c.rpartition(" ")[2] for c, _ in ops if " stop " in c or " rm " in c}
+    restarts = [f"session {sid} stopping" for sid in running if sid not in stopped]
+    events = [f"{CALL}ApproveChange", *restarts]
+    ops.append((f"ironctl change approve {change} --yes", events))
     reload = f"printf {shlex.quote(RATE.format(rng.randint(1, 9999)))} > {CONFIG}; "
     ops.append((reload + "systemctl reload ironclawd", ["Reloading", "configuration reloaded"]))
     rng.shuffle(ops)
@@ -239,12 +244,16 @@ def test_random_kills_leave_sessions_and_changes_settled(clean: Any) -> None:
                           "--persona", persona, "--reason", "crash test")  # fmt: skip
         commands, event = plan(rng, states, change["id"])
         delay = rng.uniform(0.0, 0.5)
+        mark = cursor(sysd)
         seen, took = kill_at(sysd, commands, event, delay)
         ready.append(took)
         rounds += len(commands)
         kills += 1
         states = assert_settled(sysd)
         decided = assert_change_settled(sysd, change)
+        # Approved when the kill came, and applied by the restarted daemon before READY.
+        if f"change {change['id']} approved by" in journal_since(sysd, mark):
+            decided += " at start"
         outcomes[decided] = outcomes.get(decided, 0) + 1
         print(
             f"kill {kills}: {delay:.3f}s after {event!r} ({'seen' if seen else 'NOT seen'}) "
