@@ -690,15 +690,23 @@ def test_agent_loop_tools_bound_failures_and_restart(env: Env) -> None:
         ('/tool read_file {"path": "a.txt"}', "tool read_file said: x"),
         ("/loop", "[stopped after 3 tool rounds without an answer]"),
         ("/fail", f"[the model is unavailable (unavailable): {MOCK_FAIL}]"),
-        # Arguments that used to crash the agent (and so the session): now the tool's error.
+    ]
+    for text, expected in sent:
+        assert env.send(sid, text) == expected, text
+    # Arguments that used to crash the agent (and so the session): the tool's error, or the
+    # model socket's input boundary refusing the next turn (JSON nested deeper than 32, a lone
+    # surrogate); either way the session lives on.
+    refused = "[the model is unavailable (invalid_argument): messages["
+    hostile = [
         ("/tool write_file " + "[" * 50_000, f"{SAID} error: write_file failed: RecursionError"),
         (
             '/tool write_file {"path": "\\udcff", "content": "x"}',
             f"{SAID} wrote 1 bytes to \\udcff",
         ),
     ]
-    for text, expected in sent:
-        assert env.send(sid, text) == expected, text
+    for text, tool_error in hostile:
+        reply = env.send(sid, text)
+        assert reply == tool_error or reply.startswith(refused), (text[:60], reply)
     assert ctl(sysd, "session", "show", sid)[1]["state"] == "running"
 
     # Kill the sandbox; the next message starts the session again, and only it is answered.
@@ -714,7 +722,8 @@ def test_agent_loop_tools_bound_failures_and_restart(env: Env) -> None:
     assert sysd.run(["systemctl", "show", "-P", "InvocationID", unit]).stdout != invocation
     record = env.record(sid)
     answered = [r.in_reply_to for r in record]
-    assert sorted(answered) == sorted(set(answered)) and len(answered) == len(sent) + 1, record
+    assert sorted(answered) == sorted(set(answered))
+    assert len(answered) == len(sent) + len(hostile) + 1, record
     assert record[-1].text == "mock: after the restart"
 
 
