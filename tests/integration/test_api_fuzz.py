@@ -29,6 +29,7 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclaw.egress.v1 import egress_pb2
 from ironclaw.gateway.v1 import gateway_pb2
 from ironclaw.model.v1 import model_pb2
+from tests.harness.box_scripts import JOIN_UNIT
 from tests.harness.private_systemd import SystemdHarness
 from tests.integration.protofuzz import AGENT, requests_for
 
@@ -60,17 +61,13 @@ SLOW = {"Doctor", "CreateSession"}
 
 # Runs inside the private systemd: joins the session unit's cgroup (the sockets admit only it),
 # then answers one JSON line per call: {"socket", "path", "stream", "data" (hex)}.
-WORKER = r"""
+WORKER = (
+    JOIN_UNIT
+    + r"""
 import json, os, subprocess, sys, time
 import grpc
 req = json.loads(sys.stdin.readline())
-main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
-                      capture_output=True, text=True, check=True).stdout.strip()
-for line in open(f"/proc/{main}/cgroup"):
-    _, ctrls, path = line.rstrip("\n").split(":", 2)
-    if ctrls == "name=systemd":
-        with open(f"/sys/fs/cgroup/systemd{path}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
+join_unit(req["unit"])
 channels = {}
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -100,6 +97,7 @@ for line in sys.stdin:
         time.sleep(0.05)
     print(json.dumps(answer), flush=True)
 """
+)
 
 
 def _settings(examples: int) -> Any:

@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from tests.harness.box_scripts import JOIN_UNIT
 from tests.harness.private_systemd import SystemdHarness
 from tests.integration.test_messages import (
     AGENT_CONFIG,
@@ -61,18 +62,14 @@ SEND_DEADLINE = 20.0
 
 # Runs inside the private systemd as root, joins the session unit's cgroup (as a process of the
 # sandbox would be), becomes uid/gid 10000, says hello on the control socket, then runs "ops".
-AGENT_SIDE = r"""
+AGENT_SIDE = (
+    JOIN_UNIT
+    + r"""
 import json, os, random, socket, subprocess, sys, time
 import sqlcipher3  # before dropping to uid 10000: the interpreter's files are root's
 req = json.load(sys.stdin)
 sid, outdir = req["sid"], req["outdir"]
-main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
-                      capture_output=True, text=True, check=True).stdout.strip()
-for line in open(f"/proc/{main}/cgroup"):
-    _, ctrls, path = line.rstrip("\n").split(":", 2)
-    if ctrls == "name=systemd":
-        with open(f"/sys/fs/cgroup/systemd{path}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
+join_unit(req["unit"])
 key = open(f"/run/ironclaw/keys/{sid}").read().strip()
 os.chdir(outdir)  # as root: the state directory above it is root's alone
 # Saved uid 0 kept only for "rows": SQLite opens by absolute path, and the state directory
@@ -165,6 +162,7 @@ for op in req["ops"]:
             if os.path.exists(f"f{n}"): os.unlink(f"f{n}")
 print(json.dumps(result), flush=True)
 """
+)
 
 
 def act_as_agent(daemon: SystemdHarness, box: Box, ops: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import pytest
 
 from ironclawd.config import SocketsConfig
 from ironclawd.ratelog import DEFAULT_PER_WINDOW
+from tests.harness.box_scripts import JOIN_UNIT
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
 
@@ -32,20 +33,16 @@ CONFIG = "/etc/ironclaw/ironclawd.toml"
 LIMITS = SocketsConfig()
 
 # Runs inside the private systemd as root. Stdin: {"unit", "dir", "mode", ...}; prints JSON.
-BOX = r"""
+BOX = (
+    JOIN_UNIT
+    + r"""
 import json, os, select, socket, struct, subprocess, sys
 import grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 req = json.load(sys.stdin)
-main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
-                      capture_output=True, text=True, check=True).stdout.strip()
-for line in open(f"/proc/{main}/cgroup"):
-    _, ctrls, path = line.rstrip("\n").split(":", 2)
-    if ctrls == "name=systemd":
-        with open(f"/sys/fs/cgroup/systemd{path}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
+join_unit(req["unit"])
 D = req["dir"]
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -158,6 +155,7 @@ elif req["mode"] == "flood":
     report = counts
 print(json.dumps(report))
 """
+)
 
 
 def out(proc: Any) -> str:
