@@ -71,7 +71,7 @@ class Audit:
                 if last is not None:
                     self._log.sync()
                     self._store.set_audit_head(int(last["seq"]), str(last["mac"]))
-            except HostError as exc:
+            except (HostError, ValueError) as exc:  # the writer outlives a bad batch
                 log.critical("AUDIT RECORDS LOST (%d queued): %s", len(items), exc)
             if stop:
                 return

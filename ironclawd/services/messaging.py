@@ -204,7 +204,7 @@ class MessageService:
                     row, problem = accept_row(*raw, self._limits.max_reply_bytes)
                     if problem:
                         self._refusals.record(
-                            sid, "reply.refused", f"session:{sid}", sid=sid, seq=row[0],
+                            sid, "reply.refused", f"session:{sid}", sid=sid, reply_seq=row[0],
                             reason=problem,
                         )  # fmt: skip
                     chain = chain_link(chain, *row)

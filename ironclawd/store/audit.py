@@ -41,6 +41,9 @@ FS_IOC_SETFLAGS = 0x40086602
 FS_APPEND_FL = 0x00000020
 MAX_RECORD = 64 * 1024
 REPAIRED = "audit.repaired"
+# The chain's own fields: a caller's field of the same name would replace them (a record numbered
+# or linked by its payload), so ``append`` refuses such a field instead.
+RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac"})
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,12 @@ class AuditLog:
             return record
 
     def _append(self, event: str, actor: str, **fields: Any) -> dict[str, Any]:
+        clash = RESERVED.intersection(fields)
+        if clash:
+            raise ValueError(
+                f"audit record for {event}: field(s) {', '.join(sorted(clash))} are the chain's "
+                "own; name them for what they are (e.g. reply_seq)"
+            )
         record: dict[str, Any] = {
             "seq": self._seq + 1,
             "time": round(time.time(), 6),

@@ -254,3 +254,21 @@ def test_with_the_append_only_flag_even_the_owner_cannot_rewrite(tmp_path: Path)
         log.close()
         if log.append_only:
             _clear_append_flag(path)  # or tmp_path could not be cleaned up
+
+
+@pytest.mark.parametrize("name", sorted(audit_store.RESERVED - {"event", "actor"}))
+def test_a_field_named_like_the_chain_is_refused_and_nothing_is_written(
+    tmp_path: Path, no_append_flag: None, name: str
+) -> None:
+    """A payload field called ``seq`` once renumbered the chain (``reply.refused`` carried the
+    refused reply's seq): verify then named tampering and paging by seq skipped records.
+    (``event`` and ``actor`` are append's own parameters: Python refuses those already.)"""
+    log = AuditLog(tmp_path / "audit.log", KEY)
+    log.append("first", "t")
+    before = (tmp_path / "audit.log").read_bytes()
+    with pytest.raises(ValueError, match=name):
+        log.append("clash", "t", **{name: 1})
+    assert (tmp_path / "audit.log").read_bytes() == before
+    log.append("after", "t", reply_seq=1)
+    assert log.head[0] == 2
+    assert log.verify(log.head).ok
