@@ -30,7 +30,7 @@ from ironclawd.domain.changes import (
     check_payload,
     transition,
 )
-from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
+from ironclawd.errors import Conflict, InvalidArgument, IronclawError, NotFound, PolicyDenied
 from ironclawd.host.mounts import resolve_mount_source
 from ironclawd.ports import AuditSink
 from ironclawd.services.audit import Throttled
@@ -278,16 +278,21 @@ class Gateway:
         "applied") only needs its sessions restarted; re-applying it would find the agent
         "changed since" and record as failed a change that took effect."""
         for change in self._store.list_changes(ChangeState.APPROVED.value):
-            current = canonical(agent_view(self._registry.get(change.agent)))
             # The approval's own record may be what the crash cut: name the approver here too.
             fields = {"resumed": True, "approved_by": change.decided_by}
             try:
+                current = canonical(agent_view(self._registry.get(change.agent)))
                 if current == change.after:
                     await self._restart_and_record(change, **fields)
                 else:
                     await self._apply(change, **fields)
             except (Conflict, InvalidArgument, PolicyDenied) as exc:
                 log.warning("change %s could not be applied after restart: %s", change.id, exc)
+            except IronclawError as exc:
+                # One change that cannot be applied now (its agent gone, a full disk) must not
+                # stop the daemon from starting: it stays approved and is tried at next start.
+                log.error("change %s stays approved, not applied after restart: %s", change.id,
+                          exc)  # fmt: skip
             else:
                 log.info("change %s approved by %s before a restart: applied now", change.id,
                          change.decided_by)  # fmt: skip

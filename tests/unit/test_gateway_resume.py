@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from ironclawd.domain.changes import Change, ChangeState, transition
+from ironclawd.errors import HostError
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.registry import Registry
 from tests.unit.test_changes_domain import DEMO, ROOT, World
@@ -75,3 +76,21 @@ def test_an_approver_that_leaves_does_not_cut_the_apply() -> None:
     asyncio.run(asyncio.wait_for(leave_mid_apply(), 5))
     assert w.restarted == ["demo"]
     assert w.audit.events() == ["change.submitted", "change.approved", "change.applied"]
+
+
+def test_a_change_that_cannot_be_applied_at_start_never_stops_the_start() -> None:
+    """A host failure while resuming (a full disk, a unit that will not restart) leaves the
+    change approved for the next start instead of failing the daemon's start-up (a restart
+    loop)."""
+    w, change = _crashed_after_approval(put=True)
+    good_restart = w.gateway._restart
+
+    async def failing_restart(agent: str) -> list[str]:
+        raise HostError("restarting the agent's sessions: No space left on device")
+
+    w.gateway._restart = failing_restart
+    asyncio.run(w.gateway.resume())  # does not raise
+    assert w.store.changes[change.id].state is ChangeState.APPROVED
+    w.gateway._restart = good_restart
+    asyncio.run(w.gateway.resume())
+    assert w.store.changes[change.id].state is ChangeState.APPLIED
