@@ -16,6 +16,7 @@ Prints medians and writes ``results/bench-egress.json``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,7 @@ def _ms(samples: list[float]) -> dict[str, float]:
     return summary_ms(samples)
 
 
-async def _timed(call: Any, rounds: int) -> list[float]:
+async def _timed(call: Callable[[], Awaitable[int]], rounds: int) -> list[float]:
     await call()  # warm-up
     samples = []
     for _ in range(rounds):
@@ -79,7 +81,7 @@ async def _timed(call: Any, rounds: int) -> list[float]:
     return samples
 
 
-async def _sequential(call: Any, count: int) -> None:
+async def _sequential(call: Callable[[], Awaitable[int]], count: int) -> None:
     for _ in range(count):
         await call()
 
@@ -135,7 +137,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
     for name, way in ways.items():
         assert await way(big_url) == BIG, name
         results["latency_small"][name] = _ms(await _timed(way, CALLS))
-        big = await _timed(lambda w=way: w(big_url), BIG_ROUNDS)  # type: ignore[misc]
+        big = await _timed(functools.partial(way, big_url), BIG_ROUNDS)
         results["throughput_4mib"][name] = {
             "median_MiB_per_s": round(BIG / statistics.median(big) / 2**20, 1),
             "n": len(big),
@@ -148,7 +150,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
         concurrent[name] = round(100 / (time.perf_counter() - t0), 1)
     results["requests_per_second_4x25_concurrent"] = concurrent
     await keepalive.aclose()
-    await channel.close()
+    await channel.close(None)
     await server.stop(1)
     return results
 
@@ -159,7 +161,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-egress-", dir=RESULTS))
     make_certs(work)
     script = ROOT / "tests/integration/egress_servers.py"
-    run = lambda *a: subprocess.run(a, check=True)  # noqa: E731
+
+    def run(*argv: str) -> None:
+        subprocess.run(argv, check=True)
+
     server = None
     hosts = Path("/etc/hosts").read_text()
     try:

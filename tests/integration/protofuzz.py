@@ -81,7 +81,7 @@ _TEXT = st.one_of(
 )
 # Values that pass the boundary, so that the domain code behind it is reached too.
 _PLAUSIBLE_TEXT = st.one_of(
-    st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20).map(str.encode),
+    st.text(st.characters(exclude_categories=("Cs", "Cc")), max_size=20).map(str.encode),
     st.sampled_from([b"", b"demo", AGENT.encode(), b"pending", b"GET",
                      b"http://192.0.2.1/", b"https://example.com/"] + [k.encode() for k in KINDS]),
 )  # fmt: skip
@@ -113,6 +113,7 @@ def _hostile(draw: Any, message: Descriptor, depth: int = 0, plausible: bool = F
             kind = field.type
             if kind == FieldDescriptor.TYPE_MESSAGE:
                 sub = field.message_type
+                assert sub is not None  # a TYPE_MESSAGE field always names its message
                 inner = b"" if depth > 2 else draw(_hostile(sub, depth + 1, plausible))
                 out += _field(field.number, 2, inner)
             elif kind == FieldDescriptor.TYPE_STRING and field.name.endswith("_json"):
@@ -126,6 +127,7 @@ def _hostile(draw: Any, message: Descriptor, depth: int = 0, plausible: bool = F
             elif kind in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_FIXED32):
                 out += _field(field.number, 5, draw(st.binary(min_size=4, max_size=4)))
             elif plausible and kind == FieldDescriptor.TYPE_ENUM:
+                assert field.enum_type is not None  # a TYPE_ENUM field always names its enum
                 numbers = [v.number for v in field.enum_type.values]
                 out += _field(field.number, 0, _varint(draw(st.sampled_from(numbers))))
             elif plausible:

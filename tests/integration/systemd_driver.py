@@ -79,8 +79,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         return {"state": _state(units.state(args[0]))}
     if cmd == "wait":
         t0 = time.monotonic()
-        state = units.wait_inactive(args[0], float(args[1]))
-        return {"state": _state(state), "seconds": time.monotonic() - t0}
+        waited = units.wait_inactive(args[0], float(args[1]))
+        return {"state": _state(waited), "seconds": time.monotonic() - t0}
     if cmd == "bench":
         times = []
         for i in range(int(args[0])):

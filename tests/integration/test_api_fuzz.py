@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
@@ -50,7 +50,7 @@ MAX_DETAILS = 1100  # api/boundary.DETAILS_CHARS plus escapes; gRPC's limit is 8
 CALL_SECONDS = 5.0
 
 ADMIN = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
-SANDBOX: dict[str, MethodDescriptor] = {
+SANDBOX: dict[str, ServiceDescriptor] = {
     "model": model_pb2.DESCRIPTOR.services_by_name["ModelService"],
     "gateway": gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"],
     "egress": egress_pb2.DESCRIPTOR.services_by_name["EgressService"],
@@ -100,7 +100,7 @@ for line in sys.stdin:
 )
 
 
-def _settings(examples: int) -> Any:
+def _settings(examples: int) -> settings:
     return settings(
         max_examples=examples,
         deadline=None,
@@ -127,7 +127,7 @@ def _call_admin(chan: grpc.Channel, method: MethodDescriptor, data: bytes) -> tu
             rpc1 = chan.unary_unary(path, request_serializer=None, response_deserializer=None)
             rpc1(data, timeout=CALL_SECONDS if method.name not in SLOW else 60)
     except grpc.RpcError as exc:
-        return exc.code().name, exc.details() or ""  # type: ignore[attr-defined]
+        return exc.code().name, exc.details() or ""
     return "OK", ""
 
 

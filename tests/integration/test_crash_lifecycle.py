@@ -280,12 +280,11 @@ def test_client_deadline_mid_create_leaves_no_session_starting(clean: Any) -> No
         sh(sysd, f"{creates}\nwait")
         # The work goes on without its clients and ends settled, never stuck in "starting". A
         # request whose deadline expired before the daemon read it makes no session at all.
-        states = wait_for(
-            f"sessions {sids} settled",
-            lambda: states_of(sysd),
-            lambda states, sids=sids: all(states.get(sid, "running") in SETTLED for sid in sids),
-            90,
-        )
+
+        def settled(states: dict[str, str], sids: list[str] = sids) -> bool:
+            return all(states.get(sid, "running") in SETTLED for sid in sids)
+
+        states = wait_for(f"sessions {sids} settled", lambda: states_of(sysd), settled, 90)
         made = [sid for sid in sids if sid in states]
         print(f"--timeout 0.2 create x5: {len(made)} sessions made: {sorted(states.values())}")
         outcomes += [states[sid] for sid in made]

@@ -150,7 +150,9 @@ def test_a_full_disk_refuses_clearly_loses_nothing_and_recovers_by_itself(
         with pytest.raises(grpc.RpcError) as caught:
             call()
         assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value
-        assert SMALL in caught.value.details() and "daemon.min_free_bytes" in caught.value.details()
+        details = caught.value.details() or ""
+        assert SMALL in details
+        assert "daemon.min_free_bytes" in details
     sh(sysd, f"rm {SMALL}/filler1", check=True)
 
     # 2. A burst is acknowledged, then the disk fills to 0 bytes while the agent answers it.

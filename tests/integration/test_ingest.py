@@ -279,7 +279,8 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
 
 
 def audit_events(box: Box, event: str) -> list[dict[str, Any]]:
-    records, after = [], 0
+    records: list[dict[str, Any]] = []
+    after = 0
     while True:
         page = box.stub.ListAudit(admin_pb2.ListAuditRequest(after_seq=after, limit=500),
                                   timeout=60).records  # fmt: skip
@@ -346,7 +347,7 @@ def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> No
     for option in ("nosuid", "nodev", "noexec", f"size={QUOTA_BYTES // 1024}k"):
         assert option in mounts, mounts
     daemon.run(["bash", "-c", f"mkdir -p {VICTIM} && echo keep > {VICTIM}/file"], check=True)
-    ops = [{"op": "fill", "bytes": QUOTA_BYTES + 1, "files": QUOTA_FILES * 2},
+    ops: list[dict[str, Any]] = [{"op": "fill", "bytes": QUOTA_BYTES + 1, "files": QUOTA_FILES * 2},
            {"op": "setid"}, {"op": "announce", "seq": 10**6},
            {"op": "plant", "victim": VICTIM}]  # fmt: skip
     result = act_as_agent(daemon, box, ops)

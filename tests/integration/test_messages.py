@@ -508,7 +508,7 @@ def _raw_send(daemon: SystemdHarness, payload: bytes) -> grpc.RpcError:
         )
         with pytest.raises(grpc.RpcError) as info:
             call(payload, timeout=RPC_TIMEOUT)
-    return info.value  # type: ignore[return-value]
+    return info.value
 
 
 def _field(number: int, value: bytes) -> bytes:

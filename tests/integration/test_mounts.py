@@ -46,7 +46,8 @@ def submit_mounts(sysd: Any, *mounts: dict[str, Any]) -> tuple[int, dict[str, An
 def rootfs_entries(sysd: Any) -> list[str]:
     proc = sh(sysd, f"cd {STATE}/rootfs && find . -mindepth 1 | sort")
     assert proc.returncode == 0, out(proc)
-    return proc.stdout.decode().splitlines()
+    entries: list[str] = proc.stdout.decode().splitlines()
+    return entries
 
 
 @pytest.fixture(scope="module")

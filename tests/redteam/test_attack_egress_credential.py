@@ -13,7 +13,8 @@ import pytest
 
 from tests.integration.test_egress import PASSWORD, TOKEN, TOKEN_PUNCT, World
 from tests.integration.test_egress import world as egress_world  # noqa: F401 - a fixture
-from tests.redteam.conftest import RUNNING, Ledger, Sandbox, record
+from tests.redteam.conftest import RUNNING, Sandbox, record
+from tests.redteam.report import Ledger
 from tests.redteam.test_attack_model_key import masked
 
 pytestmark = pytest.mark.redteam

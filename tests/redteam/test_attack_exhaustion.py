@@ -19,7 +19,6 @@ from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     AGENT,
     RUNNING,
-    Ledger,
     Sandbox,
     Sessions,
     journal_cursor,
@@ -28,6 +27,7 @@ from tests.redteam.conftest import (
     out,
     record,
 )
+from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 

@@ -17,7 +17,6 @@ from tests.harness.fixtures import ROOT
 from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     RUNNING,
-    Ledger,
     Sandbox,
     journal_cursor,
     journal_since,
@@ -26,6 +25,7 @@ from tests.redteam.conftest import (
     record,
     sh,
 )
+from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 

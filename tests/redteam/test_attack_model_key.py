@@ -19,7 +19,6 @@ from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     AGENT,
     RUNNING,
-    Ledger,
     Sandbox,
     journal_cursor,
     journal_since,
@@ -28,6 +27,7 @@ from tests.redteam.conftest import (
     record,
     sh,
 )
+from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 

@@ -14,16 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import (
-    RUNNING,
-    Ledger,
-    Sandbox,
-    Sessions,
-    module_sessions,
-    out,
-    record,
-    sh,
-)
+from tests.redteam.conftest import RUNNING, Sandbox, Sessions, module_sessions, out, record, sh
+from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 

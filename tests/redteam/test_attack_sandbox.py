@@ -18,7 +18,6 @@ from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     RUNNING,
     HostListener,
-    Ledger,
     Sandbox,
     module_sessions,
     open_listener,
@@ -26,6 +25,7 @@ from tests.redteam.conftest import (
     record,
     sh,
 )
+from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 

@@ -25,7 +25,6 @@ from tests.redteam.conftest import (
     RUNNING,
     RUNSC_ROOT,
     HostListener,
-    Ledger,
     Sandbox,
     Sessions,
     journal_cursor,
@@ -35,6 +34,7 @@ from tests.redteam.conftest import (
     sh,
 )
 from tests.redteam.containment_ids import ATTACKS
+from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 

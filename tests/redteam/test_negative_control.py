@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import AGENT_BINARY, AttackResult, Ledgers, module_sessions, out, sh
+from tests.redteam.conftest import AGENT_BINARY, Ledgers, module_sessions, out, sh
+from tests.redteam.report import AttackResult
 from tests.redteam.test_attack_sandbox import SPECS
 
 pytestmark = pytest.mark.redteam

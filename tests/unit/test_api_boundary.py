@@ -34,7 +34,12 @@ from ironclawd.errors import InvalidArgument
         (admin_pb2.ListAuditRequest(after_seq=2**64 - 1), "after_seq"),
         (admin_pb2.GetSessionRequest(sid="a\x00b"), "sid"),
         (gateway_pb2.SubmitChangeRequest(payload_json='{"a": [1, 2'), "payload_json"),
-        (model_pb2.CompleteRequest(messages=[model_pb2.Message(role=77)]), "messages[0].role"),
+        (
+            model_pb2.CompleteRequest(
+                messages=[model_pb2.Message(role=model_pb2.Role.ValueType(77))]
+            ),
+            "messages[0].role",
+        ),
     ],
 )
 def test_out_of_shape_requests_are_refused_naming_the_field(request_: object, field: str) -> None:

@@ -83,7 +83,7 @@ def test_ledger_is_thread_safe() -> None:
 def test_attack_result_refuses_what_the_format_cannot_hold(
     field: str, value: object, message: str
 ) -> None:
-    fields = {
+    fields: dict[str, object] = {
         "id": "net.x",
         "category": "network",
         "stance": "sandbox",
@@ -194,7 +194,7 @@ def test_parse_names_the_field_that_is_wrong() -> None:
         [attack("net.a")], [attack("net.a", "escaped")], VERSIONS, datetime.now(UTC)
     )
     assert containment.parse(good).outcome() is Outcome.CONTAINED
-    cases = [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"format": "ironclaw-containment-report/2"}, "format"),
         ({"versions": {"runsc": "x"}}, "versions: missing systemd, kernel, platform"),
         ({"generated_at": "yesterday"}, "generated_at"),

@@ -10,7 +10,7 @@ import pytest
 
 from ironclawd.ctl import exitcodes
 from ironclawd.ctl.main import main
-from ironclawd.formats import minisign
+from ironclawd.formats import containment, minisign
 from ironclawd.formats.containment import AttackResult
 from tests.redteam import report
 
@@ -62,7 +62,7 @@ def test_good_report_prints_the_table_and_exits_0(
     assert signed.verify() == exitcodes.OK
     out = capsys.readouterr().out
     assert out.startswith(
-        report.containment.render(report.containment.parse(json.loads(signed.path.read_text())))
+        containment.render(containment.parse(json.loads(signed.path.read_text())))
     )
     assert (
         "CONTAINED: 1 attacks: 1 contained, 0 escaped, 0 error; negative control: 1 of 1 escaped"
@@ -88,8 +88,8 @@ def error_of(
     text = capsys.readouterr().err
     assert signed.verify(*extra, "--json") == code
     doc = json.loads(capsys.readouterr().out)
-    assert doc["valid"] is False and doc["error"]["exit"] == code  # type: ignore[index]
-    return code, text, doc["error"]  # type: ignore[return-value]
+    assert doc["valid"] is False and doc["error"]["exit"] == code
+    return code, text, doc["error"]
 
 
 def test_tampered_report_is_a_bad_signature(

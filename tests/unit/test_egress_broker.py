@@ -232,7 +232,7 @@ def test_concurrent_connections_per_session_are_capped() -> None:
             return [e async for e in broker.fetch("s1", "GET", "https://api.example.com/v1/", [],
                                                   b"")]  # fmt: skip
 
-        return await asyncio.gather(one(), one(), return_exceptions=True)
+        return list(await asyncio.gather(one(), one(), return_exceptions=True))
 
     results = asyncio.run(both())
     assert sum(isinstance(r, BudgetExceeded) for r in results) == 1

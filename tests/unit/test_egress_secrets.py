@@ -54,7 +54,11 @@ def _json_u(text: str, every: bool = False, upper: bool = False) -> str:
 
 
 def _mixed(text: str) -> str:
-    forms = [lambda c: c, lambda c: f"%{ord(c):02X}", lambda c: f"\\u{ord(c):04x}"]
+    forms: list[Callable[[str], str]] = [
+        lambda c: c,
+        lambda c: f"%{ord(c):02X}",
+        lambda c: f"\\u{ord(c):04x}",
+    ]
     return "".join(forms[i % 3](c) for i, c in enumerate(text))
 
 

@@ -178,7 +178,7 @@ def test_secret_key_repr_hides_the_seed() -> None:
 seeds = st.binary(min_size=32, max_size=32)
 key_ids = st.binary(min_size=8, max_size=8)
 comments = st.text(
-    st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="\x85") | st.just("\t"),
+    st.characters(exclude_categories=("Cc", "Cs"), exclude_characters="\x85") | st.just("\t"),
     max_size=200,
 )
 

@@ -195,7 +195,8 @@ def test_a_commit_in_progress_is_waited_out(outdir: Path, monkeypatch: pytest.Mo
 def test_a_write_during_the_copy_is_detected(outdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = outdir / "outbound.db"
     write_db(db, [(1, 1.0, "x")])
-    real_read, writes = os.read, []
+    real_read = os.read
+    writes: list[int] = []
 
     def read_then_agent_writes(fd: int, n: int) -> bytes:
         data = real_read(fd, n)
@@ -204,7 +205,7 @@ def test_a_write_during_the_copy_is_detected(outdir: Path, monkeypatch: pytest.M
             write_db(db, [(2, 2.0, "y")])  # the agent commits mid-copy
         return data
 
-    monkeypatch.setattr(outbound.os, "read", read_then_agent_writes)
+    monkeypatch.setattr(os, "read", read_then_agent_writes)
     rows = reader(outdir).read_after(0, 10, CAP)
     assert [row[0] for row in rows] == [1, 2]  # the torn copy was taken again
 

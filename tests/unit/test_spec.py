@@ -340,9 +340,7 @@ def test_check_spec_accepts_what_build_spec_made() -> None:
 
 NAME = st.from_regex(r"[a-z0-9_-]{1,12}", fullmatch=True)
 ABS_PATH = st.lists(NAME, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
-SAFE_TEXT = st.text(
-    st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=30
-)
+SAFE_TEXT = st.text(st.characters(exclude_characters="\0", exclude_categories=["Cs"]), max_size=30)
 
 
 @st.composite

@@ -97,7 +97,7 @@ def test_failed_write_keeps_old_config_and_removes_temp(
     def failing_fsync(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writer.os, "fsync", failing_fsync)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(HostError, match=r"config\.json: No space left on device"):
         writer.write_bundle(bundle, good_spec(tasks_max=9))
     assert (bundle / "config.json").read_bytes() == before
