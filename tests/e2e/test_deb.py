@@ -197,7 +197,8 @@ def test_install_run_remove_purge_on_clean_debian(clean_debian: SystemdHarness, 
 
     # The daemon was enabled and started by postinst, and told systemd it was ready.
     show = sh(sd, "systemctl show -p Type -p ActiveState -p UnitFileState ironclawd.service")
-    assert "Type=notify" in show and "ActiveState=active" in show, show
+    assert "Type=notify" in show, show
+    assert "ActiveState=active" in show, show
     assert "UnitFileState=enabled" in show, show
     assert sh(sd, "getent group ironclaw-admin >/dev/null && stat -c %a /var/lib/ironclaw") == (
         "700\n"
@@ -207,7 +208,8 @@ def test_install_run_remove_purge_on_clean_debian(clean_debian: SystemdHarness, 
     doctor = json.loads(sh(sd, "ironctl doctor --json", timeout=120))
     _timed("doctor", started)
     failed = [c for c in doctor["checks"] if c.get("required") and c["status"].endswith("_FAIL")]
-    assert doctor["ok"] and not failed, json.dumps(doctor, indent=2)
+    assert doctor["ok"], json.dumps(doctor, indent=2)
+    assert not failed, json.dumps(doctor, indent=2)
 
     # A real runsc sandbox of the built-in demo agent, and a round trip through the mock model.
     started = time.monotonic()

@@ -69,7 +69,8 @@ def test_reload_with_a_wrongly_typed_value_keeps_the_old_config_and_names_the_ke
     assert show(sysd, "ActiveState")["ActiveState"] == "active"
     assert sysd.run(["ironctl", "status"]).returncode == 0
     log = journal_since(sysd, mark)
-    assert "reload refused" in log and "'agents.typo.egress'" in log, log
+    assert "reload refused" in log, log
+    assert "'agents.typo.egress'" in log, log
     assert "Traceback" not in log
     assert " took " not in log  # the per-call debug line: the log level stayed at info
     # The next reload is not queued behind a stuck one, and a good config applies.
@@ -80,7 +81,8 @@ def test_reload_with_a_wrongly_typed_value_keeps_the_old_config_and_names_the_ke
     assert show(sysd, "ActiveState")["ActiveState"] == "active"
     assert sysd.run(["ironctl", "status"]).returncode == 0
     log = journal_since(sysd, mark)
-    assert "configuration reloaded" in log and " took " in log, log
+    assert "configuration reloaded" in log, log
+    assert " took " in log, log
 
 
 def test_start_with_a_wrongly_typed_value_exits_78_naming_the_key(restore: Any) -> None:
@@ -92,10 +94,12 @@ def test_start_with_a_wrongly_typed_value_exits_78_naming_the_key(restore: Any) 
     props = show(sysd, "ActiveState", "ExecMainStatus")
     assert props == {"ActiveState": "failed", "ExecMainStatus": "78"}, props
     log = journal_since(sysd, mark)
-    assert "'agents.typo.egress'" in log and "Traceback" not in log, log
+    assert "'agents.typo.egress'" in log, log
+    assert "Traceback" not in log, log
     check = sysd.run(["env", f"PYTHONPATH={sysd.workdir}", *CHECK])
     assert check.returncode == 78, out(check)
-    assert "'agents.typo.egress'" in out(check) and "Traceback" not in out(check)
+    assert "'agents.typo.egress'" in out(check)
+    assert "Traceback" not in out(check)
 
 
 def test_symlinked_state_dir_fails_check_config_and_start_naming_the_key(restore: Any) -> None:
@@ -105,7 +109,8 @@ def test_symlinked_state_dir_fails_check_config_and_start_naming_the_key(restore
     write_config(sysd, "[daemon]\nstate_dir = '/var/lib/ironclaw-link'\n")
     check = sysd.run(["env", f"PYTHONPATH={sysd.workdir}", *CHECK])
     assert check.returncode == 78, out(check)
-    assert "daemon.state_dir" in out(check) and "symlink" in out(check), out(check)
+    assert "daemon.state_dir" in out(check), out(check)
+    assert "symlink" in out(check), out(check)
     assert "Traceback" not in out(check)
     mark = cursor(sysd)
     proc = sysd.run(["systemctl", "restart", "ironclawd.service"], timeout=60)
@@ -119,4 +124,5 @@ def test_missing_admin_group_fails_check_config_naming_the_key(restore: Any) -> 
     write_config(sysd, "[admin]\ngroup = 'no-such-group'\n")
     check = sysd.run(["env", f"PYTHONPATH={sysd.workdir}", *CHECK])
     assert check.returncode == 78, out(check)
-    assert "admin.group" in out(check) and "Traceback" not in out(check), out(check)
+    assert "admin.group" in out(check), out(check)
+    assert "Traceback" not in out(check), out(check)

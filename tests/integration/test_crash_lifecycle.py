@@ -102,7 +102,11 @@ def kill_at(sysd: Any, commands: list[str], event: str, delay: float) -> tuple[b
     proc = sh(sysd, script, timeout=READY_BOUND + 60)
     seen, rc, t0, t1 = proc.stdout.decode().split()[-4:]
     state = out(sysd.run(["systemctl", "is-active", "ironclawd.service"])).strip()
-    assert rc == "0" and state == "active", (
+    assert rc == "0", (
+        f"ironclawd not READY within {READY_BOUND}s of the kill (rc {rc}, {state}):\n"
+        + out(sysd.run(["journalctl", "-u", "ironclawd", "-n", "40", "--no-pager", "-o", "cat"]))
+    )
+    assert state == "active", (
         f"ironclawd not READY within {READY_BOUND}s of the kill (rc {rc}, {state}):\n"
         + out(sysd.run(["journalctl", "-u", "ironclawd", "-n", "40", "--no-pager", "-o", "cat"]))
     )
@@ -327,7 +331,8 @@ def test_fatal_start_error_exits_at_once(clean: Any, config: str, needle: str) -
     ).splitlines()
     failed = [ln for ln in lines if needle in ln and ("ironclawd failed" in ln or "invalid" in ln)]
     exited = [ln for ln in lines if "ironclawd.service: Main process exited, code=exited" in ln]
-    assert failed and exited, "\n".join(lines)
+    assert failed, "\n".join(lines)
+    assert exited, "\n".join(lines)
     assert "status=1/FAILURE" in exited[0] or "status=78/CONFIG" in exited[0], exited[0]
     took = float(exited[0].split()[0]) - float(failed[0].split()[0])
     print(f"fatal start error: the process exited {took:.3f}s after logging it")
@@ -351,7 +356,8 @@ def test_clean_stop_with_connected_sandboxes_logs_no_traceback(clean: Any) -> No
     mark = cursor(sysd)
     assert sysd.run(["systemctl", "stop", "ironclawd.service"]).returncode == 0
     log = journal_since(sysd, mark)
-    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert "Traceback" not in log, log
+    assert "CancelledError" not in log, log
     assert unit_props(sysd, "ironclawd.service", "Result")["Result"] == "success"
     assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
     assert assert_settled(sysd)[sid] == "running"

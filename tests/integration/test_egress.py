@@ -296,20 +296,23 @@ def test_allowed_request_reaches_the_test_server_and_the_reply_returns(
     mark = world.cursor()
     reply = world.fetch(session, {"url": "https://api.egress.test/v1/hello?x=1", "headers": {
         "Authorization": "Bearer agent-made", "Cookie": "c=1", "X-Trace": "t1"}})  # fmt: skip
-    assert "HTTP 200 OK" in reply and "hello from https /v1/hello?x=1" in reply, reply
+    assert "HTTP 200 OK" in reply, reply
+    assert "hello from https /v1/hello?x=1" in reply, reply
     (seen,) = [e for e in world.entries("ns") if e.get("path") == "/v1/hello?x=1"]
     headers = {k.lower(): v for k, v in seen["headers"]}
-    assert headers["host"] == "api.egress.test" and headers["x-trace"] == "t1"
-    assert "authorization" not in headers and "cookie" not in headers
+    assert headers["host"] == "api.egress.test"
+    assert headers["x-trace"] == "t1"
+    assert "authorization" not in headers
+    assert "cookie" not in headers
     assert {"listener": "sni", "name": "api.egress.test"}.items() <= next(
         e for e in world.entries("ns") if e.get("listener") == "sni"
     ).items()
     (decision,) = world.decisions(session, mark, 1)
     assert decision["IRONCLAW_EGRESS_VERDICT"] == "allowed"
-    assert decision["IRONCLAW_ADDRESS"] == NS_ADDRESS and decision["IRONCLAW_STATUS"] == "200"
-    assert (
-        decision["IRONCLAW_PATH"] == "/v1/hello" and decision["IRONCLAW_HOST"] == "api.egress.test"
-    )
+    assert decision["IRONCLAW_ADDRESS"] == NS_ADDRESS
+    assert decision["IRONCLAW_STATUS"] == "200"
+    assert decision["IRONCLAW_PATH"] == "/v1/hello"
+    assert decision["IRONCLAW_HOST"] == "api.egress.test"
     assert "stripped Authorization, Cookie" in decision["IRONCLAW_REASON"]
     for key in ("IRONCLAW_PORT", "IRONCLAW_RULE", "IRONCLAW_BYTES_IN", "IRONCLAW_DURATION_MS",
                 "IRONCLAW_METHOD"):  # fmt: skip
@@ -353,9 +356,12 @@ def test_injected_credential_reaches_upstream_but_never_the_agent(
         assert headers["accept-encoding"] == "identity", headers
         assert find_leaks(sent, [TOKEN]), f"control: {path} sent the credential back"
     assert gzip.decompress(served(world, "/v1/always-gzip")[1].split(b"\r\n\r\n", 1)[1])
-    assert REFUSED in plain and "body carries the injected credential" in plain, plain
-    assert REFUSED in asked and "body carries the injected credential" in asked, asked
-    assert REFUSED in forced and "Content-Encoding gzip cannot be inspected" in forced, forced
+    assert REFUSED in plain, plain
+    assert "body carries the injected credential" in plain, plain
+    assert REFUSED in asked, asked
+    assert "body carries the injected credential" in asked, asked
+    assert REFUSED in forced, forced
+    assert "Content-Encoding gzip cannot be inspected" in forced, forced
     decisions = world.decisions(session, mark, 3)
     assert [d["IRONCLAW_EGRESS_VERDICT"] for d in decisions] == ["failed"] * 3
     assert all("response refused" in d["IRONCLAW_REASON"] for d in decisions)
@@ -368,7 +374,8 @@ def test_the_reason_phrase_is_the_standard_one(world: World, session: str) -> No
     reply = world.fetch(session, {"url": "https://keyed.egress.test/v1/reason"})
     _, sent = served(world, "/v1/reason")
     assert sent.startswith(f"HTTP/1.1 401 Unauthorized Bearer {TOKEN}\r\n".encode())  # control
-    assert "HTTP 401 Unauthorized\nContent-Type" in reply and "\n\ndenied" in reply, reply
+    assert "HTTP 401 Unauthorized\nContent-Type" in reply, reply
+    assert "\n\ndenied" in reply, reply
     decisions = world.decisions(session, mark, 1)
     assert decisions[0]["IRONCLAW_EGRESS_VERDICT"] == "allowed"
     assert not no_leak(reply, decisions)
@@ -453,7 +460,8 @@ def test_requests_carrying_or_mirroring_a_credential_never_leave(
 
 def test_redirects_come_back_unfollowed(world: World, session: str) -> None:
     reply = world.fetch(session, {"url": "http://plain.egress.test/redirect"})
-    assert "HTTP 302 Found" in reply and "Location: http://127.0.0.1:8088/stolen" in reply, reply
+    assert "HTTP 302 Found" in reply, reply
+    assert "Location: http://127.0.0.1:8088/stolen" in reply, reply
     assert world.entries("loopback") == []
 
 
@@ -535,7 +543,8 @@ def test_hostile_requests_are_denied_logged_and_never_reach_a_server(
     nul = world.fetch(
         session, {"url": "https://api.egress.test/v1/h", "headers": {"X-A": "a\u0000b"}}
     )
-    assert "error: egress INVALID_ARGUMENT" in nul and "NUL characters are not allowed" in nul, nul
+    assert "error: egress INVALID_ARGUMENT" in nul, nul
+    assert "NUL characters are not allowed" in nul, nul
 
     # What the servers saw: the one allowed rebinding request and a TLS handshake that failed
     # for wrong.egress.test; no HTTP request of any hostile case, nothing on the canaries.

@@ -249,7 +249,8 @@ def test_quickstart_persona_change_is_held_approved_and_restarts_the_session(gw:
         (change_id, "pending", "uid:0(root)")
     ]
     listing = sysd.run(["ironctl", "change", "pending"]).stdout.decode()
-    assert change_id in listing and "persona" in listing, listing
+    assert change_id in listing, listing
+    assert "persona" in listing, listing
     assert agent(sysd)["persona"] == DEMO.persona
     assert invocation(sysd, sid) == first_run
     held = change(sysd, change_id)
@@ -270,7 +271,8 @@ def test_quickstart_persona_change_is_held_approved_and_restarts_the_session(gw:
     assert send(sysd, sid, "hello").startswith("mock: hello")
 
     code, text = verify(sysd)
-    assert code == 0 and text.startswith("audit log intact: "), text
+    assert code == 0, text
+    assert text.startswith("audit log intact: "), text
     records = audit_records(sysd, mark)
     assert events(records, "change.submitted", change=change_id, actor="uid:0(root)")
     assert events(records, "change.approved", change=change_id, hash=held["hash"])
@@ -385,7 +387,8 @@ def test_nothing_the_sandbox_can_reach_offers_approve(gw: Any) -> None:
     assert report["paths"][f"{BOX_RUN}/admin.sock"]["exists"] is False, report["paths"]
     assert report["paths"][f"{BOX_RUN}/gateway.sock"]["type"] == "socket", report["paths"]
     for attempt in report["unix"]:
-        assert attempt["connected"] is False and attempt["errno"] == "ENOENT", attempt
+        assert attempt["connected"] is False, attempt
+        assert attempt["errno"] == "ENOENT", attempt
     got = [(c["path"].rsplit("/", 1)[-1], c["method"], c["code"]) for c in report["grpc"]]
     assert got == [(f"{s}.sock", m, code) for s, m, _, code in attempts]
 
@@ -437,11 +440,13 @@ def test_replayed_and_altered_approvals_fail(gw: Any) -> None:
 
     # Without --yes, approving needs a person at a terminal who answers yes to the diff shown.
     proc = sysd.run(["ironctl", "change", "approve", first["id"]], input=b"y\n")
-    assert proc.returncode == 1 and "not a terminal; pass --yes" in out(proc), out(proc)
+    assert proc.returncode == 1, out(proc)
+    assert "not a terminal; pass --yes" in out(proc), out(proc)
     on_tty = f"script -qec 'ironctl change approve {first['id']}' /dev/null"
     proc = sh(sysd, on_tty, input=b"n\n")
     assert proc.returncode == 1, out(proc)
-    assert '+persona: "First."' in out(proc) and "[y/N]" in out(proc), out(proc)
+    assert '+persona: "First."' in out(proc), out(proc)
+    assert "[y/N]" in out(proc), out(proc)
     assert change(sysd, first["id"])["state"] == "pending"
 
     # An approval names the hash that was reviewed: another change's hash does not do.
@@ -487,7 +492,8 @@ def test_a_flood_of_requests_is_refused_and_on_record(
     mine = [c for c in ok(sysd, "change", "list")["changes"] if c["submitter"] == f"session:{sid}"]
     assert len(mine) == 3
     refusals = events(audit_records(sysd, mark), "change.refused", actor=f"session:{sid}")
-    assert len(refusals) == 2 and all("at most 3" in r["reason"] for r in refusals), refusals
+    assert len(refusals) == 2, refusals
+    assert all("at most 3" in r["reason"] for r in refusals), refusals
     assert agent(sysd)["persona"] == DEMO.persona
 
 
@@ -527,7 +533,8 @@ def test_host_users_outside_the_group_and_self_approval_are_refused(
     connect = ("import socket; s = socket.socket(socket.AF_UNIX); "
                "s.connect('/run/ironclaw/admin.sock')")  # fmt: skip
     proc = sysd.run([".venv/bin/python", "-c", connect], user="outsider")
-    assert proc.returncode != 0 and "PermissionError" in out(proc), out(proc)
+    assert proc.returncode != 0, out(proc)
+    assert "PermissionError" in out(proc), out(proc)
     assert change(sysd, target["id"])["state"] == "pending"
     ok(sysd, "change", "reject", target["id"], "--yes")
 

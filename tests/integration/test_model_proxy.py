@@ -476,7 +476,8 @@ def test_upstream_gets_the_injected_key_the_hosts_persona_and_only_enabled_tools
         assert last["content"][0]["type"] == "tool_result"
         assert last["content"][0]["content"] == "wrote 3 bytes to notes/a.txt"
     else:
-        assert last["role"] == "tool" and last["content"] == "wrote 3 bytes to notes/a.txt"
+        assert last["role"] == "tool"
+        assert last["content"] == "wrote 3 bytes to notes/a.txt"
 
 
 def test_a_caller_in_the_unit_cannot_set_the_persona_or_tools(env: Env) -> None:
@@ -512,10 +513,8 @@ def test_a_caller_in_the_unit_cannot_set_the_persona_or_tools(env: Env) -> None:
     (request,) = env.anthropic.requests[before:]
     assert request.body["system"] == env.personas[agent]
     (tool,) = request.body["tools"]
-    assert (
-        tool["name"] == "read_file"
-        and tool["description"] == "Read a text file from your workspace."
-    )
+    assert tool["name"] == "read_file"
+    assert tool["description"] == "Read a text file from your workspace."
 
 
 # -- 2 and 3. the key never reaches the box, even when the upstream echoes it -----------------
@@ -572,7 +571,8 @@ def test_canary_key_is_absent_from_everything_the_sandbox_can_read(env: Env, pro
     proc = sysd.run([".venv/bin/python", "-c", ARGV_ENV_SCAN], input=scan, timeout=60)
     assert proc.returncode == 0, out(proc)
     found = json.loads(proc.stdout)
-    assert found["hits"] == [] and found["seen"] > 20, found
+    assert found["hits"] == [], found
+    assert found["seen"] > 20, found
 
     # Memory of every process of the sandbox's unit (runsc, gofer, sandbox, its stubs), read
     # as root through /proc/<pid>/mem. Before the grep below, whose process holds the needle.
@@ -749,7 +749,8 @@ def test_every_model_call_is_audited_without_content_or_key(env: Env) -> None:
     assert int(records[0]["IRONCLAW_TOKENS_IN"]) == 25
     assert int(records[0]["IRONCLAW_TOKENS_OUT"]) > 0
     dump = json.dumps(records)
-    assert secret_words not in dump and env.keys["anthropic"] not in dump
+    assert secret_words not in dump
+    assert env.keys["anthropic"] not in dump
     assert "list_files" not in dump
 
     # A refused call is audited too.

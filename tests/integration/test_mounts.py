@@ -114,7 +114,8 @@ def test_an_approved_mount_is_read_only_at_mnt_and_the_shared_rootfs_is_untouche
     before = rootfs_entries(sysd)
     assert any(e.endswith("/mnt") for e in before), before
     code, doc = submit_mounts(sysd, {"source": f"{base}/allowed/share", "name": "share"})
-    assert code == 0 and doc["state"] == "pending", doc
+    assert code == 0, doc
+    assert doc["state"] == "pending", doc
     assert ok(sysd, "change", "approve", doc["id"], "--yes")["state"] == "applied"
 
     sid = create_session(sysd, "mnt")
@@ -125,11 +126,13 @@ def test_an_approved_mount_is_read_only_at_mnt_and_the_shared_rootfs_is_untouche
     assert hello["readable"] is True, seen
     assert hello["sha256"] == hashlib.sha256(b"granted file\n").hexdigest(), seen
     assert hello["writable"] is False, seen
-    assert seen["/mnt/share"]["type"] == "dir" and seen["/mnt/share"]["writable"] is False, seen
+    assert seen["/mnt/share"]["type"] == "dir", seen
+    assert seen["/mnt/share"]["writable"] is False, seen
     assert seen["/mnt/other"]["exists"] is False, seen
     assert seen["/mnt"]["writable"] is False, seen
     frame = sh(sysd, f"ls -A {STATE}/mount-frames/{sid}")
-    assert frame.returncode == 0 and frame.stdout.decode().split() == ["share"], out(frame)
+    assert frame.returncode == 0, out(frame)
+    assert frame.stdout.decode().split() == ["share"], out(frame)
 
     assert ctl(sysd, "session", "rm", "--force", sid)[0] == 0
     assert rootfs_entries(sysd) == before

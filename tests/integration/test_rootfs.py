@@ -331,7 +331,8 @@ def test_agent_probe_inside_runsc(rootfs: Path, tmp_path: Path) -> None:
         sandbox.close()
     probe = json.loads(stdout)
 
-    assert probe["frozen"] is True and probe["executable"] == AGENT_IN_BOX
+    assert probe["frozen"] is True
+    assert probe["executable"] == AGENT_IN_BOX
     assert (probe["uid"], probe["euid"], probe["gid"], probe["egid"]) == (10000,) * 4
     assert probe["groups"] == []
     status = probe["status"]

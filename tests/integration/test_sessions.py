@@ -254,7 +254,8 @@ def test_create_starts_a_runsc_sandbox_in_its_unit_netns_and_limits(clean: Any) 
     main_pid = props["MainPID"]
     main_cmd = out(sysd.run(["cat", f"/proc/{main_pid}/cmdline"])).split("\0")
     assert Path(main_cmd[0]).name == "runsc", main_cmd
-    assert "--network=none" in main_cmd and f"ironclaw-{sid}" in main_cmd
+    assert "--network=none" in main_cmd
+    assert f"ironclaw-{sid}" in main_cmd
     assert props["NetworkNamespacePath"] == f"/run/netns/ironclaw-{sid}"
     assert props["Slice"] == "ironclaw.slice"
     procs = [p for p in inventory(sysd)["process"] if sid in p]
@@ -288,8 +289,10 @@ def test_create_starts_a_runsc_sandbox_in_its_unit_netns_and_limits(clean: Any) 
     proc = sh(sysd, in_netns(sid, f"{RUNSC} ps ironclaw-{sid}"))
     assert proc.returncode == 0, out(proc)
     header, *rows = [line.split() for line in proc.stdout.decode().splitlines()]
-    assert header[:2] == ["UID", "PID"] and header[-1] == "CMD", header
-    assert rows and {int(r[0]) for r in rows} == {AGENT_UID}, rows
+    assert header[:2] == ["UID", "PID"], header
+    assert header[-1] == "CMD", header
+    assert rows, rows
+    assert {int(r[0]) for r in rows} == {AGENT_UID}, rows
     assert ["1", "agent"] in [[r[1], r[-1]] for r in rows], rows
 
     # Limits: set on the unit and in force in its cgroup.
@@ -327,14 +330,16 @@ def test_stop_then_rm_leaves_nothing(clean: Any) -> None:
     code, doc = ctl(sysd, "session", "stop", sid)
     note("stop_cli_seconds", time.monotonic() - t0)
     assert code == 0, doc
-    assert doc["state"] == "stopped" and doc["error"] == "", doc
+    assert doc["state"] == "stopped", doc
+    assert doc["error"] == "", doc
     assert leftovers(sysd, sid) == {}
     assert show(sysd, sid)["state"] == "stopped"
 
     # A stopped session starts again in a fresh sandbox, and stops again just as cleanly.
     code, doc = ctl(sysd, "session", "start", sid)
     assert code == 0, doc
-    assert doc["state"] == "running" and doc["error"] == "", doc
+    assert doc["state"] == "running", doc
+    assert doc["error"] == "", doc
     assert set(leftovers(sysd, sid)) == set(present)
     assert ctl(sysd, "session", "stop", sid)[0] == 0
     assert leftovers(sysd, sid) == {}
@@ -392,7 +397,8 @@ def test_killed_daemon_adopts_sessions_then_reconcile_cleans_up(clean: Any) -> N
         assert after == before[sid], f"{units[sid]} was restarted, not adopted"
         # Reconcile looked at runsc's state; the sandbox must still be runsc's to manage.
         proc = sh(sysd, in_netns(sid, f"{RUNSC} ps ironclaw-{sid}"))
-        assert proc.returncode == 0 and b" agent" in proc.stdout, out(proc)
+        assert proc.returncode == 0, out(proc)
+        assert b" agent" in proc.stdout, out(proc)
     assert inventory(sysd) == running_inventory  # nothing new, nothing lost
 
     # Behind a stopped daemon's back: one sandbox dies, and orphans it never knew appear.
@@ -479,7 +485,8 @@ def test_memory_hog_is_killed_in_its_unit_and_the_daemon_lives(clean: Any) -> No
     # A failed session starts again in a fresh unit.
     code, doc = ctl(sysd, "session", "start", sid)
     assert code == 0, doc
-    assert doc["state"] == "running" and doc["error"] == "", doc
+    assert doc["state"] == "running", doc
+    assert doc["error"] == "", doc
     assert unit_props(sysd, unit, "ActiveState")["ActiveState"] == "active"
     assert ctl(sysd, "session", "rm", "--force", sid)[0] == 0
     assert leftovers(sysd, sid) == {}
@@ -499,8 +506,10 @@ def test_bad_requests_get_precise_errors_and_leave_sessions_alone(clean: Any) ->
     def refused(args: list[str], exit_code: int, grpc_code: str, *needles: str) -> None:
         code, doc = ctl(sysd, *args)
         assert code == exit_code, (args, doc)
-        assert set(doc) == {"error"} and set(doc["error"]) == {"code", "message", "exit"}, doc
-        assert doc["error"]["code"] == grpc_code and doc["error"]["exit"] == exit_code, doc
+        assert set(doc) == {"error"}, doc
+        assert set(doc["error"]) == {"code", "message", "exit"}, doc
+        assert doc["error"]["code"] == grpc_code, doc
+        assert doc["error"]["exit"] == exit_code, doc
         for needle in needles:
             assert needle in doc["error"]["message"], (needle, doc)
 
@@ -570,7 +579,8 @@ def test_idle_session_stops_by_itself(clean: Any) -> None:
             lambda s: s["state"] not in ("running", "stopping"),
             15,
         )
-        assert stopped["state"] == "stopped" and stopped["error"] == "", stopped
+        assert stopped["state"] == "stopped", stopped
+        assert stopped["error"] == "", stopped
         idle_for = stopped["updated_at"] - stopped["last_active_at"]
         assert idle_for >= 2, stopped
         assert leftovers(sysd, sid) == {}

@@ -43,7 +43,8 @@ def analyze(sysd: SystemdHarness, unit: str) -> dict[str, Any]:
     proc = sysd.run(["systemd-analyze", "security", "--no-pager", unit])
     text = _out(proc)
     m = _OVERALL.search(text)
-    assert m is not None and m.group(1) == unit, text
+    assert m is not None, text
+    assert m.group(1) == unit, text
     rows = []
     for line in text.splitlines():
         row = _ROW.match(line.strip())
@@ -135,7 +136,8 @@ def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, 
     proc = status(daemon, p["MainPID"])
     caps = int(proc["CapBnd"], 16)
     assert caps == sum(1 << n for n in (0, 1, 2, 3, 5, 9, 21)), hex(caps)
-    assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+    assert proc["NoNewPrivs"] == "1", proc
+    assert proc["Seccomp"] == "2", proc
     assert_devices_closed(daemon, p["MainPID"])
 
 
@@ -151,8 +153,10 @@ def test_sandbox_settings_are_in_force(
              "RestrictSUIDSGID", "SystemCallArchitectures", "MainPID")  # fmt: skip
     sid = sandbox_unit.removeprefix("ironclaw-sbx-").removesuffix(".service")
     assert p["NetworkNamespacePath"] == f"/run/netns/ironclaw-{sid}"
-    assert p["ProtectSystem"] == "strict" and p["ProtectHome"] == "yes"
-    assert p["ProtectProc"] == "invisible" and p["DevicePolicy"] == "closed"
+    assert p["ProtectSystem"] == "strict"
+    assert p["ProtectHome"] == "yes"
+    assert p["ProtectProc"] == "invisible"
+    assert p["DevicePolicy"] == "closed"
     # Writable: runsc's state, this session's outbound queue; nothing else of the host.
     assert p["ReadWritePaths"].split() == [
         "/run/ironclaw/runsc", f"/var/lib/ironclaw/queues/{sid}/outbound"
@@ -172,5 +176,6 @@ def test_sandbox_settings_are_in_force(
     }
     proc = status(daemon, p["MainPID"])
     assert int(proc["CapBnd"], 16) == want, proc["CapBnd"]
-    assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+    assert proc["NoNewPrivs"] == "1", proc
+    assert proc["Seccomp"] == "2", proc
     assert_devices_closed(daemon, p["MainPID"])

@@ -75,7 +75,8 @@ def assert_only_own_sockets(box: Sandbox, report: dict[str, Any]) -> None:
     assert only_own_sockets(report["run_ironclaw"]), report["run_ironclaw"]
     host = box.sysd.run(["ls", "-A", f"/run/ironclaw/sessions/{box.sid}"])
     names = set(host.stdout.decode().split())
-    assert "control.sock" in names and names <= SESSION_SOCKETS, names
+    assert "control.sock" in names, names
+    assert names <= SESSION_SOCKETS, names
     inside = box.probe("--probe-path=/run/ironclaw/control.sock")["paths"]
     assert inside["/run/ironclaw/control.sock"]["exists"] is True, inside
 
@@ -172,7 +173,8 @@ def test_no_privileges_readonly_root_and_only_a_noexec_workspace(sessions: Sessi
         box.gid,
         box.gid,
     )
-    assert box.uid != 0 and box.gid != 0
+    assert box.uid != 0
+    assert box.gid != 0
     assert report["groups"] == []
     caps = {k: v for k, v in report["status"].items() if k.startswith("Cap")}
     assert {"CapInh", "CapPrm", "CapEff", "CapBnd"} <= set(caps), report["status"]
@@ -182,7 +184,8 @@ def test_no_privileges_readonly_root_and_only_a_noexec_workspace(sessions: Sessi
     mounts = {line.split()[1]: line.split()[3].split(",") for line in report["mounts"]}
     assert "ro" in mounts["/"]
     assert "ro" in mounts["/tmp"]
-    assert "noexec" in mounts["/workspace"] and "rw" in mounts["/workspace"]
+    assert "noexec" in mounts["/workspace"]
+    assert "rw" in mounts["/workspace"]
     writable = {path for path, r in report["writable"].items() if r["writable"]}
     assert writable == {"/workspace"}, report["writable"]
     assert report["root"]["writable"] is False
@@ -264,7 +267,8 @@ def test_the_kernel_is_gvisor_and_the_host_runs_only_runsc(
     runsc = daemon.run(["readlink", "-f", "/usr/bin/runsc"]).stdout.decode().strip()
     assert {exe for _, exe, _ in rows} == {runsc}, rows
     cmdlines = " ".join(cmd for _, _, cmd in rows)
-    assert "runsc-sandbox" in cmdlines and "runsc-gofer" in cmdlines
+    assert "runsc-sandbox" in cmdlines
+    assert "runsc-gofer" in cmdlines
     assert "/app/agent/agent" not in {cmd.split(" ")[0] for _, _, cmd in rows}
 
 
@@ -381,7 +385,8 @@ def test_runsc_control_socket_is_only_in_the_sessions_netns(
     names = [
         line.split()[-1] for line in listing.stdout.decode().splitlines() if box.container in line
     ]
-    assert names and names[0].startswith("@"), f"control: no runsc socket in the netns: {names}"
+    assert names, f"control: no runsc socket in the netns: {names}"
+    assert names[0].startswith("@"), f"control: no runsc socket in the netns: {names}"
     name = names[0]  # /proc/net/unix shows each NUL of an abstract address as "@"
     code = (
         "import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
@@ -438,5 +443,6 @@ def test_admin_sockets_are_not_reachable_from_inside(
         "--probe-path=/run/ironclaw/internal",
     )
     for result in report["unix"]:
-        assert result["connected"] is False and result["errno"] == "ENOENT", result
+        assert result["connected"] is False, result
+        assert result["errno"] == "ENOENT", result
     assert not any(r["exists"] for r in report["paths"].values()), report["paths"]

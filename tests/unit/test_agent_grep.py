@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from agent import main as agent_main
 from agent.probes import grep as agent_grep
 from agent.tools import run_tool
@@ -36,12 +38,8 @@ def test_grep_finds_needles_across_blocks_and_reports_them_by_hex(tmp_path: Path
 def test_probe_grep_arguments() -> None:
     assert agent_main._grep_needles([NEEDLE.hex()]) == [NEEDLE]
     for bad in (["zz"], [""]):
-        try:
+        with pytest.raises(ValueError, match="--probe-grep"):
             agent_main._grep_needles(bad)
-        except ValueError as exc:
-            assert "--probe-grep" in str(exc)
-        else:
-            raise AssertionError(f"{bad} accepted")
 
 
 def test_tools_never_raise_whatever_the_model_sends(tmp_path: Path) -> None:

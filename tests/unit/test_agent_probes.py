@@ -32,7 +32,8 @@ def test_attempt_reports_success_errno_refusal_and_probe_errors() -> None:
     def denied() -> None:
         raise PermissionError(errno.EACCES, "no")
 
-    assert attempt(denied)["errno"] == "EACCES" and attempt(denied)["ok"] is False
+    assert attempt(denied)["errno"] == "EACCES"
+    assert attempt(denied)["ok"] is False
 
     def refused() -> None:
         raise Refused("nothing there")

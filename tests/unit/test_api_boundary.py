@@ -81,4 +81,7 @@ def test_check_json_either_passes_or_refuses(value: object) -> None:
     try:
         check_json(text, "payload_json")
     except InvalidArgument as exc:
-        assert str(exc).startswith("payload_json: ")
+        refusal = str(exc)
+    else:
+        return
+    assert refusal.startswith("payload_json: ")

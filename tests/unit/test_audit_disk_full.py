@@ -73,9 +73,12 @@ def test_a_write_torn_by_a_full_disk_is_cut_back_and_the_cut_recorded(
     log.append("c", "ironclawd")
     assert _events(log) == ["a", REPAIRED, "c"]
     repaired = log.read(1, 1)[0]
-    assert repaired["bytes_cut"] == 3 * 37 and repaired["at_offset"] == size
+    assert repaired["bytes_cut"] == 3 * 37
+    assert repaired["at_offset"] == size
     result = log.verify(log.head)
-    assert result.ok and result.records == 3 and result.repairs == 1
+    assert result.ok
+    assert result.records == 3
+    assert result.repairs == 1
     assert "cut back after a crash or a full disk" in result.problem
     log.close()
 
@@ -116,7 +119,9 @@ def test_a_torn_tail_is_not_tampering_but_a_bad_mac_still_is(
     # What the old append did: line 2's first bytes written, then line 2 again in full.
     path.write_bytes(lines[0] + lines[1][:25] + lines[1] + lines[2])
     result = AuditLog(path, KEY).verify(log.head)
-    assert result.ok and result.repairs == 1 and "before record(s) 2" in result.problem
+    assert result.ok
+    assert result.repairs == 1
+    assert "before record(s) 2" in result.problem
     path.write_bytes(lines[0] + lines[1][:25] + lines[1].replace(b'"b"', b'"B"') + lines[2])
     result = AuditLog(path, KEY).verify(log.head)
     assert (result.ok, result.first_bad) == (False, 2)
@@ -142,7 +147,8 @@ def test_the_cut_works_through_the_append_only_flag_and_sets_it_again(tmp_path: 
         assert _flags(log._fd) & audit_store.FS_APPEND_FL
         disk.full = False
         log.append("c", "ironclawd")
-        assert _events(log) == ["a", REPAIRED, "c"] and log.verify(log.head).ok
+        assert _events(log) == ["a", REPAIRED, "c"]
+        assert log.verify(log.head).ok
     finally:
         fd = log._fd
         fcntl.ioctl(fd, audit_store.FS_IOC_SETFLAGS, struct.pack("i", _flags(fd) & ~0x20))
@@ -171,7 +177,8 @@ def test_disk_full_is_resource_exhausted_naming_the_directory_and_the_threshold(
     with pytest.raises(DiskFull) as caught:
         check_free(tmp_path, 2**62, "sending to session s1")
     message = str(caught.value)
-    assert str(tmp_path) in message and "daemon.min_free_bytes = " in message
+    assert str(tmp_path) in message
+    assert "daemon.min_free_bytes = " in message
     assert code_for(caught.value) is grpc.StatusCode.RESOURCE_EXHAUSTED
     check_free(tmp_path, 0, "off")
     check_free(tmp_path, 1, "plenty")
@@ -189,5 +196,6 @@ def test_a_torn_tail_longer_than_a_record_is_cut_to_the_last_whole_record(
     with open(path, "ab") as f:
         f.write(b'{"actor":' * (audit_store.MAX_RECORD // 4))
     again = AuditLog(path, KEY)
-    assert path.stat().st_size == size and again.head == head
+    assert path.stat().st_size == size
+    assert again.head == head
     again.close()

@@ -214,7 +214,8 @@ def test_a_head_that_lags_the_file_is_not_tampering(
     audit = opened(AuditLog(path, KEY), store)
     audit.record("daemon.started", "ironclawd")
     assert audit.verify().ok
-    assert store.head is not None and store.head[0] == 4
+    assert store.head is not None
+    assert store.head[0] == 4
 
 
 def _flags(path: Path) -> int:
@@ -249,7 +250,8 @@ def test_with_the_append_only_flag_even_the_owner_cannot_rewrite(tmp_path: Path)
         with pytest.raises(PermissionError):
             path.unlink()
         log.append("b", "ironclawd")  # appending still works
-        assert log.verify(log.head).ok and log.head[0] == 2
+        assert log.verify(log.head).ok
+        assert log.head[0] == 2
     finally:
         log.close()
         if log.append_only:

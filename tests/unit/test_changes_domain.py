@@ -117,8 +117,8 @@ def test_apply_payload_changes_only_what_the_kind_names() -> None:
     assert after == replace(spec, persona="New.")
     after = apply_payload("tools", "demo", spec, {"tools": ["read_file"]})
     assert after == replace(spec, tools=("read_file",))
+    payload = {"persona": "p", "tools": [], "provider": "mock", "model": "m"}
     with pytest.raises(Conflict, match="already exists"):
-        payload = {"persona": "p", "tools": [], "provider": "mock", "model": "m"}
         apply_payload("create_agent", "demo", spec, payload)
     with pytest.raises(Conflict, match="does not exist"):
         apply_payload("persona", "ghost", None, {"persona": "p"})
@@ -131,7 +131,8 @@ def test_hash_binds_kind_agent_payload_and_before() -> None:
     before = canonical(agent_view(DEMO))
     payload = canonical({"tools": ["read_file"]})
     base = change_hash("tools", "demo", payload, before)
-    assert len(base) == 64 and base == change_hash("tools", "demo", payload, before)
+    assert len(base) == 64
+    assert base == change_hash("tools", "demo", payload, before)
     variants = {
         "kind": change_hash("persona", "demo", payload, before),
         "agent": change_hash("tools", "demo2", payload, before),
@@ -163,7 +164,8 @@ def test_diff_shows_control_escape_and_bidi_characters_as_escapes() -> None:
     assert [line[:10] for line in changed] == ['-persona: ', '+persona: ']  # fmt: skip
     text = "\n".join(lines)
     for line in lines:
-        assert line.isascii() and line.isprintable(), repr(line)
+        assert line.isascii(), repr(line)
+        assert line.isprintable(), repr(line)
     for escape in ("\\u001b[2J", "\\u0007", "\\r\\n", "\\u202e", "\\u202c", "\\u2066",
                    "\\u2069", "\\u200b", "\\ufeff", "\\u0000", "\\u007f", "\\u0085"):  # fmt: skip
         assert escape in text, escape
@@ -202,7 +204,8 @@ def _change(**fields: Any) -> Change:
 def test_transitions_follow_the_state_machine_and_each_decision_is_single_use() -> None:
     pending = _change()
     approved = transition(pending, ChangeState.APPROVED, decided_by="uid:1(a)")
-    assert approved.state is ChangeState.APPROVED and approved.decided_by == "uid:1(a)"
+    assert approved.state is ChangeState.APPROVED
+    assert approved.decided_by == "uid:1(a)"
     assert transition(approved, ChangeState.APPLIED).state is ChangeState.APPLIED
     assert transition(approved, ChangeState.FAILED).state is ChangeState.FAILED
     allowed = {

@@ -74,8 +74,10 @@ def test_check_config_exits_78_without_traceback(
     conf.write_text(f"[daemon]\nstate_dir = '{tmp_path / 'state'}'\n")
     assert daemon.main(["--config", str(conf), "--check-config"]) == daemon.EX_CONFIG
     err = capsys.readouterr().err
-    assert "daemon.state_dir" in err and "Traceback" not in err
+    assert "daemon.state_dir" in err
+    assert "Traceback" not in err
     conf.write_text("[agents.x]\negress = [{host = 'example.com', methods = 5}]\n")
     assert daemon.main(["--config", str(conf), "--check-config"]) == daemon.EX_CONFIG
     err = capsys.readouterr().err
-    assert "agents.x.egress" in err and "Traceback" not in err
+    assert "agents.x.egress" in err
+    assert "Traceback" not in err

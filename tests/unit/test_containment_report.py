@@ -173,9 +173,8 @@ def test_text_table_columns_never_split_and_evidence_is_cut(key_file: Path, tmp_
     assert not any(ord(c) < 0x20 and c != "\n" for c in text)  # no escape reaches a terminal
     evidence_column = lines[header].index("EVIDENCE")
     assert rows[1][evidence_column - 2 : evidence_column] == "  "
-    assert lines[-1].startswith("INCONCLUSIVE") is False and lines[-1].startswith(
-        "CONTAINED: 2 attacks"
-    )
+    assert lines[-1].startswith("INCONCLUSIVE") is False
+    assert lines[-1].startswith("CONTAINED: 2 attacks")
 
 
 def test_cut_keeps_short_text_and_cuts_long_words() -> None:

@@ -72,11 +72,13 @@ async def run(body: Callable[[Box], Awaitable[None]]) -> None:
 def test_a_full_socket_drops_the_oldest_waiting_connection_never_the_agents(in_unit: None) -> None:
     async def body(box: Box) -> None:
         agent = await box.connect(b"hello 7 10000\n")
-        assert box.channel.hello.done() and box.channel.hello.result().pid == 7
+        assert box.channel.hello.done()
+        assert box.channel.hello.result().pid == 7
         waiting = [await box.connect() for _ in range(2)]
         late = await box.connect()  # the socket is full: the oldest waiting one goes
         assert [closed(s) for s in waiting] == [True, False]
-        assert not closed(late) and not closed(agent)
+        assert not closed(late)
+        assert not closed(agent)
         # Two more that say hello fill it with connections that all said hello: the next is
         # refused instead of pushing one of them (the agent's) out.
         waiting[1].send(b"hello 8 10000\n")

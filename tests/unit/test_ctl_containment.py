@@ -71,8 +71,12 @@ def test_good_report_prints_the_table_and_exits_0(
     assert f"signature: good, by key {signed.key.public_key().id_hex}" in out
     assert signed.verify("--json") == exitcodes.OK
     doc = json.loads(capsys.readouterr().out)
-    assert doc["valid"] is True and doc["outcome"] == "contained" and doc["exit"] == 0
-    assert doc["versions"] == VERSIONS and doc["escaped"] == [] and doc["errors"] == []
+    assert doc["valid"] is True
+    assert doc["outcome"] == "contained"
+    assert doc["exit"] == 0
+    assert doc["versions"] == VERSIONS
+    assert doc["escaped"] == []
+    assert doc["errors"] == []
 
 
 def test_pubkey_from_the_environment(signed: Signed, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +92,8 @@ def error_of(
     text = capsys.readouterr().err
     assert signed.verify(*extra, "--json") == code
     doc = json.loads(capsys.readouterr().out)
-    assert doc["valid"] is False and doc["error"]["exit"] == code
+    assert doc["valid"] is False
+    assert doc["error"]["exit"] == code
     return code, text, doc["error"]
 
 
@@ -98,7 +103,8 @@ def test_tampered_report_is_a_bad_signature(
     signed.path.write_text(signed.path.read_text().replace('"escaped"', '"contained"', 1))
     code, text, error = error_of(signed, capsys)
     assert code == exitcodes.BAD_SIGNATURE == 10
-    assert "does not match its signature" in text and "changed after signing?" in text
+    assert "does not match its signature" in text
+    assert "changed after signing?" in text
     assert error["code"] == "BAD_SIGNATURE"
 
 
@@ -111,10 +117,12 @@ def test_tampered_signature(signed: Signed, capsys: pytest.CaptureFixture[str]) 
     assert "trusted comment does not match its signature" in text
     sig_path.write_text("garbage\n")
     code, text, _ = error_of(signed, capsys)
-    assert code == exitcodes.BAD_SIGNATURE and "expected 4 lines" in text
+    assert code == exitcodes.BAD_SIGNATURE
+    assert "expected 4 lines" in text
     sig_path.unlink()
     code, text, _ = error_of(signed, capsys)
-    assert code == exitcodes.BAD_SIGNATURE and "No such file" in text
+    assert code == exitcodes.BAD_SIGNATURE
+    assert "No such file" in text
 
 
 def test_wrong_key(signed: Signed, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,7 +145,8 @@ def test_escaped_attack_exits_12_after_a_good_signature(
     assert "ESCAPED: 1 attacks: 0 contained, 1 escaped, 0 error" in out
     assert signed.verify("--json") == exitcodes.ESCAPED
     doc = json.loads(capsys.readouterr().out)
-    assert doc["outcome"] == "escaped" and doc["escaped"] == ["net.tcp.host-loopback"]
+    assert doc["outcome"] == "escaped"
+    assert doc["escaped"] == ["net.tcp.host-loopback"]
 
 
 def test_inconclusive_when_the_probes_are_blind_or_an_attack_errored(
@@ -168,7 +177,8 @@ def test_malformed_report_that_is_validly_signed(
     signed.sign_bytes(data)
     code, text, error = error_of(signed, capsys)
     assert code == exitcodes.MALFORMED_REPORT == 11
-    assert message in text and error["code"] == "MALFORMED_REPORT"
+    assert message in text
+    assert error["code"] == "MALFORMED_REPORT"
 
 
 def test_missing_report_and_missing_or_bad_pubkey(

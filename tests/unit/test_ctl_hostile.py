@@ -157,7 +157,8 @@ def test_usage_errors_are_json_under_json(capsys: pytest.CaptureFixture[str], fl
     assert code == exitcodes.USAGE
     assert err == ""
     doc = error_doc(out)
-    assert doc["code"] == "USAGE" and doc["exit"] == exitcodes.USAGE
+    assert doc["code"] == "USAGE"
+    assert doc["exit"] == exitcodes.USAGE
     assert "invalid choice: 'frobnicate'" in doc["message"]
 
 
@@ -174,7 +175,9 @@ def test_control_sequences_in_echoed_arguments_are_made_visible(
 ) -> None:
     code, _out, err = run(capsys, "status", "\x1b[2J\x1b]0;pwned\x07", "\u202eevil")
     assert code == exitcodes.USAGE
-    assert "\x1b" not in err and "\x07" not in err and "\u202e" not in err
+    assert "\x1b" not in err
+    assert "\x07" not in err
+    assert "\u202e" not in err
     assert "\\x1b[2J\\x1b]0;pwned\\x07 \\u202eevil" in err
 
 

@@ -53,23 +53,28 @@ def test_a_collected_unit_passed_and_ran_hardened_without_the_hosts_network() ->
     result = probe_platform(units, RUNSC, "ptrace")
     assert result.status is Status.PASS, result
     [spec] = units.specs
-    assert spec.name.startswith("ironclaw-doctor-ptrace-") and spec.name.endswith(".service")
-    assert spec.argv[0] == str(RUNSC) and spec.argv[-2:] == ["do", "/bin/true"]
+    assert spec.name.startswith("ironclaw-doctor-ptrace-")
+    assert spec.name.endswith(".service")
+    assert spec.argv[0] == str(RUNSC)
+    assert spec.argv[-2:] == ["do", "/bin/true"]
     assert {"--network=none", "--platform=ptrace", "--ignore-cgroups"} <= set(spec.argv)
-    assert spec.netns_path is None and spec.collect_mode == "inactive"
+    assert spec.netns_path is None
+    assert spec.collect_mode == "inactive"
     props = {name: value for name, _, value in build_properties(spec)}
-    assert props["PrivateNetwork"] is True and "NetworkNamespacePath" not in props
-    assert props["ProtectSystem"] == "strict" and props["NoNewPrivileges"] is True
+    assert props["PrivateNetwork"] is True
+    assert "NetworkNamespacePath" not in props
+    assert props["ProtectSystem"] == "strict"
+    assert props["NoNewPrivileges"] is True
     assert units.reset == [spec.name]
 
 
 def test_a_failed_unit_is_a_failed_check_naming_result_and_journal() -> None:
     units = Units(final=UnitState("x.service", "failed", "failed", 0, "exit-code"))
     result = probe_platform(units, RUNSC, "systrap")
-    assert result.status is Status.FAIL and not result.required
-    assert (
-        "exit-code" in result.detail and "journalctl -u ironclaw-doctor-systrap-" in result.detail
-    )
+    assert result.status is Status.FAIL
+    assert not result.required
+    assert "exit-code" in result.detail
+    assert "journalctl -u ironclaw-doctor-systrap-" in result.detail
     assert "systrap" in result.fix_hint
     assert units.reset == [units.specs[0].name]
 

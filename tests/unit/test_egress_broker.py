@@ -134,7 +134,8 @@ def test_allowed_fetch_streams_head_body_end_and_is_audited() -> None:
         5,
         "/v1/items",
     )
-    assert "token" not in d.path and d.rule.startswith("GET,POST https://api.example.com:443")
+    assert "token" not in d.path
+    assert d.rule.startswith("GET,POST https://api.example.com:443")
 
 
 def test_rebinding_resolver_is_asked_once_and_loopback_never_reached() -> None:
@@ -158,7 +159,8 @@ def test_any_refused_answer_spoils_the_name(answers: list[str]) -> None:
     with pytest.raises(PolicyDenied, match="resolves to"):
         run(broker, "https://api.example.com/v1/")
     assert upstream.sent == []
-    assert decisions[-1].verdict == "denied" and "resolves to" in decisions[-1].reason
+    assert decisions[-1].verdict == "denied"
+    assert "resolves to" in decisions[-1].reason
 
 
 def test_internal_cidrs_open_a_documentation_range() -> None:
@@ -176,7 +178,8 @@ def test_agent_credentials_are_stripped_and_a_rules_is_injected() -> None:
     agent_headers = [("Cookie", "c=1"), ("Accept-Encoding", "gzip")]
     events = run(broker, "https://keyed.example.com/", headers=agent_headers)
     sent = dict(upstream.sent[0].headers)
-    assert sent["Authorization"] == f"Bearer {SECRET}" and "Cookie" not in sent
+    assert sent["Authorization"] == f"Bearer {SECRET}"
+    assert "Cookie" not in sent
     assert sent["Accept-Encoding"] == "identity"
     assert events[-1] == End(False, 5)
     assert "stripped Accept-Encoding, Cookie" in decisions[0].reason
@@ -189,7 +192,8 @@ def test_redirects_are_returned_not_followed() -> None:
     redirect = FakeResponse(302, "Found", (("Location", "http://127.0.0.1/admin"),), [])
     broker, upstream, _, _ = make(RecordingUpstream(redirect))
     events = run(broker, "https://api.example.com/v1/")
-    assert events[0].status == 302 and len(upstream.sent) == 1
+    assert events[0].status == 302
+    assert len(upstream.sent) == 1
 
 
 def test_response_cap_truncates() -> None:
@@ -197,7 +201,8 @@ def test_response_cap_truncates() -> None:
     broker, _, _, decisions = make(RecordingUpstream(big), max_response_bytes=2048)
     events = run(broker, "https://api.example.com/v1/")
     assert sum(len(e) for e in events if isinstance(e, bytes)) == 2048
-    assert events[-1] == End(True, 2048) and big.closed
+    assert events[-1] == End(True, 2048)
+    assert big.closed
     assert "truncated" in decisions[0].reason
 
 
@@ -206,7 +211,8 @@ def test_slow_upstream_hits_the_deadline_and_is_closed() -> None:
     broker, _, _, decisions = make(RecordingUpstream(slow), timeout_seconds=0.2)
     with pytest.raises(UpstreamFailed, match="no complete answer within"):
         run(broker, "https://api.example.com/v1/")
-    assert slow.closed and decisions[0].verdict == "failed"
+    assert slow.closed
+    assert decisions[0].verdict == "failed"
 
 
 def test_request_body_cap_and_rate_limit() -> None:
@@ -240,12 +246,14 @@ def test_concurrent_connections_per_session_are_capped() -> None:
 
 def test_sessions_without_grants_are_refused_and_get_no_socket() -> None:
     broker, upstream, _, decisions = make()
-    assert broker.has_grants("s1") and not broker.has_grants("nogrants")
+    assert broker.has_grants("s1")
+    assert not broker.has_grants("nogrants")
     with pytest.raises(PolicyDenied, match="no egress grants"):
         run(broker, "https://api.example.com/v1/", sid="nogrants")
     with pytest.raises(InvalidArgument):
         run(broker, "https://api.example.com/v1/", method="CONNECT")
-    assert upstream.sent == [] and [d.verdict for d in decisions] == ["denied", "denied"]
+    assert upstream.sent == []
+    assert [d.verdict for d in decisions] == ["denied", "denied"]
 
 
 def test_config_parses_egress_rules_and_refuses_never_ranges() -> None:
@@ -276,7 +284,8 @@ def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
                 with pytest.raises(PolicyDenied):
                     run(broker, "https://evil.example.net/", sid="flood")
         lines = [r for r in caplog.records if r.name == "ironclawd.egress"]
-        assert len(decisions) == 200 and not upstream.sent
+        assert len(decisions) == 200
+        assert not upstream.sent
         assert 1 <= len(lines) <= 5, len(lines)
     finally:
         ratelog.AGENT_LOG.configure(ratelog.DEFAULT_PER_WINDOW, ratelog.DEFAULT_WINDOW_SECONDS)

@@ -107,9 +107,11 @@ def test_canonical_ip_literals_parse_to_addresses() -> None:
 
 
 def test_path_prefixes_match_whole_segments() -> None:
-    assert path_matches("/v1", "/v1") and path_matches("/v1", "/v1/x")
+    assert path_matches("/v1", "/v1")
+    assert path_matches("/v1", "/v1/x")
     assert not path_matches("/v1", "/v10")
-    assert path_matches("/v1/", "/v1/x") and path_matches("/v1/", "/v1")
+    assert path_matches("/v1/", "/v1/x")
+    assert path_matches("/v1/", "/v1")
     assert not path_matches("/v1/", "/v1x")
 
 
@@ -235,5 +237,8 @@ def test_rules_from_config_are_validated() -> None:
         {"host": "a.example.com", "extra": 1},
         {"scheme": "https"},
     ):
-        with pytest.raises(ValueError):
+        refusal = (
+            r"^(a table with 'host'|host: |scheme: |methods: |path_prefixes: |credential_format: )"
+        )
+        with pytest.raises(ValueError, match=refusal):
             rule_from_mapping(bad)

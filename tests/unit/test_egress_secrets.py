@@ -230,7 +230,8 @@ def test_a_body_cut_at_the_cap_loses_a_tail_where_half_a_secret_could_hide() -> 
     body = b"x" * 5000 + SECRET[:20].encode()
     assert checked_body(body, False, detector, LIMIT) == body
     cut = checked_body(body, True, detector, LIMIT)
-    assert cut == body[: len(body) - detector.tail] and SECRET[:20].encode() not in cut
+    assert cut == body[: len(body) - detector.tail]
+    assert SECRET[:20].encode() not in cut
 
 
 QUERY_NAMES = ["access_token", "API-KEY", "apikey", "key", "token", "sig", "client_secret",
@@ -339,12 +340,14 @@ def test_gzip_asked_by_the_agent_is_never_forwarded_and_the_echo_is_refused() ->
     broker, _, _, decisions = make(upstream)
     events, error = fetch_all(broker, "https://keyed.example.com/", [("Accept-Encoding", "gzip")])
     (sent,) = upstream.sent
-    assert (("Accept-Encoding", "identity") in sent.headers
-            and ("Authorization", f"Bearer {BROKER_SECRET}") in sent.headers)  # fmt: skip
+    assert ("Accept-Encoding", "identity") in sent.headers
+    assert ("Authorization", f"Bearer {BROKER_SECRET}") in sent.headers
     assert find_leaks(upstream.answered[0], [BROKER_SECRET]), "control: the echo carried it"
-    assert isinstance(error, ResponseRefused) and events == []
+    assert isinstance(error, ResponseRefused)
+    assert events == []
     assert not find_leaks(str(error), [BROKER_SECRET])
-    assert decisions[0].verdict == "failed" and "body carries the injected" in decisions[0].reason
+    assert decisions[0].verdict == "failed"
+    assert "body carries the injected" in decisions[0].reason
 
 
 def test_an_upstream_that_compresses_anyway_is_refused_on_every_rule() -> None:
@@ -352,8 +355,10 @@ def test_an_upstream_that_compresses_anyway_is_refused_on_every_rule() -> None:
         upstream = ReflectingUpstream(always_gzip=True)
         broker, _, _, decisions = make(upstream)
         events, error = fetch_all(broker, url)
-        assert isinstance(error, ResponseRefused) and "Content-Encoding gzip" in str(error)
-        assert events == [] and decisions[0].verdict == "failed"
+        assert isinstance(error, ResponseRefused)
+        assert "Content-Encoding gzip" in str(error)
+        assert events == []
+        assert decisions[0].verdict == "failed"
     assert find_leaks(upstream.answered[0], ["api.example.com"]), "control: gzip of the echo"
 
 
@@ -362,10 +367,12 @@ def test_the_reason_phrase_never_carries_the_credential() -> None:
                                   encode=lambda _: b"denied")  # fmt: skip
     broker, _, _, decisions = make(upstream)
     events, error = fetch_all(broker, "https://keyed.example.com/")
-    assert error is None and events[0].reason == "Unauthorized"
+    assert error is None
+    assert events[0].reason == "Unauthorized"
     assert not find_leaks(visible(events), [BROKER_SECRET])
     assert upstream.reason.replace("{auth}", f"Bearer {BROKER_SECRET}")  # what it would have said
-    assert decisions[0].verdict == "allowed" and decisions[0].status == 401
+    assert decisions[0].verdict == "allowed"
+    assert decisions[0].status == 401
 
 
 BODY_FORMS = ["JSON string with \\/", "JSON \\u for everything", "percent, lower hex",
@@ -379,8 +386,10 @@ def test_encoded_reflections_in_the_body_are_refused_and_audited(name: str) -> N
     broker, _, _, decisions = make(upstream)
     events, error = fetch_all(broker, "https://keyed.example.com/")
     assert find_leaks(upstream.answered[0], [BROKER_SECRET]), "control"
-    assert isinstance(error, ResponseRefused) and events == []
-    assert decisions[0].verdict == "failed" and "response refused" in decisions[0].reason
+    assert isinstance(error, ResponseRefused)
+    assert events == []
+    assert decisions[0].verdict == "failed"
+    assert "response refused" in decisions[0].reason
 
 
 def test_an_upstream_error_text_quoting_the_credential_is_withheld() -> None:
@@ -390,7 +399,8 @@ def test_an_upstream_error_text_quoting_the_credential_is_withheld() -> None:
 
     broker, _, _, decisions = make(RecordingUpstream(Breaking()))
     _, error = fetch_all(broker, "https://keyed.example.com/")
-    assert isinstance(error, UpstreamFailed) and "error text withheld" in str(error)
+    assert isinstance(error, UpstreamFailed)
+    assert "error text withheld" in str(error)
     assert not find_leaks(str(error) + decisions[0].reason, [BROKER_SECRET])
 
 
@@ -408,9 +418,12 @@ def test_requests_that_would_mirror_or_carry_a_credential_never_leave(
 ) -> None:
     broker, upstream, resolver, decisions = make()
     _, error = fetch_all(broker, url, headers)
-    assert isinstance(error, PolicyDenied) and says in str(error), error
-    assert upstream.sent == [] and resolver.calls == []
-    assert decisions[0].verdict == "denied" and says in decisions[0].reason
+    assert isinstance(error, PolicyDenied), error
+    assert says in str(error), error
+    assert upstream.sent == []
+    assert resolver.calls == []
+    assert decisions[0].verdict == "denied"
+    assert says in decisions[0].reason
     assert not find_leaks(str(error), [BROKER_SECRET])
     assert not find_leaks(repr(decisions[0]), [BROKER_SECRET])  # the audit keeps none either
     # The same request on a rule without a credential is no business of these checks.

@@ -51,27 +51,35 @@ def test_a_change_approved_before_a_crash_is_applied_at_start_never_failed(put: 
     assert w.audit.records[0][2]["approved_by"] == "uid:1000(alice)"
 
 
-def test_an_approver_that_leaves_does_not_cut_the_apply() -> None:
+def test_an_approver_that_leaves_does_not_cut_the_apply(monkeypatch: pytest.MonkeyPatch) -> None:
     w = World()
     change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
-    release = asyncio.Event()
+    restarting, release, applied = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def slow_restart(agent: str) -> list[str]:
+        restarting.set()
         await release.wait()
         return await w._restart(agent)
 
     w.gateway._restart = slow_restart
+    save_change = w.store.save_change
+
+    def save_and_signal(saved: Change) -> None:
+        save_change(saved)
+        if saved.state is ChangeState.APPLIED:
+            applied.set()
+
+    monkeypatch.setattr(w.store, "save_change", save_and_signal)
 
     async def leave_mid_apply() -> None:
         call = asyncio.create_task(w.gateway.approve(change.id, change.hash, ROOT))
-        while w.store.changes[change.id].state is ChangeState.PENDING:
-            await asyncio.sleep(0)
+        await restarting.wait()
+        assert w.store.changes[change.id].state is ChangeState.APPROVED
         call.cancel()  # the client's deadline, mid-restart
         with pytest.raises(asyncio.CancelledError):
             await call
         release.set()
-        while w.store.changes[change.id].state is not ChangeState.APPLIED:
-            await asyncio.sleep(0)
+        await applied.wait()
 
     asyncio.run(asyncio.wait_for(leave_mid_apply(), 5))
     assert w.restarted == ["demo"]

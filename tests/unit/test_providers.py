@@ -81,7 +81,9 @@ def test_anthropic_text_stream(cut: int) -> None:
     assert "authorization" not in request.headers
     body = json.loads(request.content)
     assert body["system"] == PERSONA
-    assert body["stream"] is True and body["model"] == "model-x" and body["max_tokens"] == 512
+    assert body["stream"] is True
+    assert body["model"] == "model-x"
+    assert body["max_tokens"] == 512
     assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert "tools" not in body
 
@@ -151,7 +153,8 @@ def test_openai_text_stream(cut: int) -> None:
     body = json.loads(request.content)
     assert body["messages"][0] == {"role": "system", "content": PERSONA}
     assert body["messages"][1:] == [{"role": "user", "content": "hi"}]
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
 
 
 def test_openai_tool_call_from_argument_fragments() -> None:
@@ -232,6 +235,7 @@ def test_mock_loop_calls_a_tool_after_every_result() -> None:
         Message("tool", "[]", (), call.id),
     )
     (again,) = [c.tool_call for c in after if c.tool_call]
-    assert again.name == "list_files" and again.id != call.id
+    assert again.name == "list_files"
+    assert again.id != call.id
     # A later message ends the loop: the mock answers it.
     assert _text(_mock(Message("user", "/loop"), Message("user", "hi"))) == "mock: hi"

@@ -169,7 +169,8 @@ def test_secrets_are_scrubbed_from_every_field_that_returns(
     ])  # fmt: skip
     chunks = _call(_proxy(tmp_path, monkeypatch, provider, [0.0]), "s1")
     returned = repr(chunks)
-    assert KEY not in returned and escaped not in returned
+    assert KEY not in returned
+    assert escaped not in returned
     decoded = [json.loads(c.tool_call.arguments_json) for c in chunks if c.tool_call]
     assert KEY not in json.dumps(decoded, ensure_ascii=False)
     assert "".join(c.text for c in chunks) == "[REDACTED]"

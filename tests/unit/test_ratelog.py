@@ -104,7 +104,8 @@ def test_a_full_table_drops_the_least_recently_used_idle_connection() -> None:
     assert closed == ["idle1", "idle2", "new1"]
     assert len(table) == 3
     table.close_all()
-    assert len(table) == 0 and "agent" in closed
+    assert len(table) == 0
+    assert "agent" in closed
 
 
 def test_when_every_connection_is_busy_the_least_recently_used_goes() -> None:

@@ -511,8 +511,8 @@ def test_a_configured_state_dir_holds_the_queues_and_frames_and_is_never_granted
     S.check_spec(spec, granted, state)
     assert _mount(spec, "/queue/outbound")["source"] == f"{state}/queues/{SID}/outbound"
     assert _mount(spec, "/mnt")["source"] == str(S.frame_dir(SID, state))
+    own = S.build_spec(make_policy(mounts=S.session_mounts(SID, state)), state_dir=state)
     with pytest.raises(SandboxError, match="mount-allowlist: mount /queue/inbound"):
-        own = S.build_spec(make_policy(mounts=S.session_mounts(SID, state)), state_dir=state)
         S.check_spec(own)  # the default state dir's queues are another place
     leak = (*granted, P.Mount("/mnt/state", f"{state}/queues"))
     with pytest.raises(SandboxError, match="is never granted"):
