@@ -196,16 +196,12 @@ class ControlServer:
                         len(channel.writers))  # fmt: skip
         return False
 
-    async def wait_hello(self, sid: str, timeout: float) -> AgentHello:
+    async def wait_hello(self, sid: str) -> AgentHello:
         channel = self._require(sid)
-        return await asyncio.wait_for(asyncio.shield(channel.hello), timeout)
+        return await asyncio.shield(channel.hello)
 
     async def wait_disconnect(self, sid: str) -> None:
         await self._require(sid).disconnected.wait()
-
-    def is_connected(self, sid: str) -> bool:
-        channel = self._channels.get(sid)
-        return channel is not None and bool(channel.writers)
 
     async def close_listener(self, sid: str) -> None:
         """Stop serving a session's socket but leave its directory (daemon shutdown)."""

@@ -214,7 +214,8 @@ class SessionService:
             try:
                 await self.control.open(sid)
                 await self._open_sockets(sid)
-                hello = await self.control.wait_hello(sid, self.layout.adopt_timeout)
+                async with asyncio.timeout(self.layout.adopt_timeout):
+                    hello = await self.control.wait_hello(sid)
             except (IronclawError, OSError, TimeoutError) as exc:
                 reason = _describe(exc, f"adopting session {sid}")
                 log.warning("%s", reason)
@@ -336,7 +337,8 @@ class SessionService:
                     self.layout.stop_timeout,
                 )
                 await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
-                hello = await self.control.wait_hello(sid, self.layout.start_timeout)
+                async with asyncio.timeout(self.layout.start_timeout):
+                    hello = await self.control.wait_hello(sid)
                 undo.pop_all()
         except (IronclawError, OSError, TimeoutError) as exc:
             reason = _describe(exc, f"starting session {sid}")

@@ -29,6 +29,7 @@ class Box:
         self.channel = _Channel(cast(Any, None), asyncio.get_running_loop().create_future())
         self.server._channels["s1"] = self.channel
         self.tasks: list[asyncio.Task[None]] = []
+        self.peers: list[socket.socket] = []
 
     async def connect(self, first: bytes = b"") -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -36,6 +37,7 @@ class Box:
         self.tasks.append(
             asyncio.create_task(self.server._serve("s1", self.channel, reader, writer))
         )
+        self.peers.append(theirs)
         theirs.setblocking(False)
         if first:
             theirs.send(first)
@@ -67,6 +69,9 @@ async def run(body: Callable[[Box], Awaitable[None]]) -> None:
     finally:
         for task in box.tasks:
             task.cancel()
+        await asyncio.gather(*box.tasks, return_exceptions=True)
+        for peer in box.peers:
+            peer.close()
 
 
 def test_a_full_socket_drops_the_oldest_waiting_connection_never_the_agents(in_unit: None) -> None:
