@@ -7,6 +7,11 @@ files would be two fixtures and boot two systemds when tiers run together.
 tests should not each pay it); `private_systemd_factory` boots extra ones for tests about the
 harness itself. Both are torn down even when tests fail; the harness also registers an atexit
 hook and ties the namespace's life to this process, for runs that die harder than that.
+
+Under CI (``CI`` set) or with ``IRONCLAW_REQUIRE_REAL=1``, a test of these tiers that skips fails
+instead (`pytest_runtest_makereport` below): without root, systemd or runsc a run must not pass
+on the unit tier alone. Only a skip the operator asked for (its reason starts with `OPTED_OUT`)
+stays a skip.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +33,55 @@ from tests.harness.private_systemd import (
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
+# The tiers that need the real thing: tests/<tier>/ under the run's root directory.
+REAL_TIERS = ("integration", "redteam", "e2e")
+# A skip the operator chose (IRONCLAW_E2E=0, say) rather than one the machine forced.
+OPTED_OUT = "opted out: "
+
+
+def real_required() -> bool:
+    """Whether skipping a real tier is a failure: under CI or IRONCLAW_REQUIRE_REAL=1."""
+    ci = os.environ.get("CI", "").strip().lower()
+    return ci not in ("", "0", "false", "no") or os.environ.get("IRONCLAW_REQUIRE_REAL") == "1"
+
+
+def _real_tier(item: pytest.Item) -> str | None:
+    try:
+        parts = item.path.relative_to(item.config.rootpath).parts
+    except ValueError:
+        return None
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in REAL_TIERS:
+        return parts[1]
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under CI, a real tier's skip is a failure (an xfail stays an xfail)."""
+    report = yield
+    tier = _real_tier(item)
+    if not report.skipped or hasattr(report, "wasxfail") or tier is None or not real_required():
+        return report
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if reason.startswith(OPTED_OUT):
+        return report
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{item.nodeid}: the {tier} tier may not skip under CI or IRONCLAW_REQUIRE_REAL=1 "
+        f"(it would pass on the unit tier alone): {reason}"
+    )
+    return report
+
+
+def missing_runsc() -> str | None:
+    """Why sessions cannot run sandboxes here (no runsc on PATH), or None."""
+    if shutil.which("runsc") is None:
+        return "needs runsc (gVisor) on PATH to run sandboxes (scripts/install-deps installs it)"
+    return None
 
 
 def missing_prerequisite() -> str | None:
@@ -57,7 +111,7 @@ def harness_binds() -> list[Path]:
 
 
 def _boot(name: str) -> SystemdHarness:
-    reason = missing_prerequisite()
+    reason = missing_runsc() or missing_prerequisite()
     if reason is not None:
         pytest.skip(reason)
     try:

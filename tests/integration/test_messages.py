@@ -34,7 +34,6 @@ import sqlcipher3
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.store.keys import MasterKey
-from tests.harness.fixtures import RESULTS
 from tests.harness.private_systemd import SystemdHarness
 
 pytestmark = pytest.mark.integration
@@ -752,7 +751,7 @@ class Killer:
                 time.sleep(0.05)
 
 
-def _stress(box: Box, count: int, kills: int, seed: int) -> dict[str, Any]:
+def _stress(box: Box, count: int, kills: int, seed: int) -> None:
     run = StressRun(box, count, deadline=time.monotonic() + STRESS_DEADLINE)
     killer = Killer(run, seed, kills) if kills else None
     started = time.monotonic()
@@ -781,27 +780,21 @@ def _stress(box: Box, count: int, kills: int, seed: int) -> dict[str, Any]:
     }
     print(json.dumps(figures))
     assert not (killer and killer.errors), killer.errors if killer else None
-    assert len(run.replies) == count or not run.errors, run.errors[:20]
+    assert len(run.replies) == count, (
+        f"{len(run.replies)} of {count} replies reached the operator; errors: {run.errors[:20]}"
+    )
     _check_exactly_once(run)
     clean = box.sysd.run(["ironctl", "session", "verify", box.sid, "--json"], timeout=300)
     assert clean.returncode == 0, out(clean)
     assert int(json.loads(clean.stdout)["checked"]) == count
-    return figures
-
-
-def _record(name: str, figures: dict[str, Any]) -> None:
-    path = RESULTS / "stress-messages.json"
-    doc = json.loads(path.read_text()) if path.exists() else {}
-    doc[name] = figures
-    path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def test_ten_thousand_messages_with_concurrent_reading(boxes: Boxes) -> None:
     box = boxes.create()
-    _record("no_kills", _stress(box, STRESS_COUNT, kills=0, seed=0))
+    _stress(box, STRESS_COUNT, kills=0, seed=0)
 
 
 def test_exactly_once_while_daemon_and_sandbox_are_killed(boxes: Boxes) -> None:
     box = boxes.create()
     seed = int(os.environ.get("IRONCLAW_STRESS_SEED", "4"))
-    _record("with_kills", _stress(box, KILL_COUNT, kills=KILLS_EACH, seed=seed))
+    _stress(box, KILL_COUNT, kills=KILLS_EACH, seed=seed)

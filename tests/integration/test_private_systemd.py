@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.fixtures import OPTED_OUT
 from tests.harness.private_systemd import (
     CGROUP_ROOT,
     PrivateSystemd,
@@ -66,7 +67,7 @@ def _settled_tmp_entries() -> set[str]:
 
 def _require_private(sd: SystemdHarness) -> PrivateSystemd:
     if not isinstance(sd, PrivateSystemd):
-        pytest.skip("runs against the host's systemd (IRONCLAW_USE_HOST_SYSTEMD=1)")
+        pytest.skip(f"{OPTED_OUT}runs against the host's systemd (IRONCLAW_USE_HOST_SYSTEMD=1)")
     return sd
 
 

@@ -6,7 +6,7 @@ do not depend on each other. ``inventory`` looks, from inside the private system
 a session can leave something behind; ``leftovers`` narrows that to one session id.
 
 Timings (create, stop, adopt after a kill) are recorded, never asserted (docs/style.md §20):
-they are printed at the end of the module and written to results/test_sessions-timings.json.
+they are printed at the end of the module (tests write no results; benchmarks/ does).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ DEMO_MEMORY_MAX = 256 * 1024 * 1024  # ironclawd/domain/agents.py
 DEMO_TASKS_MAX = 128
 AGENT_UID = 10000
 ORPHAN = "orphan0001"
-RESULTS = Path(__file__).resolve().parents[2] / "results" / "test_sessions-timings.json"
 
 TIMINGS: dict[str, list[float]] = {}
 
@@ -200,8 +199,6 @@ def report_timings() -> Iterator[None]:
         name: {"n": len(v), "median": statistics.median(v), "max": max(v)}
         for name, v in TIMINGS.items()
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"samples": TIMINGS, "summary": summary}, indent=2) + "\n")
     print(f"\nsession timings (s): {json.dumps(summary)}")
 
 
