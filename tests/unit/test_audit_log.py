@@ -268,8 +268,9 @@ def test_a_field_named_like_the_chain_is_refused_and_nothing_is_written(
     log = AuditLog(tmp_path / "audit.log", KEY)
     log.append("first", "t")
     before = (tmp_path / "audit.log").read_bytes()
+    clash: dict[str, Any] = {name: 1}  # Any: append's own keyword ``sync`` is a bool
     with pytest.raises(ValueError, match=name):
-        log.append("clash", "t", **{name: 1})
+        log.append("clash", "t", **clash)
     assert (tmp_path / "audit.log").read_bytes() == before
     log.append("after", "t", reply_seq=1)
     assert log.head[0] == 2
