@@ -1,4 +1,4 @@
-"""``ironctl change ...``, ``ironctl agent ...`` and ``ironctl audit ...``."""
+"""``ironctl change ...``: submit, inspect, approve and reject capability changes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import argtypes, exitcodes, render
+from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.common import Stub, add_command, decode_stdin, print_json, read_stdin, to_dict
 
 
@@ -131,82 +131,6 @@ def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
     return exitcodes.OK
 
 
-def cmd_agent_list(args: argparse.Namespace, stub: Stub) -> int:
-    reply = stub.ListAgents(admin_pb2.ListAgentsRequest(), timeout=args.timeout)
-    if args.json:
-        print_json(reply)
-        return exitcodes.OK
-    table = Table()
-    for column in ("NAME", "PROVIDER", "MODEL", "TOOLS"):
-        table.add_column(column, overflow="fold")
-    for a in reply.agents:
-        table.add_row(a.name, a.provider, escape(a.model), ", ".join(a.tools))
-    render.console().print(table)
-    return exitcodes.OK
-
-
-def cmd_agent_show(args: argparse.Namespace, stub: Stub) -> int:
-    agent = stub.GetAgent(admin_pb2.GetAgentRequest(name=args.name), timeout=args.timeout).agent
-    if args.json:
-        print(json.dumps(to_dict(agent), indent=2))
-        return exitcodes.OK
-    table = Table(show_header=False, box=None)
-    for key in ("name", "provider", "model", "base_url", "credential"):
-        table.add_row(key, escape(str(getattr(agent, key)) or "-"))
-    table.add_row("tools", ", ".join(agent.tools) or "-")
-    table.add_row("persona", escape(render.visible(agent.persona, newlines=True)))
-    render.console().print(table)
-    return exitcodes.OK
-
-
-def cmd_agent_create(args: argparse.Namespace, stub: Stub) -> int:
-    payload = {"persona": args.persona, "tools": [t for t in (args.tools or "").split(",") if t]}
-    if args.provider:
-        payload["provider"] = args.provider
-    if args.model:
-        payload["model"] = args.model
-    request = admin_pb2.SubmitChangeRequest(
-        kind="create_agent", agent=args.name, payload_json=json.dumps(payload),
-        reason=args.reason or "",
-    )  # fmt: skip
-    change = stub.SubmitChange(request, timeout=args.timeout).change
-    if not args.json:
-        print(f"agent {render.visible(args.name)}: create_agent change {change.id} is pending a "
-              "human decision")  # fmt: skip
-    show_change(args, change)
-    return exitcodes.OK
-
-
-def cmd_audit_list(args: argparse.Namespace, stub: Stub) -> int:
-    reply = stub.ListAudit(
-        admin_pb2.ListAuditRequest(after_seq=args.after, limit=args.limit), timeout=args.timeout
-    )
-    for record in reply.records:
-        if args.json:
-            print(record)
-        else:
-            r = json.loads(record)
-            extra = {k: v for k, v in r.items() if k not in ("seq", "time", "event", "actor",
-                                                           "prev", "mac")}  # fmt: skip
-            stamp = datetime.fromtimestamp(r["time"], UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            print(render.visible(f"{r['seq']:>6} {stamp} {r['event']:<22} {r['actor']} "
-                                 f"{json.dumps(extra, sort_keys=True)}"))  # fmt: skip
-    return exitcodes.OK
-
-
-def cmd_audit_verify(args: argparse.Namespace, stub: Stub) -> int:
-    reply = stub.VerifyAudit(admin_pb2.VerifyAuditRequest(), timeout=args.timeout)
-    if args.json:
-        print(json.dumps(to_dict(reply)))
-    elif reply.ok:
-        flag = "with" if reply.append_only else "WITHOUT"
-        note = f"; {reply.problem}" if reply.problem else ""
-        print(f"audit log intact: {reply.records} records ({flag} the append-only flag){note}")
-    else:
-        print(f"audit log TAMPERED: first bad record {reply.first_bad_seq}: {reply.problem}")
-    return exitcodes.OK if reply.ok else exitcodes.FAILED
-
-
 def register(sub: Any) -> None:
     change = sub.add_parser("change", help="capability changes held for a human decision",
                             description="Submit, inspect, approve and reject capability changes.",
@@ -243,34 +167,3 @@ def register(sub: Any) -> None:
             cmd.add_argument("--hash", help="the change hash you reviewed (default: as shown)")
         else:
             cmd.add_argument("--note", help="why it was rejected")
-
-    agent = sub.add_parser("agent", help="agents in the registry", epilog=exitcodes.HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    agent_verbs = agent.add_subparsers(dest="verb", metavar="VERB", required=True)
-    add_command(agent_verbs, "list", "list agents", "ironctl agent list --json", cmd_agent_list)
-    show = add_command(agent_verbs, "show", "show an agent", "ironctl agent show demo",
-                       cmd_agent_show)  # fmt: skip
-    show.add_argument("name", metavar="NAME")
-    create = add_command(
-        agent_verbs, "create", "submit a create_agent change (a human must approve it)",
-        "ironctl agent create helper --persona 'You help.' --tools read_file,write_file",
-        cmd_agent_create,
-    )  # fmt: skip
-    create.add_argument("name", metavar="NAME")
-    create.add_argument("--persona", required=True)
-    create.add_argument("--tools", help="comma-separated tool names")
-    create.add_argument("--provider", choices=("mock", "anthropic", "openai"))
-    create.add_argument("--model")
-    create.add_argument("--reason")
-
-    audit = sub.add_parser("audit", help="the tamper-evident audit log", epilog=exitcodes.HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    audit_verbs = audit.add_subparsers(dest="verb", metavar="VERB", required=True)
-    listing = add_command(audit_verbs, "list", "print audit records",
-                          "ironctl audit list --after 100 --limit 50", cmd_audit_list)  # fmt: skip
-    listing.add_argument("--after", type=argtypes.int_range(0, argtypes.MAX_SEQ), default=0,
-                         help="records after this seq")  # fmt: skip
-    listing.add_argument("--limit", type=argtypes.int_range(1, 10_000), default=100,
-                         help="at most this many records, 1 to 10000 (default 100)")  # fmt: skip
-    add_command(audit_verbs, "verify", "check every record and link; names the first bad one",
-                "ironctl audit verify", cmd_audit_verify)  # fmt: skip

@@ -12,7 +12,17 @@ import traceback
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import argtypes, changes, chat, containment, exitcodes, render, sessions
+from ironclawd.ctl import (
+    agents,
+    argtypes,
+    audit,
+    changes,
+    chat,
+    containment,
+    exitcodes,
+    render,
+    sessions,
+)
 from ironclawd.ctl.common import (
     CtlError,
     Parser,
@@ -79,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = sessions.register(sub)
     chat.register(sub, verbs)
     changes.register(sub)
+    agents.register(sub)
+    audit.register(sub)
     containment.register(sub)
     return parser
 
