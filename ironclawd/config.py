@@ -49,7 +49,7 @@ PLATFORMS = ("auto", "systrap", "ptrace", "kvm")
 class DaemonConfig:
     log_level: str = "info"
     state_dir: Path = paths.STATE_DIR
-    master_key_file: Path = Path("/etc/ironclaw/credentials/master.key")
+    master_key_file: Path = paths.MASTER_KEY_FILE
     agent_log_lines: int = 10
     agent_log_window_seconds: float = 60.0
     min_free_bytes: int = 256 * 1024 * 1024
@@ -67,12 +67,12 @@ class AdminConfig:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    runsc: Path = Path("/usr/bin/runsc")
+    runsc: Path = paths.RUNSC
     platform: str = "auto"
     idle_timeout_seconds: int = 900
     start_timeout_seconds: float = 30.0
-    agent_dir: Path = Path("/usr/lib/ironclaw/agent")
-    rootfs_template: Path = Path("/usr/share/ironclaw/agent-rootfs")
+    agent_dir: Path = paths.AGENT_DIR
+    rootfs_template: Path = paths.ROOTFS_TEMPLATE
 
 
 @dataclass(frozen=True)

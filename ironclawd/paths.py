@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONFIG_PATH = Path("/etc/ironclaw/ironclawd.toml")
+CONFIG_DIR = Path("/etc/ironclaw")
+CONFIG_PATH = CONFIG_DIR / "ironclawd.toml"
+# 0600 root files, one per credential; systemd's $CREDENTIALS_DIRECTORY is preferred when set.
+CREDENTIALS_DIR = CONFIG_DIR / "credentials"
+MASTER_KEY_FILE = CREDENTIALS_DIR / "master.key"
 STATE_DIR = Path("/var/lib/ironclaw")
 RUN_DIR = Path("/run/ironclaw")
 ADMIN_SOCKET = RUN_DIR / "admin.sock"
@@ -17,5 +21,11 @@ KEYS_RUN_DIR = RUN_DIR / "keys"
 # Root-only (0700): private copies of agents' outbound.db files, made from a checked descriptor.
 INGEST_DIR = RUN_DIR / "ingest"
 NETNS_DIR = Path("/run/netns")
+# Where the Debian package puts what the daemon runs (each overridable in [sandbox]).
+RUNSC = Path("/usr/bin/runsc")
+AGENT_DIR = Path("/usr/lib/ironclaw/agent")
+ROOTFS_TEMPLATE = Path("/usr/share/ironclaw/agent-rootfs")
+# Home directories: a unit that may write below one gets ProtectHome=read-only, else yes.
+HOME_DIRS = ("/home", "/root", "/run/user")
 ADMIN_GROUP = "ironclaw-admin"
 SLICE = "ironclaw.slice"

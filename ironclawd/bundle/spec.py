@@ -52,7 +52,14 @@ QUEUES_DIR = paths.STATE_DIR / "queues"
 GRANTS_DIR = "/mnt"
 FRAMES_DIR = paths.STATE_DIR / "mount-frames"
 # Host paths a grant may never name, whatever the operator's allowlist says.
-NEVER_GRANTED = (str(paths.STATE_DIR), "/run/ironclaw", "/etc/ironclaw", "/proc", "/sys", "/dev")
+NEVER_GRANTED = (
+    str(paths.STATE_DIR),
+    str(paths.RUN_DIR),
+    str(paths.CONFIG_DIR),
+    "/proc",
+    "/sys",
+    "/dev",
+)
 
 HYGIENE = ("nosuid", "nodev", "noexec")
 CAPABILITY_SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")

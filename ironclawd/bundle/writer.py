@@ -2,20 +2,20 @@
 
 The directory is made 0700 (docs/architecture.md §3: bundles live under
 ``/var/lib/ironclaw/bundles/<sid>/``, 0700); the file appears whole or not at all
-(docs/style.md §12: write a temp file, fsync, rename, fsync the directory).
+(ironclawd/atomic.py: write a temp file, fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ironclawd import paths
+from ironclawd.atomic import atomic_write
 from ironclawd.bundle.spec import check_spec, render_spec
 from ironclawd.domain.policy import Mount
 from ironclawd.errors import HostError
@@ -44,7 +44,7 @@ def write_bundle(
     except OSError as exc:
         raise HostError(f"writing bundle {bundle_dir}: {exc.strerror or exc}") from exc
     try:
-        _replace_file(dir_fd, CONFIG_NAME, data)
+        atomic_write(CONFIG_NAME, data, mode=CONFIG_MODE, dir_fd=dir_fd)
     except OSError as exc:
         raise HostError(
             f"writing bundle {bundle_dir}: {CONFIG_NAME}: {exc.strerror or exc}"
@@ -67,25 +67,3 @@ def _open_bundle_dir(bundle_dir: Path) -> int:
         os.close(dir_fd)
         raise
     return dir_fd
-
-
-def _replace_file(dir_fd: int, name: str, data: bytes) -> None:
-    temp = f".{name}.tmp-{secrets.token_hex(8)}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(temp, flags, CONFIG_MODE, dir_fd=dir_fd)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, CONFIG_MODE)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp, dir_fd=dir_fd)
-        raise
-    # The rename is durable only once the directory entry is on disk (fsync(2) NOTES).
-    os.fsync(dir_fd)

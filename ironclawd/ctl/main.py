@@ -12,6 +12,7 @@ import traceback
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclawd import paths
 from ironclawd.ctl import (
     agents,
     argtypes,
@@ -33,7 +34,7 @@ from ironclawd.ctl.common import (
     print_json,
 )
 
-DEFAULT_SOCKET = "/run/ironclaw/admin.sock"
+DEFAULT_SOCKET = str(paths.ADMIN_SOCKET)
 DEBUG_ENV = "IRONCTL_DEBUG"
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
+from ironclawd import paths
+
 Property = tuple[str, str, Any]
 
 # linux/capability.h
@@ -45,7 +47,6 @@ SANDBOX_SYSCALL_DENY: Final = (
 )  # fmt: skip
 AF_INET: Final = 2
 AF_INET6: Final = 10
-HOME_DIRS: Final = ("/home", "/root", "/run/user")
 
 # D-Bus signatures (systemd: src/core/dbus-execute.c, dbus-cgroup.c).
 SIGNATURES: Final[dict[str, str]] = {
@@ -98,7 +99,7 @@ def sandbox_properties(writable: Sequence[str]) -> list[Property]:
     (its state root, the session's outbound queue, read-write grants)."""
     # A grant below /home may be read-write: ProtectHome=yes would hide it (systemd drops
     # ReadWritePaths= below an inaccessible directory), read-only lets ReadWritePaths= reopen it.
-    home = "read-only" if any(_under(p, HOME_DIRS) for p in writable) else "yes"
+    home = "read-only" if any(_under(p, paths.HOME_DIRS) for p in writable) else "yes"
     return [
         ("NoNewPrivileges", "b", True),
         ("CapabilityBoundingSet", "t", capability_mask(SANDBOX_CAPABILITIES)),

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ironclawd import paths
 from ironclawd.errors import ConfigError, HostError, InvalidArgument
 
-RUNSC = Path("/usr/bin/runsc")
+RUNSC = paths.RUNSC
 KNOWN_PLATFORMS = ("systrap", "ptrace", "kvm")
 # kvm is never picked by "auto": on these hosts it hung at 100% CPU although /dev/kvm exists.
 AUTO_ORDER = ("systrap", "ptrace")

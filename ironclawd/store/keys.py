@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ironclawd.atomic import atomic_write
 from ironclawd.errors import HostError
 
 KEY_BYTES = 32
@@ -114,20 +115,8 @@ def _read_key(path: Path, *, check_owner: bool) -> bytes:
 def _read_or_create(path: Path) -> bytes:
     if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        key = secrets.token_bytes(KEY_BYTES)
-        tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, key)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # fails if another process created it meanwhile: use theirs
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        # replace=False: if another process created it meanwhile, theirs is the key.
+        atomic_write(path, secrets.token_bytes(KEY_BYTES), mode=0o600, replace=False)
     return _read_key(path, check_owner=True)
 
 
@@ -143,14 +132,7 @@ def write_tmpfs_key(path: Path, key: bytes, uid: int, gid: int) -> None:
     directory.mkdir(mode=0o711, parents=True, exist_ok=True)
     if not _on_tmpfs(directory):
         raise HostError(f"refusing to write a session key to {directory}: not a tmpfs")
-    tmp = directory / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
-    try:
-        os.write(fd, key.hex().encode())
-        os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_write(path, key.hex().encode(), mode=0o400, owner=(uid, gid), durable=False)
 
 
 def remove_tmpfs_key(path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import ironclawd
+from ironclawd.atomic import atomic_write
 from ironclawd.formats import containment, minisign
 from ironclawd.formats.containment import AttackResult
 from ironclawd.host.runsc import parse_version
@@ -129,24 +130,12 @@ def load_or_create_key(env: dict[str, str] | None = None) -> minisign.SecretKey:
 def _create_key(path: Path) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = minisign.generate_key()
-    temp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(key.to_file())
-        handle.flush()
-        os.fsync(handle.fileno())
-    try:
-        os.link(temp, path)  # never replaces a key another run made meanwhile
-    except FileExistsError:
-        pass
-    finally:
-        temp.unlink()
+    # replace=False: never replaces a key another run made meanwhile.
+    atomic_write(path, key.to_file().encode(), mode=0o600, replace=False)
 
 
 def _write(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_bytes(data)
-    os.replace(temp, path)
+    atomic_write(path, data, mode=0o644)
 
 
 def _stdout(run: Run, argv: list[str]) -> str:
