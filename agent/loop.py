@@ -24,7 +24,7 @@ Responder = Callable[[str], str]
 
 
 def echo(text: str) -> str:
-    """The deterministic stand-in for a model until the model proxy exists."""
+    """The deterministic stand-in for a model, for a session without a model socket."""
     return f"echo: {text}"
 
 

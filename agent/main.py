@@ -1,8 +1,10 @@
-"""The in-box agent: connects to the session's control socket, or reports its environment.
+"""The in-box agent: answers its session's messages, or reports its environment.
 
-Normal mode: connect to ``$IRONCLAW_CONTROL_SOCKET`` (a Unix stream socket the host serves in the
-session's sockets directory), say ``hello <pid> <uid>``, then block reading until the host closes
-the connection. ``--probe`` prints a JSON report of the sandbox as seen from inside and exits; the
+Normal mode: open the session's key and queues, connect to ``$IRONCLAW_CONTROL_SOCKET`` (a Unix
+stream socket the host serves in the session's sockets directory), say ``hello <pid> <uid>`` and
+answer every inbound message once, in order (agent/loop.py); when the host goes away (a daemon
+restart), reconnect and say hello again so that the new daemon adopts this sandbox.
+``--probe`` prints a JSON report of the sandbox as seen from inside and exits; the
 containment tests run it with ``runsc exec``/``runsc run``.
 
 Standard library only, and nothing of ``ironclawd`` (import-linter contract): this module is

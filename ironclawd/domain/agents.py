@@ -1,7 +1,8 @@
 """Agent definitions: what a session of an agent may use. Pure values.
 
-Until the registry of the approval gateway lands, the catalogue is the built-in ``demo`` agent;
-a fresh install needs no set-up to run it.
+The built-in ``demo`` agent (``BUILTIN``) needs no set-up on a fresh install; every other agent
+comes from the configuration or from an approved ``create_agent`` change, held in the registry
+(services/registry.py).
 """
 
 from __future__ import annotations

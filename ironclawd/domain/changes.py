@@ -13,7 +13,6 @@ import enum
 import hashlib
 import json
 import posixpath
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +43,6 @@ NOT_APPLIABLE_WHY = {
 }
 MAX_EGRESS_RULES = 64
 MAX_PERSONA = 16_000
-MAX_REASON = 2_000
-ID_RE = re.compile(r"chg-[0-9a-f]{12}")
 
 
 class ChangeState(enum.Enum):

@@ -31,8 +31,3 @@ def passed(name: str, detail: str, *, required: bool = True) -> CheckResult:
 
 def failed(name: str, detail: str, fix_hint: str, *, required: bool = True) -> CheckResult:
     return CheckResult(name, Status.FAIL, detail, fix_hint, required=required)
-
-
-def all_required_pass(results: list[CheckResult]) -> bool:
-    """True when no required check failed (warnings and skips do not fail doctor)."""
-    return not any(r.required and r.status is Status.FAIL for r in results)

@@ -54,7 +54,6 @@ class Chunk:
 
 MAX_MESSAGES = 400
 MAX_TEXT = 256 * 1024
-MAX_TOKENS = 32_000
 
 
 def check_messages(messages: Iterable[Message]) -> tuple[Message, ...]:

@@ -35,7 +35,6 @@ from pyroute2 import IPRoute
 from ironclawd.errors import HostError, InvalidArgument
 from ironclawd.paths import NETNS_DIR
 
-NAME_PREFIX = "ironclaw-"
 # A file name we create as root in a shared directory: a strict charset, no dots at the start,
 # bounded so that it also fits in unit names and log lines.
 _NAME_RE = re.compile(r"^ironclaw-[a-z0-9][a-z0-9-]{0,54}$")

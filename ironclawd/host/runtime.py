@@ -22,10 +22,6 @@ class RunscRuntime:
     def platform(self) -> str:
         return self._platform
 
-    @property
-    def root(self) -> Path:
-        return self._root
-
     def run_argv(self, bundle: Path, container_id: str) -> list[str]:
         # --host-uds=open: the agent connects to its session's sockets; the only host directory
         # with sockets mounted into the box is that session's own (docs/architecture.md §3).

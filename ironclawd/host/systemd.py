@@ -23,7 +23,7 @@ from typing import Any, Final
 from pystemd.dbusexc import DBusBaseError, DBusNoSuchUnitError, DBusUnknownObjectError
 from pystemd.dbuslib import DBus, apply_signature
 
-from ironclawd.errors import HostError, InvalidArgument, NotFound
+from ironclawd.errors import HostError, InvalidArgument
 from ironclawd.host import hardening
 from ironclawd.ports import UnitSpec, UnitState
 
@@ -263,14 +263,6 @@ class SystemdUnitManager:
             result = b.jobs[job].decode()
             if result != "done":
                 raise HostError(f"{what}: job failed: {result}")
-
-    def kill(self, name: str, signal: int) -> None:
-        """Send ``signal`` to every process of the unit."""
-        with self._open(f"killing unit {name}") as b:
-            try:
-                b.call(b"KillUnit", apply_signature(b"ssi", [name.encode(), b"all", signal]))
-            except DBusNoSuchUnitError as exc:
-                raise NotFound(f"killing unit {name}: no such unit") from exc
 
     def state(self, name: str) -> UnitState | None:
         """The unit's current state, or None when it is not loaded."""

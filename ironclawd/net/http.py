@@ -19,8 +19,6 @@ import httpx
 from ironclawd.domain.egress import UpstreamFailed
 from ironclawd.ports import UpstreamRequest
 
-CHUNK_BYTES = 64 * 1024
-
 
 def tls_context(ca_file: Path | None) -> ssl.SSLContext:
     """Verification on, hostname checked, TLS 1.2 at least; trust anchors from ``ca_file`` when

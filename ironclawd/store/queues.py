@@ -23,7 +23,7 @@ from pathlib import Path
 
 import sqlcipher3
 
-from ironclawd.errors import DiskFull, HostError, InvalidArgument
+from ironclawd.errors import DiskFull, HostError
 from ironclawd.store.diskspace import is_disk_full
 from ironclawd.store.fdwalk import remove_tree
 from ironclawd.store.quota_mount import OutboundQuota, mount_outbound, unmount_outbound
@@ -96,13 +96,6 @@ class InboundWriter:
         with self._lock:
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()
         return int(row[0])
-
-    def body(self, seq: int) -> str:
-        with self._lock:
-            row = self._db.execute("SELECT body FROM messages WHERE seq = ?", (seq,)).fetchone()
-        if row is None:
-            raise InvalidArgument(f"inbound message {seq} does not exist")
-        return str(row[0])
 
     def close(self) -> None:
         with self._lock:

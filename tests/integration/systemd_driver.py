@@ -67,9 +67,6 @@ def main(argv: list[str]) -> dict[str, Any]:
         t0 = time.monotonic()
         units.stop(args[0], float(args[1]))
         return {"state": _state(units.state(args[0])), "seconds": time.monotonic() - t0}
-    if cmd == "kill":
-        units.kill(args[0], int(args[1]))
-        return {"state": _state(units.state(args[0]))}
     if cmd == "state":
         return {"state": _state(units.state(args[0]))}
     if cmd == "list":

@@ -38,12 +38,6 @@ class Units:
     def reset_failed(self, name: str) -> None:
         self.reset.append(name)
 
-    def kill(self, name: str, signal: int) -> None:
-        raise AssertionError("not used")
-
-    def state(self, name: str) -> UnitState | None:
-        raise AssertionError("not used")
-
     def list_units(self, pattern: str) -> list[UnitState]:
         raise AssertionError("not used")
 
