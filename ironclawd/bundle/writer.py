@@ -2,7 +2,7 @@
 
 The directory is made 0700 (docs/architecture.md §3: bundles live under
 ``/var/lib/ironclaw/bundles/<sid>/``, 0700); the file appears whole or not at all
-(ironclawd/atomic.py: write a temp file, fsync, rename, fsync the directory).
+(docs/style.md §12, ironclawd/atomic.py: temp file, fsync, rename, fsync the directory).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Empty network namespaces under /run/netns, one per session (docs/architecture.md §3 "Netns").
+"""Empty network namespaces under /run/netns, one per session (docs/architecture.md §3 "Network").
 
 A session's namespace holds the loopback device and nothing else: no other link, no address, no
 route in any table of either family. Loopback is left *down*: nothing in the runsc process tree
