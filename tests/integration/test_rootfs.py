@@ -402,6 +402,7 @@ def test_agent_says_hello_and_reconnects_when_the_host_goes_away(
     workdir.mkdir()
     sandbox = Sandbox(workdir, _spec(rootfs, [AGENT_IN_BOX], [bind, *queues]), host_uds=True)
     lines = []
+    proc = None
     try:
         proc = sandbox.start()
         for _attempt in range(2):
@@ -417,6 +418,9 @@ def test_agent_says_hello_and_reconnects_when_the_host_goes_away(
     finally:
         listener.close()
         sandbox.close()
+        if proc is not None:  # reaped, its pipes closed: no ResourceWarning at collection
+            proc.kill()
+            proc.communicate(timeout=60)
     assert len(lines) == 2
     for line in lines:
         assert re.fullmatch(rb"hello [0-9]+ 10000 0\n", line), line
