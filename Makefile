@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent clean deb e2e verify-report
+.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -19,8 +19,8 @@ check-proto: venv
 	scripts/gen-proto --check
 
 lint: venv
-	$(VENV)/bin/ruff format --check ironclawd agent tests benchmarks packaging/build-agent
-	$(VENV)/bin/ruff check ironclawd agent tests benchmarks packaging/build-agent
+	$(VENV)/bin/ruff format --check ironclawd agent redteam_probe tests benchmarks packaging/build-agent
+	$(VENV)/bin/ruff check ironclawd agent redteam_probe tests benchmarks packaging/build-agent
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -32,7 +32,7 @@ test-unit: venv
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
 # The e2e tier builds the .deb and installs it on a debootstrapped Debian (~2.5 min cold, ~30 s
 # warm; network to the Debian mirror): IRONCLAW_E2E=0 skips it.
-test: check
+test: check probe
 	rm -f results/containment-report.json results/containment-report.json.minisig
 	$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/redteam tests/e2e)
 	@$(MAKE) --no-print-directory verify-report
@@ -57,6 +57,12 @@ e2e: venv deb
 
 agent: venv
 	packaging/build-agent
+
+# The test-only red-team probe (redteam_probe/), frozen like the agent into build/probe/<hash>/
+# (cached by input hash). The daemon fixture adds it to the agent image (install-dev --with-probe);
+# the shipped agent and the .deb never contain it.
+probe: venv
+	packaging/build-agent --program probe
 
 demo: venv
 	scripts/demo

@@ -5,7 +5,7 @@ scripts/install-dev). Prints medians and writes ``results/bench-sessions.json``.
 
 Baselines:
 - ``runsc run`` of the same agent rootfs, bare (no unit, no netns, no bundle writing): the
-  agent's ``--probe`` starts, reports and exits. IronClaw's figure is CreateSession returning
+  agent starts, prints its usage (``-h``) and exits. IronClaw's figure is CreateSession returning
   (sandbox up in its unit and netns, agent connected), so the difference is what IronClaw adds.
 - Admin ``GetStatus`` straight to the internal gRPC socket (root only) vs through the public
   socket's peer-credential front.
@@ -52,7 +52,7 @@ def bare_runsc(rootfs: Path) -> list[float]:
     policy = SandboxPolicy(
         sid=sid, agent="demo", uid=AGENT_UID, gid=AGENT_GID, host_uid=AGENT_UID,
         host_gid=AGENT_GID, rootfs=str(rootfs), netns=netns_path(sid),
-        argv=("/app/agent/agent", "--probe"), mounts=(Mount(SOCKETS_DIR, str(sockets)),),
+        argv=("/app/agent/agent", "-h"), mounts=(Mount(SOCKETS_DIR, str(sockets)),),
     )  # fmt: skip
     samples = []
     try:

@@ -166,6 +166,16 @@ def test_package_contents(deb: Path) -> None:
     ):
         assert path in paths, f"{path} missing from {deb.name}"
     assert not [p for p in paths if p.endswith(".py") and "/ironclaw/agent/" in p]
+    # The red-team probe is test-only (tests/integration/test_agent_image.py scans the frozen
+    # agent itself): neither its package, the old in-agent modules nor its frozen tree ship.
+    assert not [
+        p
+        for p in paths
+        if "redteam_probe" in p
+        or "/agent/probes/" in p
+        or p.endswith("/agent/attacks.py")
+        or p.startswith("/usr/lib/ironclaw/agent/probe")
+    ]
     control = subprocess.run(
         ["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, check=True
     ).stdout.decode()

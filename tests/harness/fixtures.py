@@ -147,7 +147,7 @@ def private_systemd_factory() -> Iterator[Callable[[], SystemdHarness]]:
 def daemon(private_systemd: SystemdHarness) -> Iterator[SystemdHarness]:
     """ironclawd.service installed from this checkout (scripts/install-dev) and started by the
     private systemd, with two users: ``alice`` (in ironclaw-admin) and ``outsider`` (not)."""
-    proc = private_systemd.run(["scripts/install-dev"], timeout=300)
+    proc = private_systemd.run(["scripts/install-dev", "--with-probe"], timeout=300)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
     script = """
         set -e

@@ -30,13 +30,14 @@ from ironclaw.gateway.v1 import gateway_pb2
 from ironclaw.model.v1 import model_pb2
 from ironclawd.domain.agents import AgentSpec
 from tests.harness.polling import wait_for
+from tests.harness.probe import PROBE_IN_BOX
 
 pytestmark = pytest.mark.integration
 
 CONFIG = "/etc/ironclaw/ironclawd.toml"
 AUDIT_LOG = "/var/lib/ironclaw/audit.log"
 RUNSC = "runsc --root=/run/ironclaw/runsc"
-AGENT = "/app/agent/agent"
+PROBE = PROBE_IN_BOX
 BOX_RUN = "/run/ironclaw"
 BASE_CONFIG = "[gateway]\nsubmissions_per_hour = 1000\n"
 DEMO = AgentSpec("demo")
@@ -152,10 +153,10 @@ def verify(sysd: Any) -> tuple[int, str]:
 
 
 def probe(sysd: Any, sid: str, *args: str) -> dict[str, Any]:
-    """``agent --probe`` as the agent (uid 10000) inside the session's sandbox."""
+    """The red-team probe's report, run as the agent (uid 10000) inside the session's sandbox."""
     command = (
         f"nsenter --net=/run/netns/ironclaw-{sid} {RUNSC} exec --user 10000:10000 "
-        f"ironclaw-{sid} {AGENT} --probe " + " ".join(args)
+        f"ironclaw-{sid} {PROBE} " + " ".join(args)
     )
     proc = sh(sysd, command, timeout=120)
     assert proc.returncode == 0, out(proc)

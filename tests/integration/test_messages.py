@@ -35,6 +35,7 @@ import sqlcipher3
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.store.keys import MasterKey
 from tests.harness.private_systemd import SystemdHarness
+from tests.harness.probe import PROBE_IN_BOX
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,6 @@ QUEUES = f"{STATE_DIR}/queues"
 KEYS = "/run/ironclaw/keys"
 MASTER_KEY = "/etc/ironclaw/credentials/master.key"
 RUNSC_ROOT = "/run/ironclaw/runsc"
-AGENT_BINARY = "/app/agent/agent"
 AGENT_UID = 10000
 SQLITE_HEADER = b"SQLite format 3\0"
 CONFIG = "/etc/ironclaw/ironclawd.toml"
@@ -187,9 +187,7 @@ class Box:
     def probe_paths(self, *paths: str) -> dict[str, Any]:
         user = f"{AGENT_UID}:{AGENT_UID}"
         args = [f"--probe-path={p}" for p in paths]
-        proc = self.runsc(
-            "exec", "--user", user, f"ironclaw-{self.sid}", AGENT_BINARY, "--probe", *args
-        )
+        proc = self.runsc("exec", "--user", user, f"ironclaw-{self.sid}", PROBE_IN_BOX, *args)
         assert proc.returncode == 0, out(proc)
         report: dict[str, Any] = json.loads(proc.stdout)
         paths_seen: dict[str, Any] = report["paths"]

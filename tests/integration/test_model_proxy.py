@@ -28,6 +28,7 @@ from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.fake_providers import FakeProvider
 from tests.harness.polling import in_netns, wait_for
 from tests.harness.private_systemd import SystemdHarness
+from tests.harness.probe import PROBE_IN_BOX
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,6 @@ CREDENTIALS = "/etc/ironclaw/credentials"
 ADMIN_SOCKET = "/run/ironclaw/admin.sock"
 SESSIONS = "/run/ironclaw/sessions"
 RUNSC = "runsc --root=/run/ironclaw/runsc"
-AGENT = "/app/agent/agent"
 AGENT_UID = 10000
 RPC_TIMEOUT = 60.0
 SUFFIX = secrets.token_hex(3)
@@ -596,7 +596,7 @@ def test_canary_key_is_absent_from_everything_the_sandbox_can_read(env: Env, pro
         sysd,
         in_netns(
             sid,
-            f"{RUNSC} exec --user {AGENT_UID}:{AGENT_UID} ironclaw-{sid} {AGENT} --probe {grep}",
+            f"{RUNSC} exec --user {AGENT_UID}:{AGENT_UID} ironclaw-{sid} {PROBE_IN_BOX} {grep}",
         ),
         timeout=300,
     )

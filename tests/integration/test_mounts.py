@@ -2,7 +2,7 @@
 
 An operator allowlists a host directory (``[gateway] mount_allowlist``); a ``mounts`` change
 naming a directory below it is held, approved, and the agent's next session sees it read-only at
-``/mnt/<name>`` (checked from inside with ``agent --probe``). A source outside the allowlist, one
+``/mnt/<name>`` (checked from inside with the red-team probe). A source outside the allowlist, one
 reached through a symlink and one with ``..`` are refused at submission. The shared agent rootfs
 gains no entry from a session with grants: runsc 20221219 creates missing mountpoints in the host
 rootfs, so the grants sit on a per-session frame bound at /mnt (ironclawd/bundle/spec.py).

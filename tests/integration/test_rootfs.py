@@ -3,8 +3,10 @@
 Builds the agent (cached by packaging/build-agent), assembles a rootfs with
 ``ironclawd.bundle.rootfs.assemble_rootfs`` and inspects it file by file; then boots it read-only
 in a runsc sandbox (``--network=none``, ``--platform=ptrace``, uid 10000, no capabilities,
-``noNewPrivileges``) and checks what the agent's ``--probe`` sees from inside, and that the
-control-socket handshake crosses the sandbox wall over a read-only bind-mounted socket directory.
+``noNewPrivileges``) and checks what the red-team probe sees from inside (a rootfs of the test
+agent image: the agent plus the test-only probe, as ``scripts/install-dev --with-probe`` installs
+it), and that the control-socket handshake crosses the sandbox wall over a read-only bind-mounted
+socket directory. The static checks inspect the production image: the agent alone.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import pytest
 
 from ironclawd.bundle.rootfs import assemble_rootfs
 from ironclawd.errors import SandboxError
+from tests.harness.probe import AGENT_IN_BOX, PROBE_IN_BOX, PROBE_SUBDIR
+from tests.harness.probe import build as build_frozen
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_AGENT = REPO / "packaging" / "build-agent"
 TEMPLATE = REPO / "oci-bundles" / "agent" / "rootfs"
-AGENT_IN_BOX = "/app/agent/agent"
 AGENT_UID = AGENT_GID = 10000
 RUNSC = shutil.which("runsc")
 
@@ -74,6 +77,15 @@ def frozen_dir() -> Path:
 def rootfs(frozen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("rootfs") / "root"
     return assemble_rootfs(frozen_dir, TEMPLATE, dest)
+
+
+@pytest.fixture(scope="module")
+def probe_rootfs(frozen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The rootfs of the test agent image: the agent with the probe's tree under ``probe/``."""
+    image = tmp_path_factory.mktemp("test-image") / "agent"
+    shutil.copytree(frozen_dir, image, symlinks=True)
+    shutil.copytree(build_frozen("probe"), image / PROBE_SUBDIR, symlinks=True)
+    return assemble_rootfs(image, TEMPLATE, tmp_path_factory.mktemp("probe-rootfs") / "root")
 
 
 def _entries(root: Path) -> Iterator[Path]:
@@ -321,8 +333,9 @@ needs_runsc = pytest.mark.skipif(RUNSC is None, reason="runsc not installed")
 
 
 @needs_runsc
-def test_agent_probe_inside_runsc(rootfs: Path, tmp_path: Path) -> None:
-    sandbox = Sandbox(tmp_path, _spec(rootfs, [AGENT_IN_BOX, "--probe"], []))
+def test_probe_inside_runsc(probe_rootfs: Path, tmp_path: Path) -> None:
+    rootfs = probe_rootfs
+    sandbox = Sandbox(tmp_path, _spec(rootfs, [PROBE_IN_BOX], []))
     try:
         proc = sandbox.start()
         stdout, stderr = proc.communicate(timeout=120)
@@ -332,7 +345,7 @@ def test_agent_probe_inside_runsc(rootfs: Path, tmp_path: Path) -> None:
     probe = json.loads(stdout)
 
     assert probe["frozen"] is True
-    assert probe["executable"] == AGENT_IN_BOX
+    assert probe["executable"] == PROBE_IN_BOX
     assert (probe["uid"], probe["euid"], probe["gid"], probe["egid"]) == (10000,) * 4
     assert probe["groups"] == []
     status = probe["status"]

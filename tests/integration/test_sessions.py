@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.harness.polling import in_netns, wait_for
+from tests.harness.probe import PROBE_IN_BOX
 
 pytestmark = pytest.mark.integration
 
@@ -454,7 +455,7 @@ def test_memory_hog_is_killed_in_its_unit_and_the_daemon_lives(clean: Any) -> No
     pid_before = daemon_pid(sysd)
     mark = cursor(sysd)
     # 600 MiB: over the demo agent's 256 MiB, yet harmless to this host were the limit missing.
-    hog = in_netns(sid, f"{RUNSC} exec ironclaw-{sid} /app/agent/agent --hog-mib 600")
+    hog = in_netns(sid, f"{RUNSC} exec ironclaw-{sid} {PROBE_IN_BOX} --hog-mib 600")
     proc = sh(sysd, f"timeout -s KILL 120 {hog}", timeout=150)
     assert proc.returncode not in (0, 137), out(proc)  # failed, and not by the timeout
     assert "holding 600 MiB" not in out(proc)

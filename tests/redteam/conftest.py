@@ -5,7 +5,8 @@ tests/conftest.py), so `pytest tests/integration tests/redteam` boots one system
 
 * `sessions`: creates real sessions with ``ironctl session create --agent demo`` and removes
   every one of them with ``ironctl session rm --force`` when the test ends, pass or fail.
-* `Sandbox.probe(...)`: runs the frozen agent's ``--probe`` *inside* the session's sandbox, as
+* `Sandbox.probe(...)`: runs the red-team probe (tests/harness/probe.py: a test-only frozen
+  program the ``daemon`` fixture adds to the agent image) *inside* the session's sandbox, as
   the agent's uid, with ``runsc exec``. runsc 20221219 reaches a sandbox over an abstract Unix
   socket that its ``run`` process created in the session's netns (abstract sockets belong to a
   network namespace), so ``runsc exec`` works only from inside that netns: ``ip netns exec``.
@@ -28,11 +29,12 @@ import pytest
 from ironclawd.domain.agents import BUILTIN
 from tests.harness.fixtures import RESULTS
 from tests.harness.private_systemd import SystemdHarness
+from tests.harness.probe import PROBE_IN_BOX
 from tests.redteam.report import AttackResult, Ledger, collect_versions, write_report
 
 AGENT = "demo"
 RUNSC_ROOT = "/run/ironclaw/runsc"
-AGENT_BINARY = "/app/agent/agent"
+PROBE_BINARY = PROBE_IN_BOX
 RUNNING = "running"
 
 
@@ -85,9 +87,9 @@ class Sandbox:
         )
 
     def probe(self, *args: str) -> dict[str, Any]:
-        """The agent's ``--probe`` report from inside the sandbox, run as the agent's uid/gid."""
+        """The probe's report from inside the sandbox, run as the agent's uid/gid."""
         user = f"{self.uid}:{self.gid}"
-        proc = self.runsc("exec", "--user", user, self.container, AGENT_BINARY, "--probe", *args)
+        proc = self.runsc("exec", "--user", user, self.container, PROBE_BINARY, *args)
         assert proc.returncode == 0, out(proc)
         report: dict[str, Any] = json.loads(proc.stdout)
         return report
@@ -95,13 +97,13 @@ class Sandbox:
     def attacks(
         self, *categories: str, timeout: float = 300, **opts: object
     ) -> dict[str, dict[str, Any]]:
-        """Run every attack of ``categories`` (agent/probes/) in one ``runsc exec`` as the
+        """Run every attack of ``categories`` (redteam_probe/probes/) in one ``runsc exec`` as the
         agent's uid; each attack's raw outcome by id."""
         argv = [f"--probe-attack={c}" for c in categories]
         argv += [f"--probe-opt={key}={value}" for key, value in opts.items()]
         user = f"{self.uid}:{self.gid}"
         proc = self.runsc(
-            "exec", "--user", user, self.container, AGENT_BINARY, "--probe", *argv,
+            "exec", "--user", user, self.container, PROBE_BINARY, *argv,
             timeout=timeout,
         )  # fmt: skip
         assert proc.returncode == 0, out(proc)

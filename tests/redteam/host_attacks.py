@@ -1,6 +1,6 @@
 """Attacks by an unprivileged host user on a running session and the daemon; run as that user
 with the host's /usr/bin/python3 (standard library only), parameters as JSON on stdin, a JSON
-map of attack id -> {ok, errno, detail} on stdout (the shape of agent/probes/base.py)."""
+map of attack id -> {ok, errno, detail} on stdout (the shape of redteam_probe/probes/base.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Exhaustion from inside a real session (agent/probes/exhaust.py): CPU spin, memory balloon,
-fork bomb, disk and inode fill of the workspace, and a flood of lines the daemon rejects. Each
-must be bounded by the sandbox unit's limits (read from its cgroups on the host), and the
+"""Exhaustion from inside a real session (redteam_probe/probes/exhaust.py): CPU spin, memory
+balloon, fork bomb, disk and inode fill of the workspace, and a flood of lines the daemon rejects.
+Each must be bounded by the sandbox unit's limits (read from its cgroups on the host), and the
 daemon and another session must keep answering while it runs."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ironclawd.domain.agents import BUILTIN
 from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     AGENT,
+    PROBE_BINARY,
     RUNNING,
     Sandbox,
     Sessions,
@@ -120,7 +121,7 @@ def _run(box: Sandbox, attack_id: str, **opts: object) -> dict[str, Any]:
     """The attack's numbers, or ``{"exec": ...}`` if the box died under it."""
     user = f"{box.uid}:{box.gid}"
     argv = [f"--probe-opt={k}={v}" for k, v in {"only": attack_id, **opts}.items()]
-    proc = box.runsc("exec", "--user", user, box.container, "/app/agent/agent", "--probe",
+    proc = box.runsc("exec", "--user", user, box.container, PROBE_BINARY,
                      "--probe-attack=exhaustion", *argv, timeout=300)  # fmt: skip
     if proc.returncode != 0:
         return {"exec": out(proc).strip()[-200:]}

@@ -38,7 +38,8 @@ MODEL_AGENT = f"rt-key-{TAG}"
 
 
 def masked(label: str, secret: bytes) -> str:
-    """``label:PAD:MASKED`` for agent/probes/secrets.py: no encoding of ``secret`` in argv."""
+    """``label:PAD:MASKED`` for redteam_probe/probes/secrets.py: no encoding of ``secret`` in
+    argv."""
     pad = secrets.token_bytes(len(secret))
     return f"{label}:{pad.hex()}:{bytes(a ^ b for a, b in zip(secret, pad, strict=True)).hex()}"
 

@@ -1,4 +1,4 @@
-"""Attacks on ingestion from inside a real session (agent/probes/queues.py): hostile rows in
+"""Attacks on ingestion from inside a real session (redteam_probe/probes/queues.py): hostile rows in
 outbound.db, swapping outbound.db for a link to a host FIFO while announcing commits, filling
 the outbound directory, setid bits, and a link planted for ``session rm`` to follow. Each
 attack gets a fresh session; afterwards the host must still ingest that session's replies,

@@ -1,5 +1,5 @@
 """Attacks from inside a real session, as its agent's uid: network, filesystem and /proc,
-privileges and the kernel surface (agent/probes/{net,fs,kernel}.py, one ``runsc exec`` per
+privileges and the kernel surface (redteam_probe/probes/{net,fs,kernel}.py, one ``runsc exec`` per
 category). Each attack is recorded in the containment report and asserts both the contained
 outcome inside and an unchanged host: what it aimed at is snapshotted before and after.
 """

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import AGENT_BINARY, Ledgers, module_sessions, out, sh
+from tests.redteam.conftest import PROBE_BINARY, Ledgers, module_sessions, out, sh
 from tests.redteam.report import AttackResult
 from tests.redteam.test_attack_sandbox import SPECS
 
@@ -73,7 +73,7 @@ def weaken(spec: dict[str, Any], rootfs: str) -> dict[str, Any]:
     process["capabilities"] = {name: list(CAPS) for name in process["capabilities"]}
     process["noNewPrivileges"] = False
     process["args"] = [
-        AGENT_BINARY, "--probe", "--probe-attack=network", "--probe-attack=filesystem",
+        PROBE_BINARY, "--probe-attack=network", "--probe-attack=filesystem",
         "--probe-attack=kernel", f"--probe-opt=only={','.join(MUST_ESCAPE)}",
         f"--probe-opt=host_port={PORT}",
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The agent's ``--probe-grep`` (agent/main.py): finds needles anywhere in readable files,
+"""The red-team probe's ``--probe-grep`` (redteam_probe/): finds needles anywhere in readable files,
 including across its read blocks, without following symlinks or hanging on FIFOs; and the
 agent's tool runner never raises, whatever the model's arguments."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import main as agent_main
-from agent.probes import grep as agent_grep
 from agent.tools import run_tool
+from redteam_probe import main as probe_main
+from redteam_probe.probes import grep as agent_grep
 
 NEEDLE = b"CANARY-grep-0123456789"
 
@@ -36,10 +36,10 @@ def test_grep_finds_needles_across_blocks_and_reports_them_by_hex(tmp_path: Path
 
 
 def test_probe_grep_arguments() -> None:
-    assert agent_main._grep_needles([NEEDLE.hex()]) == [NEEDLE]
+    assert probe_main._grep_needles([NEEDLE.hex()]) == [NEEDLE]
     for bad in (["zz"], [""]):
         with pytest.raises(ValueError, match="--probe-grep"):
-            agent_main._grep_needles(bad)
+            probe_main._grep_needles(bad)
 
 
 def test_tools_never_raise_whatever_the_model_sends(tmp_path: Path) -> None:

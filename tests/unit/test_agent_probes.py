@@ -1,6 +1,6 @@
-"""The agent's batched attacks (agent/probes/): ids are stable dotted names, unique across
-categories; an attempt reports success, errno or refusal, never raises; a canary is searched for
-in every encoding, and the masked hand-over keeps every encoding out of the probe's argv."""
+"""The red-team probe's batched attacks (redteam_probe/probes/): ids are stable dotted names, unique
+across categories; an attempt reports success, errno or refusal, never raises; a canary is searched
+for in every encoding, and the masked hand-over keeps every encoding out of the probe's argv."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import urllib.parse
 
 import pytest
 
-from agent import probes
-from agent.probes.base import Refused, attempt
-from agent.probes.secrets import canaries, encodings
 from ironclawd.formats.containment import ID_RE
+from redteam_probe import probes
+from redteam_probe.probes.base import Refused, attempt
+from redteam_probe.probes.secrets import canaries, encodings
 
 SECRET = b"sk-ant-api03-CANARY/0123+abc"
 

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from agent.probes.base import Attack, Opts, Refused, syscall
+from redteam_probe.probes.base import Attack, Opts, Refused, syscall
 
 WORKSPACE = "/workspace"
 SOCKETS = "/run/ironclaw"

@@ -16,10 +16,10 @@ import zlib
 
 import grpc
 
-from agent.probes.base import Attack, Opts, Refused
-from agent.probes.grep import grep_tree
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
+from redteam_probe.probes.base import Attack, Opts, Refused
+from redteam_probe.probes.grep import grep_tree
 
 SOCKETS = "/run/ironclaw"
 # What the fake provider echoes (tests/harness/fake_providers.py).

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import sqlcipher3
 
-from agent.probes.base import Attack, Opts
+from redteam_probe.probes.base import Attack, Opts
 
 OUTBOUND_DIR = "/queue/outbound"
 OUTBOUND = f"{OUTBOUND_DIR}/outbound.db"

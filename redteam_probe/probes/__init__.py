@@ -1,4 +1,4 @@
-"""Batched attacks for ``agent --probe --probe-attack CATEGORY``: what a compromised agent tries.
+"""Batched attacks for ``probe --probe-attack CATEGORY``: what a compromised agent tries.
 
 Each category module has ``ATTACKS``: attack id -> a function of the options (``--probe-opt
 KEY=VALUE``) that attempts one thing. Its outcome says whether the attempt *succeeded* from the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from agent.probes import exhaust, fs, kernel, net, queues, secrets, sockets
-from agent.probes.base import JSON, Attack, attempt
+from redteam_probe.probes import exhaust, fs, kernel, net, queues, secrets, sockets
+from redteam_probe.probes.base import JSON, Attack, attempt
 
 CATEGORIES: dict[str, dict[str, Attack]] = {
     "network": net.ATTACKS,

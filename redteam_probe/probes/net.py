@@ -11,7 +11,7 @@ import os
 import socket
 import struct
 
-from agent.probes.base import Attack, Opts, Refused
+from redteam_probe.probes.base import Attack, Opts, Refused
 
 TIMEOUT = 3.0
 V4_UNROUTABLE = "198.51.100.1"

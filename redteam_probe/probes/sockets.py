@@ -13,7 +13,7 @@ import time
 
 import grpc
 
-from agent.probes.base import Attack, Opts, Refused
+from redteam_probe.probes.base import Attack, Opts, Refused
 
 SOCKETS = "/run/ironclaw"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -10,7 +10,7 @@ import shutil
 import socket
 import time
 
-from agent.probes.base import Attack, Opts
+from redteam_probe.probes.base import Attack, Opts
 
 WORKSPACE = "/workspace"
 

@@ -1,4 +1,4 @@
-"""Active containment probes for ``agent --probe``: what an attacker in the box would try.
+"""Active containment probes of the red-team probe: what an attacker in the box would try.
 
 Each probe attempts one thing and reports the errno it got (``None`` on success) rather than a
 verdict: the red-team tests decide what must fail. Network probes only ever target what the test

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from agent.probes.base import Attack, Opts, Refused, in_child, syscall
+from redteam_probe.probes.base import Attack, Opts, Refused, in_child, syscall
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 

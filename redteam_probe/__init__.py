@@ -1,0 +1,1 @@
+"""Test-only red-team probe, frozen separately from the agent (never shipped)."""
