@@ -25,4 +25,6 @@ def test_agent_help_names_no_probe_option(capsys: pytest.CaptureFixture[str]) ->
         agent_main.main(["-h"])
     assert exited.value.code == 0
     usage = capsys.readouterr().out
-    assert "usage: agent" in usage and "probe" not in usage and "hog" not in usage
+    assert "usage: agent" in usage
+    assert "probe" not in usage
+    assert "hog" not in usage
