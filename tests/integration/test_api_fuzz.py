@@ -221,6 +221,7 @@ def worker(fuzzed: tuple[SystemdHarness, str, str]) -> Iterator[subprocess.Popen
     yield proc
     proc.stdin.close()
     proc.wait(timeout=30)
+    proc.stdout.close()
 
 
 @pytest.mark.parametrize(
