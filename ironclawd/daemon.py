@@ -6,56 +6,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import prctl
 from pystemd.daemon import notify, watchdog_enabled
 
 from ironclawd import __version__, paths, ratelog
 from ironclawd.api.admin import AdminServicer
-from ironclawd.api.control import ControlServer
 from ironclawd.api.preflight import check_host
-from ironclawd.api.sandbox import SandboxApi
 from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
-from ironclawd.bundle.image import ensure_rootfs
-from ironclawd.bundle.spec import QUEUES_DIR
 from ironclawd.config import Config, load_config, reference_markdown
-from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
 from ironclawd.errors import ConfigError, IronclawError
-from ironclawd.host import runsc
 from ironclawd.host.journal import SystemdJournal
 from ironclawd.host.netns import NetnsAdapter
-from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
-from ironclawd.net.http import PinnedHttpClient
-from ironclawd.net.resolver import SystemResolver
-from ironclawd.ports import SandboxRuntime
-from ironclawd.providers.anthropic import AnthropicProvider
-from ironclawd.providers.mock import MockProvider
-from ironclawd.providers.openai import OpenAIProvider
-from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
-from ironclawd.services.egress import EgressBroker
-from ironclawd.services.gateway import Gateway, GatewayPolicy
-from ironclawd.services.messaging import MessageService
-from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.reconcile import reconcile
-from ironclawd.services.registry import Registry
-from ironclawd.services.session_data import DataLayout, SessionData
-from ironclawd.services.sessions import SandboxLayout, SessionService
-from ironclawd.store.audit import AuditLog
-from ironclawd.store.credentials import CredentialStore
-from ironclawd.store.keys import MasterKey, load_master_key
-from ironclawd.store.state import StateStore
+from ironclawd.wiring import wire
 
 log = logging.getLogger("ironclawd")
 
@@ -71,20 +44,6 @@ def harden_process() -> None:
     """Keep key material out of core dumps and away from ptrace by other uids (prctl(2):
     PR_SET_DUMPABLE 0 also makes /proc/<pid>/mem and ptrace root-only)."""
     prctl.set_dumpable(False)
-
-
-@dataclass(frozen=True)
-class _Wired:
-    master: MasterKey
-    store: StateStore
-    sessions: SessionService
-    control: ControlServer
-    messages: MessageService
-    sandbox_api: SandboxApi
-    http: httpx.AsyncClient
-    gateway: Gateway
-    registry: Registry
-    audit: Audit
 
 
 class Daemon:
@@ -103,7 +62,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         netns = NetnsAdapter()
         doctor = Doctor(self._config_path, self._config, netns, SystemdUnitManager())
-        wired = self._wire(netns)
+        wired = wire(self._config, netns)
         sessions, control = wired.sessions, wired.control
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)
         await wired.sandbox_api.start()
@@ -148,125 +107,6 @@ class Daemon:
         wired.master.zero()
         log.info("stopped")
 
-    def _wire(self, netns: NetnsAdapter) -> _Wired:
-        config = self._config
-        state_dir = config.daemon.state_dir
-        ensure_private_dir(state_dir, 0o700)
-        master = load_master_key(config.daemon.master_key_file)
-        log.info("master key from %s (fingerprint %s)", master.source, master.fingerprint())
-        store = StateStore(state_dir / "state.db", master.derive("ironclaw state db v1"))
-        runtime = _runtime(config)
-        try:
-            rootfs = ensure_rootfs(
-                config.sandbox.agent_dir, config.sandbox.rootfs_template, state_dir / "rootfs"
-            )
-        except IronclawError as exc:
-            # The daemon still serves doctor and status; creating a session will say why not.
-            log.error("agent image unavailable: %s", exc)
-            rootfs = state_dir / "rootfs" / "unavailable"
-        bundles = state_dir / "bundles"
-        ensure_private_dir(bundles, 0o700)
-        control = ControlServer(paths.SESSIONS_RUN_DIR, config.sockets)
-        layout = SandboxLayout(
-            bundles_dir=bundles,
-            rootfs=rootfs,
-            start_timeout=config.sandbox.start_timeout_seconds,
-            idle_timeout=float(config.sandbox.idle_timeout_seconds),
-            mount_allowlist=config.gateway.mount_allowlist,
-            state_dir=state_dir,
-        )
-        data = SessionData(
-            store,
-            master,
-            DataLayout(
-                state_dir / QUEUES_DIR.name,
-                paths.KEYS_RUN_DIR,
-                paths.INGEST_DIR,
-                config.queues,
-                state_dir,
-                config.daemon.min_free_bytes,
-            ),
-        )
-        audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)
-        # Seeded once with the built-in demo agent and the config's [agents.NAME] tables; after
-        # that only approved changes alter the registry.
-        service_agents = Registry(store, [*BUILTIN.values(), *config.agents])
-        service = SessionService(
-            store=store,
-            units=SystemdUnitManager(),
-            netns=netns,
-            control=control,
-            runtime=runtime,
-            layout=layout,
-            data=data,
-            agents=service_agents,
-        )
-        service.audit = audit
-        messages = MessageService(
-            store=store,
-            sessions=service,
-            data=data,
-            control=control,
-            agent_uid=AGENT_UID,
-            agent_gid=AGENT_GID,
-            limits=config.queues,
-            audit=audit,
-        )
-        service.on_remove(messages.forget)
-        http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
-        proxy = ModelProxy(
-            sessions=service,
-            agents=service_agents,
-            providers={
-                "mock": MockProvider(),
-                "anthropic": AnthropicProvider(http),
-                "openai": OpenAIProvider(http),
-            },
-            credentials=CredentialStore(config.daemon.master_key_file.parent),
-            base_urls={
-                "anthropic": "https://api.anthropic.com",
-                "openai": "https://api.openai.com/v1",
-            },
-        )
-        proxy.audit = audit
-        gateway = Gateway(
-            store=store,
-            registry=service_agents,
-            audit=audit,
-            policy=GatewayPolicy(
-                expiry_seconds=config.gateway.expiry_hours * 3600.0,
-                four_eyes=frozenset(config.gateway.four_eyes),
-                submissions_per_hour=config.gateway.submissions_per_hour,
-                mount_allowlist=config.gateway.mount_allowlist,
-            ),
-            restart_agent_sessions=service.restart_agent_sessions,
-        )
-        sandbox_api = SandboxApi(
-            paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR, proxy, gateway,
-            service, audit=audit, limits=config.sockets,
-        )  # fmt: skip
-        service.sockets = sandbox_api
-        broker = EgressBroker(
-            sessions=service,
-            agents=service_agents,
-            resolver=SystemResolver(),
-            upstream=PinnedHttpClient(
-                Path(config.egress.ca_file) if config.egress.ca_file else None
-            ),
-            credentials=CredentialStore(config.daemon.master_key_file.parent),
-            limits=config.egress,
-            record=lambda d: audit.record_soon(
-                "egress.decision", f"session:{d.sid}",
-                **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
-            ),
-        )  # fmt: skip
-        sandbox_api.serve_egress(broker)
-        service.on_remove(broker.forget)
-        return _Wired(
-            master, store, service, control, messages, sandbox_api, http, gateway,
-            service_agents, audit,
-        )  # fmt: skip
-
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)
         if not usec:
@@ -306,17 +146,6 @@ class Daemon:
         ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
         self._config = new
         log.info("configuration reloaded from %s", new.source)
-
-
-def _runtime(config: Config) -> SandboxRuntime:
-    try:
-        info = runsc.detect(config.sandbox.runsc)
-        platform = runsc.choose_platform(config.sandbox.platform, info)
-    except IronclawError as exc:
-        log.error("runsc unavailable: %s", exc)
-        return UnavailableRuntime(str(exc))
-    ensure_private_dir(paths.RUN_DIR, 0o755)
-    return RunscRuntime(info, paths.RUN_DIR / "runsc", platform)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

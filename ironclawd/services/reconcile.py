@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from ironclawd.domain.reconcile import Action, HostFacts, decide
@@ -19,7 +19,8 @@ from ironclawd.domain.session import (
     sid_from_unit,
 )
 from ironclawd.errors import IronclawError
-from ironclawd.services.sessions import SessionService, remove_tree
+from ironclawd.services.session_lifecycle import remove_tree
+from ironclawd.services.sessions import SessionService, describe
 
 log = logging.getLogger("ironclawd.reconcile")
 
@@ -41,12 +42,12 @@ async def reconcile(service: SessionService) -> ReconcileReport:
     """Settle every persisted session from what the host shows (``decide``); a session that
     cannot be settled is marked failed and logged, never an error for the daemon's start."""
     report = ReconcileReport()
+    host = service.lifecycle
     units = {
-        u.name: u
-        for u in await asyncio.to_thread(service.units.list_units, "ironclaw-sbx-*.service")
+        u.name: u for u in await asyncio.to_thread(host.units.list_units, "ironclaw-sbx-*.service")
     }
-    netns = set(await asyncio.to_thread(service.netns.list_names, "ironclaw-"))
-    containers = set(await asyncio.to_thread(service.runtime.list_ids))
+    netns = set(await asyncio.to_thread(host.netns.list_names, "ironclaw-"))
+    containers = set(await asyncio.to_thread(host.runtime.list_ids))
     adopt = []
     for session in service.list_sessions():
         unit = units.get(session.unit)
@@ -62,7 +63,7 @@ async def reconcile(service: SessionService) -> ReconcileReport:
             adopt.append(session)
             continue
         try:
-            await service.settle(session, reason)
+            await settle(service, session, reason)
         except Exception as exc:  # one bad session must not keep the daemon from starting
             log.exception("reconcile: settling session %s", session.sid)
             await _last_resort(service, session, f"reconcile: settling it failed: {exc}")
@@ -73,15 +74,53 @@ async def reconcile(service: SessionService) -> ReconcileReport:
     report.settled += sorted(s.sid for s in results if s.state is not State.RUNNING)
     # Listed again: settling and failed adoptions have torn their units down already, and those
     # are not orphans (the report would count them as removed).
-    left = await asyncio.to_thread(service.units.list_units, "ironclaw-sbx-*.service")
+    left = await asyncio.to_thread(host.units.list_units, "ironclaw-sbx-*.service")
     await _remove_orphans(service, kept, [u.name for u in left], report)
     log.info("reconcile: %s", report.summary())
     return report
 
 
+async def adopt(service: SessionService, session: Session) -> Session:
+    """Take over a sandbox left running by an earlier daemon: listen on its control socket
+    again and wait for the agent to reconnect; tear it down if it does not."""
+    sid = session.sid
+    async with service.lock(sid):
+        try:
+            hello = await service.lifecycle.reattach(sid)
+        except (IronclawError, OSError, TimeoutError) as exc:
+            reason = describe(exc, f"adopting session {sid}")
+            log.warning("%s", reason)
+            return await service.stop_locked(session, State.FAILED, error=reason)
+        log.info("session %s adopted: agent pid %d", sid, hello.pid)
+        service.audit_event(session, "adopted")
+        service.watch(sid)
+        return session
+
+
+async def settle(service: SessionService, session: Session, reason: str) -> Session:
+    """Clean up a session a dead daemon left mid-transition: a stop under way is finished
+    (stopped), anything else ends failed with ``reason``."""
+    async with service.lock(session.sid):
+        if session.state is State.CREATING:
+            session = service.move(session, State.FAILED, error=reason)
+            await service.lifecycle.teardown(session)
+            return session
+        if session.state is State.STOPPING:
+            return await service.stop_locked(session, State.STOPPED)
+        return await service.stop_locked(session, State.FAILED, error=reason)
+
+
+async def mark_failed(service: SessionService, sid: str, reason: str) -> Session:
+    """The last resort for a session nothing else could settle: tear down what may exist and
+    record it failed with ``reason``, whatever state it was in (errors are logged)."""
+    session = service.stored(sid)
+    await service.lifecycle.teardown(session)
+    return service.force_failed(session, reason)
+
+
 async def _adopt(service: SessionService, session: Session) -> Session:
     try:
-        return await service.adopt(session)
+        return await adopt(service, session)
     except Exception as exc:  # one bad session must not keep the daemon from starting
         log.exception("reconcile: adopting session %s", session.sid)
         return await _last_resort(service, session, f"reconcile: adopting it failed: {exc}")
@@ -89,7 +128,7 @@ async def _adopt(service: SessionService, session: Session) -> Session:
 
 async def _last_resort(service: SessionService, session: Session, reason: str) -> Session:
     try:
-        return await service.mark_failed(session.sid, reason)
+        return await mark_failed(service, session.sid, reason)
     except Exception:  # logged; the daemon starts and serves the others
         log.exception("reconcile: marking session %s failed", session.sid)
         return replace(session, state=State.FAILED)  # never adopted; its leftovers are orphans
@@ -98,9 +137,11 @@ async def _last_resort(service: SessionService, session: Session, reason: str) -
 async def _remove_orphans(
     service: SessionService, kept: set[str], units: Collection[str], report: ReconcileReport
 ) -> None:
-    async def attempt(what: str, fn: object, *args: object) -> None:
+    host = service.lifecycle
+
+    async def attempt(what: str, fn: Callable[..., object], *args: object) -> None:
         try:
-            await asyncio.to_thread(fn, *args)  # type: ignore[arg-type]
+            await asyncio.to_thread(fn, *args)
             report.removed.append(what)
         except (IronclawError, OSError) as exc:
             log.warning("reconcile: removing %s: %s", what, exc)
@@ -108,23 +149,23 @@ async def _remove_orphans(
     for name in units:
         sid = sid_from_unit(name)
         if sid is not None and sid not in kept:
-            await attempt(f"unit {name}", service.units.stop, name, service.layout.stop_timeout)
-            await attempt(f"failed state of {name}", service.units.reset_failed, name)
-    for cid in await asyncio.to_thread(service.runtime.list_ids):
+            await attempt(f"unit {name}", host.units.stop, name, host.layout.stop_timeout)
+            await attempt(f"failed state of {name}", host.units.reset_failed, name)
+    for cid in await asyncio.to_thread(host.runtime.list_ids):
         if cid.startswith("ironclaw-") and cid.removeprefix("ironclaw-") not in kept:
-            await attempt(f"runsc state {cid}", service.runtime.delete, cid)
-    for name in await asyncio.to_thread(service.netns.list_names, "ironclaw-"):
+            await attempt(f"runsc state {cid}", host.runtime.delete, cid)
+    for name in await asyncio.to_thread(host.netns.list_names, "ironclaw-"):
         sid = sid_from_netns(name)
         if sid is not None and sid not in kept and name == netns_name(sid):
-            await attempt(f"netns {name}", service.netns.delete, name)
-    bundles = service.layout.bundles_dir
+            await attempt(f"netns {name}", host.netns.delete, name)
+    bundles = host.layout.bundles_dir
     for entry in os.listdir(bundles) if bundles.is_dir() else []:
         if entry not in kept:
             await attempt(f"bundle {entry}", remove_tree, bundles / entry)
-    for sid in service.control.list_dirs():
+    for sid in host.control.list_dirs():
         if sid not in kept:
             try:
-                await service.control.close(sid)
+                await host.control.close(sid)
                 report.removed.append(f"socket dir {sid}")
             except (IronclawError, OSError) as exc:
                 log.warning("reconcile: removing socket dir %s: %s", sid, exc)

@@ -1,0 +1,235 @@
+"""A session's host resources: made in order inside one AsyncExitStack and kept only if the
+agent says hello (any failure rolls all of them back), torn down in reverse, safe to repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ironclawd import paths
+from ironclawd.bundle.spec import (
+    SOCKETS_DIR,
+    build_spec,
+    frame_dir,
+    granted_mounts,
+    session_mounts,
+)
+from ironclawd.bundle.writer import write_bundle
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.policy import Mount, SandboxPolicy
+from ironclawd.domain.session import Session
+from ironclawd.errors import IronclawError
+from ironclawd.host.mounts import make_frame, remove_frame, resolve_mount_source
+from ironclawd.ports import (
+    AgentHello,
+    ControlPlane,
+    NetnsManager,
+    SandboxRuntime,
+    SandboxSockets,
+    UnitManager,
+    UnitSpec,
+)
+from ironclawd.services.session_data import SessionData
+
+log = logging.getLogger("ironclawd.sessions")
+
+AGENT_ARGV = ("/app/agent/agent",)
+
+
+@dataclass(frozen=True)
+class SandboxLayout:
+    bundles_dir: Path
+    rootfs: Path
+    start_timeout: float = 30.0
+    stop_timeout: float = 15.0
+    adopt_timeout: float = 20.0
+    idle_timeout: float = 0.0  # 0: never stop idle sessions
+    mount_allowlist: tuple[str, ...] = ()  # [gateway] mount_allowlist, re-checked at each start
+    state_dir: Path = paths.STATE_DIR  # [daemon] state_dir: queues and mount frames live there
+
+
+class SandboxLifecycle:
+    """Brings a session's sandbox up and tears it down; knows nothing of its persisted state."""
+
+    def __init__(
+        self,
+        *,
+        units: UnitManager,
+        netns: NetnsManager,
+        control: ControlPlane,
+        runtime: SandboxRuntime,
+        layout: SandboxLayout,
+        data: SessionData,
+        sockets: SandboxSockets | None = None,
+    ) -> None:
+        self.units = units
+        self.netns = netns
+        self.control = control
+        self.runtime = runtime
+        self.layout = layout
+        self.data = data
+        self.sockets = sockets
+
+    @property
+    def platform(self) -> str:
+        return self.runtime.platform
+
+    async def bring_up(self, session: Session, agent: AgentSpec) -> AgentHello:
+        """Make every host resource of ``session`` and wait for its agent's hello; on any
+        failure undo what was made and raise."""
+        sid = session.sid
+        async with contextlib.AsyncExitStack() as undo:
+            await self.control.open(sid)
+            undo.push_async_callback(quietly, "closing control socket", self.control.close, sid)
+            await self._open_sockets(sid)
+            undo.push_async_callback(quietly, "closing sockets", self._close_sockets, sid)
+            netns = await asyncio.to_thread(self.netns.create, session.netns)
+            undo.push_async_callback(
+                quietly_sync, "deleting netns", self.netns.delete, session.netns
+            )
+            await asyncio.to_thread(self.data.prepare, sid, agent.uid, agent.gid)
+            undo.push_async_callback(quietly_sync, "removing session key", self.data.release, sid)
+            granted = await asyncio.to_thread(self._grant_mounts, sid, agent)
+            undo.push_async_callback(
+                quietly_sync, "removing mount frame", remove_frame,
+                frame_dir(sid, self.layout.state_dir),
+            )  # fmt: skip
+            bundle = self.layout.bundles_dir / sid
+            policy = self._policy(session, agent, netns, granted)
+            spec = build_spec(policy, granted, self.layout.state_dir)
+            await asyncio.to_thread(write_bundle, bundle, spec, granted, self.layout.state_dir)
+            undo.push_async_callback(quietly_sync, "removing bundle", remove_tree, bundle)
+            undo.push_async_callback(
+                quietly_sync, "deleting runsc state", self.runtime.delete, session.container_id
+            )
+            unit = self._unit_spec(session, agent, bundle, netns, granted)
+            undo.push_async_callback(
+                quietly_sync, "stopping unit", self.units.stop, session.unit,
+                self.layout.stop_timeout,
+            )  # fmt: skip
+            await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+            async with asyncio.timeout(self.layout.start_timeout):
+                hello = await self.control.wait_hello(sid)
+            undo.pop_all()
+        return hello
+
+    async def reattach(self, sid: str) -> AgentHello:
+        """Listen on the sockets of a sandbox an earlier daemon left running and wait for its
+        agent to reconnect."""
+        await self.control.open(sid)
+        await self._open_sockets(sid)
+        async with asyncio.timeout(self.layout.adopt_timeout):
+            return await self.control.wait_hello(sid)
+
+    async def wait_exit(self, session: Session) -> str:
+        """After the agent's connection dropped: the unit's result once it is inactive."""
+        unit = await asyncio.to_thread(
+            self.units.wait_inactive, session.unit, self.layout.stop_timeout
+        )
+        return unit.result if unit else "gone"
+
+    async def teardown(self, session: Session) -> None:
+        """Remove every host resource of a session; safe to repeat."""
+        await quietly_sync("stopping unit", self.units.stop, session.unit, self.layout.stop_timeout)
+        # Sandbox units use CollectMode=inactive: a failed one stays loaded so its result can be
+        # read; it must be reset before the name is used again.
+        await quietly_sync("resetting unit", self.units.reset_failed, session.unit)
+        await quietly_sync("deleting runsc state", self.runtime.delete, session.container_id)
+        await quietly_sync("deleting netns", self.netns.delete, session.netns)
+        await quietly_sync("removing bundle", remove_tree, self.layout.bundles_dir / session.sid)
+        await quietly("closing sockets", self._close_sockets, session.sid)
+        await quietly("closing control socket", self.control.close, session.sid)
+        await quietly_sync("removing session key", self.data.release, session.sid)
+        await quietly_sync(
+            "removing mount frame", remove_frame, frame_dir(session.sid, self.layout.state_dir)
+        )
+
+    async def _open_sockets(self, sid: str) -> None:
+        if self.sockets is not None:
+            await self.sockets.open(sid)
+
+    async def _close_sockets(self, sid: str) -> None:
+        if self.sockets is not None:
+            await self.sockets.close(sid)
+
+    def _grant_mounts(self, sid: str, agent: AgentSpec) -> tuple[Mount, ...]:
+        """The agent's approved mounts, each source checked again against the allowlist (it may
+        have been shrunk, or a path turned into a symlink, since approval); the frame made."""
+        for grant in agent.mounts:
+            resolve_mount_source(grant.source, self.layout.mount_allowlist)
+        if agent.mounts:
+            make_frame(frame_dir(sid, self.layout.state_dir), [g.name for g in agent.mounts])
+        return granted_mounts(sid, agent.mounts, self.layout.state_dir)
+
+    def _policy(
+        self, session: Session, agent: AgentSpec, netns: Path, granted: tuple[Mount, ...] = ()
+    ) -> SandboxPolicy:
+        return SandboxPolicy(
+            sid=session.sid,
+            agent=agent.name,
+            uid=agent.uid,
+            gid=agent.gid,
+            host_uid=agent.uid,
+            host_gid=agent.gid,
+            rootfs=str(self.layout.rootfs),
+            netns=str(netns),
+            argv=AGENT_ARGV,
+            env=(("IRONCLAW_CONTROL_SOCKET", f"{SOCKETS_DIR}/control.sock"),
+                 ("IRONCLAW_SID", session.sid)),
+            memory_bytes=agent.memory_bytes,
+            tasks_max=agent.tasks_max,
+            cpu_percent=agent.cpu_percent,
+            workspace_bytes=agent.workspace_bytes,
+            mounts=session_mounts(session.sid, self.layout.state_dir) + granted,
+        )  # fmt: skip
+
+    def _unit_spec(
+        self,
+        session: Session,
+        agent: AgentSpec,
+        bundle: Path,
+        netns: Path,
+        granted: tuple[Mount, ...],
+    ) -> UnitSpec:
+        mounts = session_mounts(session.sid, self.layout.state_dir) + granted
+        writable = [Path(m.source) for m in mounts if not m.read_only]
+        return UnitSpec(
+            name=session.unit,
+            argv=self.runtime.run_argv(bundle, session.container_id),
+            description=f"IronClaw sandbox {session.sid} (agent {agent.name})",
+            netns_path=netns,
+            memory_max_bytes=agent.memory_bytes,
+            tasks_max=agent.tasks_max,
+            cpu_quota_percent=agent.cpu_percent,
+            stop_timeout_seconds=self.layout.stop_timeout,
+            collect_mode="inactive",
+            writable_paths=(*self.runtime.writable_paths(), *writable),
+        )  # fmt: skip
+
+
+async def quietly(what: str, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+    """Await ``fn(*args)``; a failure is logged as a cleanup warning, never raised."""
+    try:
+        await fn(*args)
+    except (IronclawError, OSError) as exc:
+        log.warning("cleanup: %s: %s", what, exc)
+
+
+async def quietly_sync(what: str, fn: Callable[..., object], *args: object) -> None:
+    """Run ``fn(*args)`` in a thread; a failure is logged as a cleanup warning, never raised."""
+    try:
+        await asyncio.to_thread(fn, *args)
+    except (IronclawError, OSError) as exc:
+        log.warning("cleanup: %s: %s", what, exc)
+
+
+def remove_tree(path: Path) -> None:
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
