@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,11 @@ from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
 from ironclawd.api.egress import EgressServicer
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.egress import EgressLimits, EgressRule
+from ironclawd.host.clock import SystemClock
 from ironclawd.net.http import PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.services.egress import EgressBroker
+from tests.fakes import FakeCredentials, StaticSessions
 from tests.integration.test_egress import make_certs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,21 +51,6 @@ CALLS = int(os.environ.get("BENCH_CALLS", "200"))
 BIG = 4 * 1024 * 1024
 BIG_ROUNDS = int(os.environ.get("BENCH_BIG_ROUNDS", "10"))
 HOST = "api.egress.test"
-
-
-@dataclass
-class _Session:
-    agent: str = "bench"
-
-
-class _Sessions:
-    def get(self, sid: str) -> _Session:
-        return _Session()
-
-
-class _NoCredentials:
-    def get(self, name: str) -> str:
-        raise AssertionError(name)
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
@@ -94,12 +80,13 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
         max_response_bytes=64 * 1024 * 1024, timeout_seconds=120,
     )  # fmt: skip
     broker = EgressBroker(
-        sessions=_Sessions(),  # type: ignore[arg-type]
+        sessions=StaticSessions(default="bench"),
         agents={"bench": AgentSpec("bench", egress=(EgressRule(HOST),))},
         resolver=SystemResolver(),
         upstream=PinnedHttpClient(ca),
-        credentials=_NoCredentials(),  # type: ignore[arg-type]
+        credentials=FakeCredentials(),
         limits=limits,
+        clock=SystemClock(),
     )
     server = grpc.aio.server()
     egress_pb2_grpc.add_EgressServiceServicer_to_server(

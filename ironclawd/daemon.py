@@ -22,13 +22,14 @@ from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.config import Config, load_config, reference_markdown
 from ironclawd.errors import ConfigError, IronclawError
+from ironclawd.host.clock import SystemClock
 from ironclawd.host.journal import SystemdJournal
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
 from ironclawd.services.doctor import Doctor
 from ironclawd.services.reconcile import reconcile
-from ironclawd.wiring import wire
+from ironclawd.wiring import HostProbeSet, wire
 
 log = logging.getLogger("ironclawd")
 
@@ -61,7 +62,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         netns = NetnsAdapter()
-        doctor = Doctor(self._config_path, self._config, netns, SystemdUnitManager())
+        doctor = Doctor(
+            config_path=self._config_path, config=self._config, netns=netns,
+            units=SystemdUnitManager(), probes=HostProbeSet(), clock=SystemClock(),
+        )  # fmt: skip
         wired = wire(self._config, netns)
         sessions, control = wired.sessions, wired.control
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)

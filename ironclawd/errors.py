@@ -50,3 +50,7 @@ class AlreadyExists(Conflict):
 
 class InvalidArgument(IronclawError):
     """A request field is malformed; the message names the field and what was expected."""
+
+
+class ProviderError(IronclawError):
+    """The upstream model API failed; the message says how (secrets are redacted later)."""

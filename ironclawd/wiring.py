@@ -16,16 +16,20 @@ from ironclawd.api.sandbox import SandboxApi
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.bundle.image import ensure_rootfs
 from ironclawd.bundle.spec import QUEUES_DIR
+from ironclawd.bundle.writer import BundleDirs
 from ironclawd.config import Config
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
+from ironclawd.domain.checks import CheckResult
 from ironclawd.errors import IronclawError
-from ironclawd.host import runsc
+from ironclawd.host import probes, runsc
+from ironclawd.host.clock import SystemClock
+from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
-from ironclawd.ports import SandboxRuntime
+from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
 from ironclawd.providers.anthropic import AnthropicProvider
 from ironclawd.providers.mock import MockProvider
 from ironclawd.providers.openai import OpenAIProvider
@@ -35,12 +39,14 @@ from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.registry import Registry
-from ironclawd.services.session_data import DataLayout, SessionData
+from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import SandboxLayout, SandboxLifecycle
 from ironclawd.services.sessions import SessionService
 from ironclawd.store.audit import AuditLog
 from ironclawd.store.credentials import CredentialStore
 from ironclawd.store.keys import MasterKey, load_master_key
+from ironclawd.store.probes import probe_sqlcipher
+from ironclawd.store.session_data import DataLayout, SessionDataStore
 from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd")
@@ -63,43 +69,62 @@ class Wired:
 
 
 def wire(config: Config, netns: NetnsAdapter) -> Wired:
-    """Build every service over its real adapters."""
-    ensure_private_dir(config.daemon.state_dir, 0o700)
+    """Build every service over its real adapters, each collaborator through its constructor."""
+    clock = SystemClock()
+    state_dir = config.daemon.state_dir
+    ensure_private_dir(state_dir, 0o700)
     master = load_master_key(config.daemon.master_key_file)
     log.info("master key from %s (fingerprint %s)", master.source, master.fingerprint())
-    store = StateStore(config.daemon.state_dir / "state.db", master.derive("ironclaw state db v1"))
-    audit = Audit(
-        AuditLog(config.daemon.state_dir / "audit.log", master.derive("ironclaw audit v1")),
-        store,
-    )
+    store = StateStore(state_dir / "state.db", master.derive("ironclaw state db v1"))
+    audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)
     # Seeded once with the built-in demo agent and the config's [agents.NAME] tables; after
     # that only approved changes alter the registry.
-    registry = Registry(store, [*BUILTIN.values(), *config.agents])
+    registry = Registry(store, [*BUILTIN.values(), *config.agents], clock)
     control = ControlServer(paths.SESSIONS_RUN_DIR, config.sockets)
     data = _session_data(config, store, master)
-    service = _sessions(config, store, registry, netns, control, data, audit)
-    messages = MessageService(
+    # Subscribed to by messaging, the broker and the sandbox API, all built after the service.
+    hooks = SessionHooks()
+    service = SessionService(
         store=store,
-        sessions=service,
-        data=data,
-        control=control,
-        agent_uid=AGENT_UID,
-        agent_gid=AGENT_GID,
-        limits=config.queues,
+        lifecycle=_lifecycle(config, netns, control, data, hooks),
+        agents=registry,
+        hooks=hooks,
         audit=audit,
+        clock=clock,
     )
-    service.on_remove(messages.forget)
-    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
-    gateway = _gateway(config, store, registry, audit, service)
-    sandbox_api = SandboxApi(
-        paths.INTERNAL_DIR / "sandbox-grpc.sock", paths.SESSIONS_RUN_DIR,
-        _model_proxy(config, registry, audit, service, http), gateway, service, audit=audit,
-        limits=config.sockets,
+    messages = MessageService(
+        store=store, sessions=service, hooks=hooks, data=data, control=control,
+        agent_uid=AGENT_UID, agent_gid=AGENT_GID, audit=audit, clock=clock, limits=config.queues,
     )  # fmt: skip
-    service.lifecycle.sockets = sandbox_api
-    broker = _egress(config, registry, audit, service)
-    sandbox_api.serve_egress(broker)
-    service.on_remove(broker.forget)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
+    credentials = CredentialStore(config.daemon.master_key_file.parent)
+    gateway = _gateway(
+        config, store=store, registry=registry, audit=audit, sessions=service, clock=clock
+    )
+    broker = _egress(
+        config, registry=registry, audit=audit, sessions=service, credentials=credentials,
+        clock=clock,
+    )  # fmt: skip
+    hooks.on_remove(broker.forget)
+    sandbox_api = SandboxApi(
+        paths.INTERNAL_DIR / "sandbox-grpc.sock",
+        paths.SESSIONS_RUN_DIR,
+        proxy=_model_proxy(
+            registry=registry,
+            audit=audit,
+            sessions=service,
+            http=http,
+            credentials=credentials,
+            clock=clock,
+        ),
+        gateway=gateway,
+        egress=broker,
+        sessions=service,
+        hooks=hooks,
+        audit=audit,
+        clock=clock,
+        limits=config.sockets,
+    )
     return Wired(
         master, store, service, control, messages, sandbox_api, http, gateway, registry, audit,
     )  # fmt: skip
@@ -117,9 +142,9 @@ def _rootfs(config: Config) -> Path:
         return state_dir / "rootfs" / "unavailable"
 
 
-def _session_data(config: Config, store: StateStore, master: MasterKey) -> SessionData:
+def _session_data(config: Config, store: StateStore, master: MasterKey) -> SessionDataStore:
     state_dir = config.daemon.state_dir
-    return SessionData(
+    return SessionDataStore(
         store,
         master,
         DataLayout(
@@ -133,16 +158,14 @@ def _session_data(config: Config, store: StateStore, master: MasterKey) -> Sessi
     )
 
 
-def _sessions(  # noqa: PLR0917 (one builder, every collaborator named)
+def _lifecycle(
     config: Config,
-    store: StateStore,
-    registry: Registry,
     netns: NetnsAdapter,
     control: ControlServer,
-    data: SessionData,
-    audit: Audit,
-) -> SessionService:
-    """The session lifecycle over systemd, runsc, the netns adapter and the control sockets."""
+    data: SessionDataStore,
+    hooks: SessionHooks,
+) -> SandboxLifecycle:
+    """A session's host resources: systemd, runsc, the netns adapter and the sockets."""
     bundles = config.daemon.state_dir / "bundles"
     ensure_private_dir(bundles, 0o700)
     layout = SandboxLayout(
@@ -153,24 +176,29 @@ def _sessions(  # noqa: PLR0917 (one builder, every collaborator named)
         mount_allowlist=config.gateway.mount_allowlist,
         state_dir=config.daemon.state_dir,
     )
-    lifecycle = SandboxLifecycle(
+    return SandboxLifecycle(
         units=SystemdUnitManager(),
         netns=netns,
         control=control,
         runtime=_runtime(config),
         layout=layout,
         data=data,
+        mounts=HostMounts(),
+        bundles=BundleDirs(),
+        sockets=hooks,
     )
-    service = SessionService(store=store, lifecycle=lifecycle, agents=registry)
-    service.audit = audit
-    return service
 
 
 def _model_proxy(
-    config: Config, registry: Registry, audit: Audit, sessions: SessionService,
+    *,
+    registry: Registry,
+    audit: Audit,
+    sessions: SessionService,
     http: httpx.AsyncClient,
-) -> ModelProxy:  # fmt: skip
-    proxy = ModelProxy(
+    credentials: CredentialStore,
+    clock: SystemClock,
+) -> ModelProxy:
+    return ModelProxy(
         sessions=sessions,
         agents=registry,
         providers={
@@ -178,18 +206,24 @@ def _model_proxy(
             "anthropic": AnthropicProvider(http),
             "openai": OpenAIProvider(http),
         },
-        credentials=CredentialStore(config.daemon.master_key_file.parent),
+        credentials=credentials,
         base_urls={
             "anthropic": "https://api.anthropic.com",
             "openai": "https://api.openai.com/v1",
         },
+        audit=audit,
+        clock=clock,
     )
-    proxy.audit = audit
-    return proxy
 
 
 def _gateway(
-    config: Config, store: StateStore, registry: Registry, audit: Audit, sessions: SessionService
+    config: Config,
+    *,
+    store: StateStore,
+    registry: Registry,
+    audit: Audit,
+    sessions: SessionService,
+    clock: SystemClock,
 ) -> Gateway:
     return Gateway(
         store=store,
@@ -202,24 +236,54 @@ def _gateway(
             mount_allowlist=config.gateway.mount_allowlist,
         ),
         restart_agent_sessions=sessions.restart_agent_sessions,
+        mounts=HostMounts(),
+        clock=clock,
     )
 
 
 def _egress(
-    config: Config, registry: Registry, audit: Audit, sessions: SessionService
+    config: Config,
+    *,
+    registry: Registry,
+    audit: Audit,
+    sessions: SessionService,
+    credentials: CredentialStore,
+    clock: SystemClock,
 ) -> EgressBroker:
     return EgressBroker(
         sessions=sessions,
         agents=registry,
         resolver=SystemResolver(),
         upstream=PinnedHttpClient(Path(config.egress.ca_file) if config.egress.ca_file else None),
-        credentials=CredentialStore(config.daemon.master_key_file.parent),
+        credentials=credentials,
         limits=config.egress,
+        clock=clock,
         record=lambda d: audit.record_soon(
             "egress.decision", f"session:{d.sid}",
             **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
         ),
     )  # fmt: skip
+
+
+class HostProbeSet:
+    """``ports.HostProbes`` over host/probes.py and store/probes.py (adapters never import each
+    other: the composition root joins them)."""
+
+    def runsc(self, runsc: Path) -> RunscCheck:
+        result, info = probes.probe_runsc(runsc)
+        return RunscCheck(result, tuple(info.platforms) if info is not None else ())
+
+    def systemd(self) -> CheckResult:
+        return probes.probe_systemd()
+
+    def cgroups(self) -> CheckResult:
+        return probes.probe_cgroups()
+
+    def sqlcipher(self) -> CheckResult:
+        return probe_sqlcipher()
+
+    def platform(self, units: UnitManager, runsc: Path, platform: str) -> CheckResult:
+        return probes.probe_platform(units, runsc, platform)
 
 
 def _runtime(config: Config) -> SandboxRuntime:

@@ -31,11 +31,12 @@ from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer, SessionSockets
 from ironclawd.api.sockets import remove_stale_socket
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.model import Message, ToolCall, ToolDef
-from ironclawd.ports import AuditSink
+from ironclawd.ports import AuditSink, Clock
 from ironclawd.services.audit import Throttled
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.model_proxy import ModelProxy
+from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.sessions import SessionService
 
 log = logging.getLogger("ironclawd.sandbox-api")
@@ -63,8 +64,8 @@ class _RefusalAudit:
     """Audit a sandbox's refused calls (a method that does not exist, such as an approve, or a
     service asked for on the wrong socket), throttled per session (services/audit.Throttled)."""
 
-    def __init__(self, audit: AuditSink | None, per_minute: int = 20) -> None:
-        self._throttled = Throttled(audit, per_minute)
+    def __init__(self, audit: AuditSink, clock: Clock, per_minute: int = 20) -> None:
+        self._throttled = Throttled(audit, clock, per_minute)
 
     def __call__(self, peer: SandboxPeer | None, method: str, why: str) -> None:
         sid = peer.sid if peer is not None else "?"
@@ -247,18 +248,21 @@ class SandboxApi:
         self,
         internal_socket: Path,
         sessions_dir: Path,
+        *,
         proxy: ModelProxy,
         gateway: Gateway,
+        egress: EgressBroker,
         sessions: SessionService,
-        *,
-        audit: AuditSink | None = None,
+        hooks: SessionHooks,
+        audit: AuditSink,
+        clock: Clock,
         limits: SocketsConfig = SocketsConfig(),  # noqa: B008 (frozen)
     ) -> None:
         self._internal = internal_socket
         self._limits = limits
         self._peers: dict[str, SandboxPeer] = {}
         self._sockets = SessionSockets(internal_socket, sessions_dir, limits, self._peers)
-        self._interceptor = _PeerInterceptor(self._peers, _RefusalAudit(audit), limits)
+        self._interceptor = _PeerInterceptor(self._peers, _RefusalAudit(audit, clock), limits)
         self._server = grpc.aio.server(
             interceptors=[self._interceptor],
             options=[
@@ -275,16 +279,13 @@ class SandboxApi:
             ],
         )
         model_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(proxy), self._server)
-        self._broker: EgressBroker | None = None
+        self._broker = egress
+        servicer = EgressServicer(egress, lambda: _PEER.get().sid, egress.timeout_seconds)
+        egress_pb2_grpc.add_EgressServiceServicer_to_server(servicer, self._server)
+        hooks.on_sockets(self.open, self.close)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(gateway, sessions, lambda: _PEER.get().sid), self._server
         )
-
-    def serve_egress(self, broker: EgressBroker) -> None:
-        """Serve the egress broker (before start) on egress.sock of sessions with grants."""
-        self._broker = broker
-        servicer = EgressServicer(broker, lambda: _PEER.get().sid, broker.timeout_seconds)
-        egress_pb2_grpc.add_EgressServiceServicer_to_server(servicer, self._server)
 
     async def start(self) -> None:
         remove_stale_socket(self._internal)
@@ -301,7 +302,7 @@ class SandboxApi:
         self._interceptor.rates[sid] = TokenBucket(rate, 2 * rate)
         for name in SOCKETS:
             await self._sockets.close(sid, name)
-            if name == "egress" and (self._broker is None or not self._broker.has_grants(sid)):
+            if name == "egress" and not self._broker.has_grants(sid):
                 continue
             await self._sockets.open(sid, name)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,3 +68,21 @@ def _open_bundle_dir(bundle_dir: Path) -> int:
         os.close(dir_fd)
         raise
     return dir_fd
+
+
+class BundleDirs:
+    """``ports.Bundles``: bundle directories written by ``write_bundle``."""
+
+    def write(
+        self, bundle: Path, spec: Mapping[str, Any], granted: Sequence[Mount], state_dir: Path
+    ) -> None:
+        write_bundle(bundle, spec, granted, state_dir)
+
+    def remove(self, bundle: Path) -> None:
+        if bundle.is_symlink():
+            bundle.unlink()
+        elif bundle.exists():
+            shutil.rmtree(bundle)
+
+    def list_names(self, bundles_dir: Path) -> list[str]:
+        return os.listdir(bundles_dir) if bundles_dir.is_dir() else []

@@ -60,3 +60,16 @@ def remove_frame(frame: Path) -> None:
     for entry in os.scandir(frame):
         os.rmdir(entry.path)  # an entry still mounted on, or not empty, fails loudly
     os.rmdir(frame)
+
+
+class HostMounts:
+    """``ports.MountSources`` over this module's functions."""
+
+    def resolve(self, source: str, allowlist: Iterable[str]) -> str:
+        return resolve_mount_source(source, allowlist)
+
+    def make_frame(self, frame: Path, names: Iterable[str]) -> None:
+        make_frame(frame, names)
+
+    def remove_frame(self, frame: Path) -> None:
+        remove_frame(frame)

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
-from ironclawd.domain.model import Chunk, Completion
-from ironclawd.errors import IronclawError
+from ironclawd.errors import ProviderError
+from ironclawd.ports import Provider
 
-
-class ProviderError(IronclawError):
-    """The upstream model API failed; the message says how (secrets are redacted later)."""
-
-
-class Provider(Protocol):
-    name: str
-
-    def stream(self, completion: Completion, key: str, base_url: str) -> AsyncIterator[Chunk]: ...
+__all__ = ["Provider", "ProviderError", "raise_for_status", "sse_events"]
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -5,20 +5,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from ironclawd.errors import HostError
-from ironclawd.ports import AuditSink
-from ironclawd.store.audit import AuditLog, VerifyResult
-from ironclawd.store.state import StateStore
+from ironclawd.ports import AuditHead, AuditLogFile, AuditSink, Clock, VerifyResult
 
 log = logging.getLogger("ironclawd.audit")
 
 
 class Audit:
-    def __init__(self, audit_log: AuditLog, store: StateStore) -> None:
+    def __init__(self, audit_log: AuditLogFile, store: AuditHead) -> None:
         self._log = audit_log
         self._store = store
         self._queue: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None] = queue.SimpleQueue()
@@ -100,9 +96,9 @@ class Throttled:
 
     def __init__(
         self,
-        audit: AuditSink | None,
+        audit: AuditSink,
+        clock: Clock,
         per_minute: int = 20,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._audit = audit
         self._per_minute = per_minute
@@ -111,9 +107,7 @@ class Throttled:
 
     def record(self, key: str, event: str, actor: str, **fields: Any) -> bool:
         """Record unless ``key`` is over its rate; whether it was recorded."""
-        if self._audit is None:
-            return False
-        now = self._clock()
+        now = self._clock.monotonic()
         start, recorded, dropped = self._window.get(key, (now, 0, 0))
         if now - start >= 60:
             start, recorded = now, 0

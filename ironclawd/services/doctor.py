@@ -8,7 +8,6 @@ import grp
 import os
 import secrets
 import stat
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,40 +15,47 @@ from pathlib import Path
 from ironclawd.config import Config, load_config
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import ConfigError, IronclawError
-from ironclawd.host import probes
-from ironclawd.ports import NetnsManager, UnitManager
-from ironclawd.store.probes import probe_sqlcipher
+from ironclawd.ports import Clock, HostProbes, NetnsManager, UnitManager
 
 CHECK_TIMEOUT = 30.0
 
 
 class Doctor:
     def __init__(
-        self, config_path: Path, config: Config, netns: NetnsManager | None, units: UnitManager
+        self,
+        *,
+        config_path: Path,
+        config: Config,
+        netns: NetnsManager | None,
+        units: UnitManager,
+        probes: HostProbes,
+        clock: Clock,
     ) -> None:
         self._config_path = config_path
         self._config = config
         self._netns = netns
         self._units = units
+        self._probes = probes
+        self._clock = clock
 
     async def run(self) -> list[CheckResult]:
         runsc = self._config.sandbox.runsc
-        version_check, info = await asyncio.to_thread(probes.probe_runsc, runsc)
-        platforms = list(info.platforms) if info is not None else []
+        found = await asyncio.to_thread(self._probes.runsc, runsc)
+        version_check, platforms = found.result, list(found.platforms)
         jobs: list[tuple[str, Callable[[], CheckResult]]] = [
             ("config.file", self._check_config),
             ("admin.socket", self._check_admin_socket),
-            ("systemd.dbus", probes.probe_systemd),
-            ("cgroup.layout", probes.probe_cgroups),
+            ("systemd.dbus", self._probes.systemd),
+            ("cgroup.layout", self._probes.cgroups),
             ("netns.create", self._check_netns),
-            ("sqlcipher", probe_sqlcipher),
+            ("sqlcipher", self._probes.sqlcipher),
         ]
         configured = self._config.sandbox.platform
         for platform in platforms:
             if platform == "kvm" and configured != "kvm":
                 continue
-            jobs.append((f"runsc.platform.{platform}", _bind(self._units, runsc, platform)))
-        results = [version_check, *await asyncio.gather(*(_timed(n, f) for n, f in jobs))]
+            jobs.append((f"runsc.platform.{platform}", self._platform_check(runsc, platform)))
+        results = [version_check, *await asyncio.gather(*(self._timed(n, f) for n, f in jobs))]
         if "kvm" in platforms and configured != "kvm":
             results.append(
                 CheckResult(
@@ -131,17 +137,15 @@ class Doctor:
                 self._netns.delete(name)
         return passed("netns.create", "created an empty network namespace (only lo) and removed it")
 
+    def _platform_check(self, runsc: Path, platform: str) -> Callable[[], CheckResult]:
+        return lambda: self._probes.platform(self._units, runsc, platform)
 
-def _bind(units: UnitManager, runsc: Path, platform: str) -> Callable[[], CheckResult]:
-    return lambda: probes.probe_platform(units, runsc, platform)
-
-
-async def _timed(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
-    started = time.monotonic()
-    try:
-        result = await asyncio.wait_for(asyncio.to_thread(fn), CHECK_TIMEOUT)
-    except TimeoutError:
-        result = failed(name, f"did not finish in {CHECK_TIMEOUT:g}s", "see the journal")
-    except Exception as exc:  # a probe bug must show up as a failed check, not kill Doctor
-        result = failed(name, f"check crashed: {type(exc).__name__}: {exc}", "see the journal")
-    return replace(result, duration_seconds=time.monotonic() - started)
+    async def _timed(self, name: str, fn: Callable[[], CheckResult]) -> CheckResult:
+        started = self._clock.monotonic()
+        try:
+            result = await asyncio.wait_for(asyncio.to_thread(fn), CHECK_TIMEOUT)
+        except TimeoutError:
+            result = failed(name, f"did not finish in {CHECK_TIMEOUT:g}s", "see the journal")
+        except Exception as exc:  # a probe bug must show up as a failed check, not kill Doctor
+            result = failed(name, f"check crashed: {type(exc).__name__}: {exc}", "see the journal")
+        return replace(result, duration_seconds=self._clock.monotonic() - started)

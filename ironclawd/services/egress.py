@@ -21,7 +21,6 @@ import collections
 import contextlib
 import ipaddress
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,9 +47,15 @@ from ironclawd.domain.egress_secrets import (
 )
 from ironclawd.domain.model import BudgetExceeded
 from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
-from ironclawd.ports import Resolver, Upstream, UpstreamRequest, UpstreamResponse
-from ironclawd.services.sessions import SessionService
-from ironclawd.store.credentials import CredentialStore
+from ironclawd.ports import (
+    Clock,
+    Credentials,
+    Resolver,
+    SessionLookup,
+    Upstream,
+    UpstreamRequest,
+    UpstreamResponse,
+)
 
 log = logging.getLogger("ironclawd.egress")
 CHUNK_BYTES = 64 * 1024
@@ -84,14 +89,14 @@ class EgressBroker:
     def __init__(
         self,
         *,
-        sessions: SessionService,
+        sessions: SessionLookup,
         agents: Mapping[str, AgentSpec],
         resolver: Resolver,
         upstream: Upstream,
-        credentials: CredentialStore,
+        credentials: Credentials,
         limits: EgressLimits,
+        clock: Clock,
         record: Recorder | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sessions = sessions
         self._agents = agents
@@ -130,7 +135,7 @@ class EgressBroker:
         body: bytes,
     ) -> AsyncIterator[FetchEvent]:
         """Check, then perform one request; yields the head, body chunks, then the end."""
-        started = self._clock()
+        started = self._clock.monotonic()
         deadline = started + self._limits.timeout_seconds
         audit = _Audit(sid, method[:16], url)
         detector = SecretDetector(())
@@ -165,7 +170,7 @@ class EgressBroker:
                 audit.reason = f"aborted: {type(exc).__name__}"
             raise
         finally:
-            audit.duration_ms = (self._clock() - started) * 1e3
+            audit.duration_ms = (self._clock.monotonic() - started) * 1e3
             self._audit(audit.decision())
 
     async def _admit(
@@ -219,7 +224,7 @@ class EgressBroker:
 
     def _admit_rate(self, sid: str) -> None:
         use = self._use.setdefault(sid, _SessionUse())
-        now = self._clock()
+        now = self._clock.monotonic()
         while use.requests and use.requests[0] <= now - 60:
             use.requests.popleft()
         if len(use.requests) >= self._limits.requests_per_minute:
@@ -331,7 +336,7 @@ class EgressBroker:
         return chunk, truncated
 
     def _remaining(self, deadline: float) -> float:
-        remaining = deadline - self._clock()
+        remaining = deadline - self._clock.monotonic()
         if remaining <= 0:
             raise TimeoutError
         return remaining

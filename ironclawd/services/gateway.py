@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +30,9 @@ from ironclawd.domain.changes import (
     transition,
 )
 from ironclawd.errors import Conflict, InvalidArgument, IronclawError, NotFound, PolicyDenied
-from ironclawd.host.mounts import resolve_mount_source
-from ironclawd.ports import AuditSink
+from ironclawd.ports import AuditSink, ChangeRecords, Clock, MountSources
 from ironclawd.services.audit import Throttled
 from ironclawd.services.registry import Registry
-from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.gateway")
 
@@ -59,14 +56,16 @@ class Gateway:
     def __init__(
         self,
         *,
-        store: StateStore,
+        store: ChangeRecords,
         registry: Registry,
         audit: AuditSink,
         policy: GatewayPolicy,
         restart_agent_sessions: Restarter,
-        clock: Callable[[], float] = time.time,
+        mounts: MountSources,
+        clock: Clock,
     ) -> None:
         self._store = store
+        self._mounts = mounts
         self._registry = registry
         self._audit = audit
         self._policy = policy
@@ -75,7 +74,7 @@ class Gateway:
         self._lock = asyncio.Lock()
         self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
-        self._refusals = Throttled(audit, clock=clock)
+        self._refusals = Throttled(audit, clock)
 
     # -- submit ---------------------------------------------------------------------------
 
@@ -91,7 +90,7 @@ class Gateway:
     ) -> Change:
         """Verify and hold a change. ``only_agent``: the one agent this submitter may target (a
         session's own); asking for another is refused like any other verifier's refusal."""
-        now = self._clock()
+        now = self._clock.time()
         try:
             payload, before, after = self._verify(
                 kind, agent, payload_json, reason, submitter, only_agent=only_agent
@@ -135,7 +134,7 @@ class Gateway:
         only_agent: str | None,
     ) -> tuple[dict[str, Any], str, str]:
         """The deterministic verifiers; any of them may reject the change outright."""
-        self._check_rate(submitter, self._clock())
+        self._check_rate(submitter, self._clock.time())
         if only_agent is not None and agent != only_agent:
             raise PolicyDenied(
                 f"a session of agent '{only_agent}' may only request changes to itself"
@@ -165,7 +164,7 @@ class Gateway:
         """Mount allowlist: every source a real directory below an allowlisted one."""
         if kind == "mounts":
             for mount in payload["mounts"]:
-                resolve_mount_source(mount["source"], self._policy.mount_allowlist)
+                self._mounts.resolve(mount["source"], self._policy.mount_allowlist)
 
     def _check_rate(self, submitter: str, now: float) -> None:
         recent = self._store.count_changes_since(submitter, now - 3600)
@@ -189,8 +188,8 @@ class Gateway:
         return [c for c in changes if state is None or c.state.value == state]
 
     def _expire_if_due(self, change: Change) -> Change:
-        if change.state is ChangeState.PENDING and self._clock() >= change.expires_at:
-            change = transition(change, ChangeState.EXPIRED, decided_at=self._clock())
+        if change.state is ChangeState.PENDING and self._clock.time() >= change.expires_at:
+            change = transition(change, ChangeState.EXPIRED, decided_at=self._clock.time())
             self._store.save_change(change)
             self._audit.record("change.expired", "ironclawd", change=change.id)
         return change
@@ -220,7 +219,7 @@ class Gateway:
             if change.kind in self._policy.four_eyes and _same_person(approver, change.submitter):
                 self._refuse(change, approver, "four-eyes: the submitter cannot approve it")
             change = transition(change, ChangeState.APPROVED, decided_by=approver,
-                                decided_at=self._clock())  # fmt: skip
+                                decided_at=self._clock.time())  # fmt: skip
             self._store.save_change(change)
             self._audit.record("change.approved", approver, change=change.id, hash=change.hash)
             return await self._apply(change)
@@ -231,7 +230,7 @@ class Gateway:
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
             change = transition(change, ChangeState.REJECTED, decided_by=approver,
-                                decided_at=self._clock(), note=note[:2000])  # fmt: skip
+                                decided_at=self._clock.time(), note=note[:2000])  # fmt: skip
             self._store.save_change(change)
             self._audit.record("change.rejected", approver, change=change.id, note=note[:500])
             return change

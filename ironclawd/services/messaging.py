@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -28,14 +27,19 @@ from ironclawd.domain.messages import (
 )
 from ironclawd.domain.session import State
 from ironclawd.errors import DiskFull, IronclawError
-from ironclawd.ports import AuditSink, ControlPlane
+from ironclawd.ports import (
+    AuditSink,
+    Clock,
+    ControlPlane,
+    InboundQueue,
+    RawRow,
+    ReplyRecords,
+    SessionData,
+)
 from ironclawd.services.audit import Throttled
 from ironclawd.services.lanes import Lanes
-from ironclawd.services.session_data import SessionData
+from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.sessions import SessionService
-from ironclawd.store.outbound import RawRow
-from ironclawd.store.queues import InboundWriter
-from ironclawd.store.state import StateStore
 
 log = logging.getLogger("ironclawd.messages")
 
@@ -67,14 +71,16 @@ class MessageService:
     def __init__(
         self,
         *,
-        store: StateStore,
+        store: ReplyRecords,
         sessions: SessionService,
+        hooks: SessionHooks,
         data: SessionData,
         control: ControlPlane,
         agent_uid: int,
         agent_gid: int,
+        audit: AuditSink,
+        clock: Clock,
         limits: QueueLimits | None = None,
-        audit: AuditSink | None = None,
     ) -> None:
         self.store = store
         self._sessions = sessions
@@ -82,7 +88,7 @@ class MessageService:
         self._control = control
         self._uid = agent_uid
         self._gid = agent_gid
-        self._inbound: dict[str, InboundWriter] = {}
+        self._inbound: dict[str, InboundQueue] = {}
         self._writers_lock = threading.Lock()
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
@@ -93,9 +99,11 @@ class MessageService:
         # Each session reads its agent's file in its own lane: one hostile session cannot hold
         # the threads every other session's sends and creates need.
         self._lanes = Lanes(self._limits.read_timeout_seconds)
-        self._refusals = Throttled(audit)
+        self._clock = clock
+        self._refusals = Throttled(audit, clock)
         control.set_listener(self._on_event)
-        sessions.on_sandbox_exit(self.resume_unanswered)
+        hooks.on_sandbox_exit(self.resume_unanswered)
+        hooks.on_remove(self.forget)
 
     async def send(self, sid: str, body: str, client_id: str = "") -> Sent:
         check_body(body)
@@ -107,18 +115,20 @@ class MessageService:
             session = await self._sessions.start(sid)
         writer = await asyncio.to_thread(self._writer, sid)
         replies_before, _chain = self.store.last_reply(sid)
-        seq, new = await asyncio.to_thread(writer.append, body, time.time(), client_id or None)
+        seq, new = await asyncio.to_thread(
+            writer.append, body, self._clock.time(), client_id or None
+        )
         self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
             log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
         return Sent(seq, new, replies_before)
 
-    def _writer(self, sid: str) -> InboundWriter:
+    def _writer(self, sid: str) -> InboundQueue:
         # Runs in worker threads: two first sends must not open two writers for one file.
         with self._writers_lock:
             writer = self._inbound.get(sid)
             if writer is None:
-                writer = InboundWriter(self._data.inbound_dir(sid), self._data.key(sid), self._gid)
+                writer = self._data.inbound(sid, self._gid)
                 self._inbound[sid] = writer
             return writer
 
@@ -132,7 +142,7 @@ class MessageService:
         except IronclawError as exc:
             log.warning("session %s: checking for unanswered messages: %s", sid, exc)
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         recent = [t for t in self._restarts.get(sid, []) if now - t < RESTART_WINDOW_SECONDS]
         if len(recent) >= RESTARTS_PER_WINDOW:
             log.error(
@@ -259,7 +269,7 @@ class MessageService:
     def _read_batch(self, sid: str, after: int, limit: int) -> list[RawRow]:
         """In the session's lane: clear setid bits the box planted, then read a batch."""
         self._data.strip_setid(sid, self._uid)
-        reader = self._data.outbound_reader(sid, self._uid)
+        reader = self._data.outbound(sid, self._uid)
         return reader.read_after(after, limit, self._limits.max_reply_bytes)
 
     def _refused(self, sid: str, reason: str) -> None:
@@ -293,7 +303,7 @@ class MessageService:
         """Re-read everything ingested from the agent's file and recompute the chain: a
         rewrite, deletion or reorder of already-ingested rows is named by its first seq."""
         self._sessions.get(sid)
-        reader = self._data.outbound_reader(sid, self._uid)
+        reader = self._data.outbound(sid, self._uid)
         max_body = self._limits.max_reply_bytes
         checked, after = 0, 0
         while True:
@@ -318,7 +328,7 @@ class MessageService:
             after = record[-1].seq
 
 
-def verify_record(store: StateStore, sid: str) -> ChainReport:
+def verify_record(store: ReplyRecords, sid: str) -> ChainReport:
     """Recompute the host's own chain over what it ingested (detects edits of the record)."""
     previous, after, checked = b"\0" * 32, 0, 0
     while batch := store.replies_after(sid, after):

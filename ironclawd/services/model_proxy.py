@@ -5,8 +5,7 @@ to, secrets redacted from everything returned, and every call audited (never its
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 from ironclawd import ratelog
@@ -24,12 +23,9 @@ from ironclawd.domain.model import (
     enabled_tools,
 )
 from ironclawd.domain.tools import tool_defs
-from ironclawd.errors import IronclawError, NotFound
-from ironclawd.ports import AuditSink
-from ironclawd.providers.base import Provider, ProviderError
+from ironclawd.errors import IronclawError, NotFound, ProviderError
+from ironclawd.ports import AuditSink, Clock, Credentials, Provider, SessionLookup
 from ironclawd.services.audit import Throttled
-from ironclawd.services.sessions import SessionService
-from ironclawd.store.credentials import CredentialStore
 
 log = logging.getLogger("ironclawd.model")
 
@@ -46,12 +42,13 @@ class ModelProxy:
     def __init__(
         self,
         *,
-        sessions: SessionService,
+        sessions: SessionLookup,
         agents: Mapping[str, AgentSpec],
         providers: dict[str, Provider],
-        credentials: CredentialStore,
+        credentials: Credentials,
         base_urls: dict[str, str],
-        clock: Callable[[], float] = time.time,
+        audit: AuditSink,
+        clock: Clock,
     ) -> None:
         self._sessions = sessions
         self._agents = agents
@@ -60,8 +57,8 @@ class ModelProxy:
         self._base_urls = base_urls
         self._clock = clock
         self._budgets: dict[str, Budget] = {}
-        self.audit: AuditSink | None = None
-        self._refusals: Throttled | None = None
+        self._audit = audit
+        self._refusals = Throttled(audit, clock)
 
     def _agent(self, sid: str) -> AgentSpec:
         return find_agent(self._agents, self._sessions.get(sid).agent)
@@ -69,11 +66,6 @@ class ModelProxy:
     def profile(self, sid: str) -> Profile:
         agent = self._agent(sid)
         return Profile(agent.name, agent.persona, tool_defs(agent.tools), agent.max_tool_rounds)
-
-    def _refused(self) -> Throttled:
-        if self._refusals is None:
-            self._refusals = Throttled(self.audit)
-        return self._refusals
 
     def _budget(self, key: str, rpm: int, tpd: int) -> Budget:
         return self._budgets.setdefault(key, Budget(rpm, tpd))
@@ -85,7 +77,7 @@ class ModelProxy:
         provider = self._providers.get(agent.provider)
         if provider is None:
             raise NotFound(f"agent {agent.name}: unknown model provider '{agent.provider}'")
-        now = self._clock()
+        now = self._clock.time()
         budgets = (
             self._budget(f"session:{sid}", agent.session_requests_per_minute,
                          agent.session_tokens_per_day),
@@ -99,7 +91,7 @@ class ModelProxy:
                 budget.check(now, what)
         except BudgetExceeded:
             # A box can loop on a spent budget: these are recorded and logged at a bounded rate.
-            _audit(self._refused(), sid, agent=agent, status="budget-exceeded", tokens=(0, 0),
+            _audit(self._refusals, sid, agent=agent, status="budget-exceeded", tokens=(0, 0),
                    took=0.0)  # fmt: skip
             raise
         for budget in budgets:
@@ -116,7 +108,7 @@ class ModelProxy:
         base_url = agent.base_url or self._base_urls.get(agent.provider, "")
         tokens = (0, 0)
         status = "ok"
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             async for chunk in _redacted(provider.stream(completion, key, base_url), redactor):
                 if chunk.usage is not None:
@@ -136,9 +128,9 @@ class ModelProxy:
             raise ProviderError(_clip(f"{agent.provider}: {detail}")) from None
         finally:
             for budget in budgets:
-                budget.spend(self._clock(), tokens[0] + tokens[1])
-            _audit(self.audit, sid, agent=agent, status=status, tokens=tokens,
-                   took=time.monotonic() - started)  # fmt: skip
+                budget.spend(self._clock.time(), tokens[0] + tokens[1])
+            _audit(self._audit, sid, agent=agent, status=status, tokens=tokens,
+                   took=self._clock.monotonic() - started)  # fmt: skip
 
 
 MAX_ERROR_CHARS = 2000
@@ -151,7 +143,7 @@ def _clip(message: str) -> str:
 
 
 def _audit(
-    audit: AuditSink | Throttled | None,
+    audit: AuditSink | Throttled,
     sid: str,
     *,
     agent: AgentSpec,
@@ -165,7 +157,7 @@ def _audit(
                   tokens_in=tokens[0], tokens_out=tokens[1], ms=round(took * 1e3, 1))  # fmt: skip
     if isinstance(audit, Throttled):
         audit.record(sid, "model.call", f"session:{sid}", **fields)
-    elif audit is not None:
+    else:
         audit.record_soon("model.call", f"session:{sid}", **fields)
     args = (sid, agent.name, agent.provider, agent.model, status, tokens[0], tokens[1], took * 1e3)
     message = (

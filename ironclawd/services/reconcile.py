@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
@@ -19,7 +18,6 @@ from ironclawd.domain.session import (
     sid_from_unit,
 )
 from ironclawd.errors import IronclawError
-from ironclawd.services.session_lifecycle import remove_tree
 from ironclawd.services.sessions import SessionService, describe
 
 log = logging.getLogger("ironclawd.reconcile")
@@ -159,9 +157,9 @@ async def _remove_orphans(
         if sid is not None and sid not in kept and name == netns_name(sid):
             await attempt(f"netns {name}", host.netns.delete, name)
     bundles = host.layout.bundles_dir
-    for entry in os.listdir(bundles) if bundles.is_dir() else []:
+    for entry in await asyncio.to_thread(host.bundles.list_names, bundles):
         if entry not in kept:
-            await attempt(f"bundle {entry}", remove_tree, bundles / entry)
+            await attempt(f"bundle {entry}", host.bundles.remove, bundles / entry)
     for sid in host.control.list_dirs():
         if sid not in kept:
             try:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.egress import rule_from_mapping
-from ironclawd.store.state import StateStore
+from ironclawd.ports import AgentRecords, Clock
 
 
 def spec_to_json(spec: AgentSpec) -> str:
@@ -31,8 +30,9 @@ def spec_from_json(text: str) -> AgentSpec:
 
 
 class Registry(Mapping[str, AgentSpec]):
-    def __init__(self, store: StateStore, seed: Iterable[AgentSpec]) -> None:
+    def __init__(self, store: AgentRecords, seed: Iterable[AgentSpec], clock: Clock) -> None:
         self._store = store
+        self._clock = clock
         self._cache = {name: spec_from_json(text) for name, text in store.agents().items()}
         for spec in seed:
             # A fresh install gets the built-in demo agent (and the config's agents) once;
@@ -42,7 +42,7 @@ class Registry(Mapping[str, AgentSpec]):
 
     def put(self, spec: AgentSpec) -> None:
         """Only the gateway's appliers (and first-start seeding) call this."""
-        self._store.put_agent(spec.name, spec_to_json(spec), time.time())
+        self._store.put_agent(spec.name, spec_to_json(spec), self._clock.time())
         self._cache[spec.name] = spec
 
     def __getitem__(self, name: str) -> AgentSpec:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,22 +18,22 @@ from ironclawd.bundle.spec import (
     granted_mounts,
     session_mounts,
 )
-from ironclawd.bundle.writer import write_bundle
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.policy import Mount, SandboxPolicy
 from ironclawd.domain.session import Session
 from ironclawd.errors import IronclawError
-from ironclawd.host.mounts import make_frame, remove_frame, resolve_mount_source
 from ironclawd.ports import (
     AgentHello,
+    Bundles,
     ControlPlane,
+    MountSources,
     NetnsManager,
     SandboxRuntime,
     SandboxSockets,
+    SessionData,
     UnitManager,
     UnitSpec,
 )
-from ironclawd.services.session_data import SessionData
 
 log = logging.getLogger("ironclawd.sessions")
 
@@ -65,7 +64,9 @@ class SandboxLifecycle:
         runtime: SandboxRuntime,
         layout: SandboxLayout,
         data: SessionData,
-        sockets: SandboxSockets | None = None,
+        mounts: MountSources,
+        bundles: Bundles,
+        sockets: SandboxSockets,
     ) -> None:
         self.units = units
         self.netns = netns
@@ -73,6 +74,8 @@ class SandboxLifecycle:
         self.runtime = runtime
         self.layout = layout
         self.data = data
+        self.mounts = mounts
+        self.bundles = bundles
         self.sockets = sockets
 
     @property
@@ -86,8 +89,8 @@ class SandboxLifecycle:
         async with contextlib.AsyncExitStack() as undo:
             await self.control.open(sid)
             undo.push_async_callback(quietly, "closing control socket", self.control.close, sid)
-            await self._open_sockets(sid)
-            undo.push_async_callback(quietly, "closing sockets", self._close_sockets, sid)
+            await self.sockets.open(sid)
+            undo.push_async_callback(quietly, "closing sockets", self.sockets.close, sid)
             netns = await asyncio.to_thread(self.netns.create, session.netns)
             undo.push_async_callback(
                 quietly_sync, "deleting netns", self.netns.delete, session.netns
@@ -96,14 +99,16 @@ class SandboxLifecycle:
             undo.push_async_callback(quietly_sync, "removing session key", self.data.release, sid)
             granted = await asyncio.to_thread(self._grant_mounts, sid, agent)
             undo.push_async_callback(
-                quietly_sync, "removing mount frame", remove_frame,
+                quietly_sync, "removing mount frame", self.mounts.remove_frame,
                 frame_dir(sid, self.layout.state_dir),
             )  # fmt: skip
             bundle = self.layout.bundles_dir / sid
             policy = self._policy(session, agent, netns, granted)
             spec = build_spec(policy, granted, self.layout.state_dir)
-            await asyncio.to_thread(write_bundle, bundle, spec, granted, self.layout.state_dir)
-            undo.push_async_callback(quietly_sync, "removing bundle", remove_tree, bundle)
+            await asyncio.to_thread(
+                self.bundles.write, bundle, spec, granted, self.layout.state_dir
+            )
+            undo.push_async_callback(quietly_sync, "removing bundle", self.bundles.remove, bundle)
             undo.push_async_callback(
                 quietly_sync, "deleting runsc state", self.runtime.delete, session.container_id
             )
@@ -122,7 +127,7 @@ class SandboxLifecycle:
         """Listen on the sockets of a sandbox an earlier daemon left running and wait for its
         agent to reconnect."""
         await self.control.open(sid)
-        await self._open_sockets(sid)
+        await self.sockets.open(sid)
         async with asyncio.timeout(self.layout.adopt_timeout):
             return await self.control.wait_hello(sid)
 
@@ -141,29 +146,26 @@ class SandboxLifecycle:
         await quietly_sync("resetting unit", self.units.reset_failed, session.unit)
         await quietly_sync("deleting runsc state", self.runtime.delete, session.container_id)
         await quietly_sync("deleting netns", self.netns.delete, session.netns)
-        await quietly_sync("removing bundle", remove_tree, self.layout.bundles_dir / session.sid)
-        await quietly("closing sockets", self._close_sockets, session.sid)
+        await quietly_sync(
+            "removing bundle", self.bundles.remove, self.layout.bundles_dir / session.sid
+        )
+        await quietly("closing sockets", self.sockets.close, session.sid)
         await quietly("closing control socket", self.control.close, session.sid)
         await quietly_sync("removing session key", self.data.release, session.sid)
         await quietly_sync(
-            "removing mount frame", remove_frame, frame_dir(session.sid, self.layout.state_dir)
+            "removing mount frame",
+            self.mounts.remove_frame,
+            frame_dir(session.sid, self.layout.state_dir),
         )
-
-    async def _open_sockets(self, sid: str) -> None:
-        if self.sockets is not None:
-            await self.sockets.open(sid)
-
-    async def _close_sockets(self, sid: str) -> None:
-        if self.sockets is not None:
-            await self.sockets.close(sid)
 
     def _grant_mounts(self, sid: str, agent: AgentSpec) -> tuple[Mount, ...]:
         """The agent's approved mounts, each source checked again against the allowlist (it may
         have been shrunk, or a path turned into a symlink, since approval); the frame made."""
         for grant in agent.mounts:
-            resolve_mount_source(grant.source, self.layout.mount_allowlist)
+            self.mounts.resolve(grant.source, self.layout.mount_allowlist)
         if agent.mounts:
-            make_frame(frame_dir(sid, self.layout.state_dir), [g.name for g in agent.mounts])
+            frame = frame_dir(sid, self.layout.state_dir)
+            self.mounts.make_frame(frame, [g.name for g in agent.mounts])
         return granted_mounts(sid, agent.mounts, self.layout.state_dir)
 
     def _policy(
@@ -226,10 +228,3 @@ async def quietly_sync(what: str, fn: Callable[..., object], *args: object) -> N
         await asyncio.to_thread(fn, *args)
     except (IronclawError, OSError) as exc:
         log.warning("cleanup: %s: %s", what, exc)
-
-
-def remove_tree(path: Path) -> None:
-    if path.is_symlink():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)

@@ -7,22 +7,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, SandboxError
-from ironclawd.ports import AuditSink
+from ironclawd.ports import AuditSink, Clock, SessionRecords
+from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import (
     SandboxLayout,
     SandboxLifecycle,
     quietly,
 )
 from ironclawd.services.session_watch import OwnedTasks, SessionWatcher
-from ironclawd.store.state import StateStore
 
 __all__ = ["SandboxLayout", "SessionService"]
 
@@ -36,20 +35,21 @@ class SessionService:
     def __init__(
         self,
         *,
-        store: StateStore,
+        store: SessionRecords,
         lifecycle: SandboxLifecycle,
         agents: Mapping[str, AgentSpec],
-        clock: Callable[[], float] = time.time,
+        hooks: SessionHooks,
+        audit: AuditSink,
+        clock: Clock,
     ) -> None:
         self._store = store
         self.lifecycle = lifecycle
         self.layout = lifecycle.layout
         self.data = lifecycle.data
-        self.audit: AuditSink | None = None
-        self._remove_hooks: list[Callable[[str], None]] = []
+        self._hooks = hooks
+        self._audit = audit
         self._last_active: dict[str, float] = {}
         self._persisted_active: dict[str, float] = {}
-        self._exit_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._agents = agents
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
@@ -79,7 +79,7 @@ class SessionService:
         return await self._owned(self._create(spec, sid))
 
     async def _create(self, spec: AgentSpec, sid: str) -> Session:
-        now = self._clock()
+        now = self._clock.time()
         session = Session(sid, spec.name, State.CREATING, now, now, now)
         async with self.lock(sid):
             self._store.insert(session)  # Conflict if the id is taken
@@ -129,8 +129,7 @@ class SessionService:
                     sid, "removing", self.stop_locked(session, State.STOPPED)
                 )
             await self.lifecycle.teardown(session)  # idempotent: nothing may outlive its record
-            for hook in self._remove_hooks:
-                hook(sid)
+            self._hooks.removed(sid)
             # The key goes first: from then on the queue files are unreadable, even copies.
             await asyncio.to_thread(self.data.destroy, sid)
             self._store.delete(sid)
@@ -152,20 +151,11 @@ class SessionService:
                     log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
         return restarted
 
-    def on_sandbox_exit(self, hook: Callable[[str], Awaitable[None]]) -> None:
-        """Call ``hook(sid)`` after a running sandbox died on its own and the session was
-        marked failed (not after a stop or remove asked for by the operator)."""
-        self._exit_hooks.append(hook)
-
-    def on_remove(self, hook: Callable[[str], None]) -> None:
-        """Call ``hook(sid)`` when a session is removed, before its data is destroyed."""
-        self._remove_hooks.append(hook)
-
     def touch(self, sid: str) -> None:
         """Record activity (a message) so the idle timer starts over. Kept in memory and written
         to the state DB at most every TOUCH_PERSIST_SECONDS: every send and every ingested reply
         touches, and each write is an fsync on the message path."""
-        now = self._clock()
+        now = self._clock.time()
         self._last_active[sid] = now
         if now - self._persisted_active.get(sid, 0.0) >= TOUCH_PERSIST_SECONDS:
             self._store.save(replace(self._store.get(sid), last_active_at=now))
@@ -200,7 +190,7 @@ class SessionService:
         return self.move(session, final, error=error)
 
     def move(self, session: Session, to: State, *, error: str = "", platform: str = "") -> Session:
-        moved = transition(session, to, self._clock(), error)
+        moved = transition(session, to, self._clock.time(), error)
         if platform:
             moved = replace(moved, platform=platform)
         self._store.save(moved)
@@ -209,17 +199,16 @@ class SessionService:
 
     def force_failed(self, session: Session, reason: str) -> Session:
         """Record ``session`` failed whatever state it is in (no transition check)."""
-        failed = replace(session, state=State.FAILED, updated_at=self._clock(), error=reason)
+        failed = replace(session, state=State.FAILED, updated_at=self._clock.time(), error=reason)
         self._store.save(failed)
         self._audit_quietly(failed, State.FAILED.value)
         return failed
 
     def audit_event(self, session: Session, event: str) -> None:
-        if self.audit is not None:
-            self.audit.record(
-                f"session.{event}", "ironclawd", sid=session.sid, agent=session.agent,
-                error=session.error[:500],
-            )  # fmt: skip
+        self._audit.record(
+            f"session.{event}", "ironclawd", sid=session.sid, agent=session.agent,
+            error=session.error[:500],
+        )  # fmt: skip
         log.info(
             "session %s %s%s",
             session.sid,
@@ -255,7 +244,7 @@ class SessionService:
                     reason = describe(exc, f"{what} session {sid}")
                     log.error("%s", reason)
                     await self.lifecycle.teardown(session)
-                    failed = transition(session, State.FAILED, self._clock(), reason)
+                    failed = transition(session, State.FAILED, self._clock.time(), reason)
                     self._store.save(failed)
                     self._audit_quietly(failed, State.FAILED.value)
             raise
@@ -289,13 +278,13 @@ class SessionService:
                     sid, "failing", self.stop_locked(session, State.FAILED, error=reason)
                 )
         # Outside the lock: a hook may start the session again.
-        for hook in self._exit_hooks:
+        for hook in self._hooks.exit_hooks:
             await quietly(f"after session {sid} exited", hook, sid)
 
     async def _idle(self, sid: str) -> None:
         with contextlib.suppress(IronclawError):
             session = self._with_activity(self._store.get(sid))
-            idle_for = self._clock() - session.last_active_at
+            idle_for = self._clock.time() - session.last_active_at
             if session.state is State.RUNNING and idle_for >= self.layout.idle_timeout:
                 log.info("session %s idle for %.0fs: stopping", sid, idle_for)
                 await self.stop(sid)

@@ -26,11 +26,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ironclawd.errors import DiskFull, HostError
+from ironclawd.ports import VerifyResult
 from ironclawd.store.diskspace import is_disk_full
 
 log = logging.getLogger("ironclawd.audit")
@@ -44,15 +44,6 @@ REPAIRED = "audit.repaired"
 # The chain's own fields: a caller's field of the same name would replace them (a record numbered
 # or linked by its payload), so ``append`` refuses such a field instead.
 RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac"})
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    ok: bool
-    records: int
-    first_bad: int = 0  # seq (1-based line number) of the first bad record
-    problem: str = ""  # what is wrong; when ok, what was repaired after a crash or full disk
-    repairs: int = 0  # audit.repaired records and torn writes found between whole records
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:

@@ -24,6 +24,7 @@ import pytest
 from ironclawd.services.audit import Audit
 from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import GENESIS, AuditLog, canonical
+from tests.fakes import MemoryAuditHead
 
 KEY = b"k" * 32
 N = 6
@@ -152,26 +153,13 @@ def test_a_forged_record_with_a_recomputed_sha256_is_named_wherever_it_goes(
     assert log.verify(head).first_bad == N + 1
 
 
-class HeadStore:
-    """The state DB's view of the audit head."""
-
-    def __init__(self) -> None:
-        self.head: tuple[int, str] | None = None
-
-    def set_audit_head(self, seq: int, mac: str) -> None:
-        self.head = (seq, mac)
-
-    def audit_head(self) -> tuple[int, str] | None:
-        return self.head
-
-
 @pytest.fixture
-def opened() -> Iterator[Callable[[AuditLog, HeadStore], Audit]]:
+def opened() -> Iterator[Callable[[AuditLog, MemoryAuditHead], Audit]]:
     """Audit services over a log and a head store; each closed (if it can be) at the end."""
     made: list[Audit] = []
 
-    def open_one(audit_log: AuditLog, store: HeadStore) -> Audit:
-        made.append(Audit(audit_log, store))  # type: ignore[arg-type]
+    def open_one(audit_log: AuditLog, store: MemoryAuditHead) -> Audit:
+        made.append(Audit(audit_log, store))
         return made[-1]
 
     yield open_one
@@ -180,11 +168,11 @@ def opened() -> Iterator[Callable[[AuditLog, HeadStore], Audit]]:
 
 
 def test_a_truncation_stays_visible_after_the_daemon_restarts(
-    tmp_path: Path, no_append_flag: None, opened: Callable[[AuditLog, HeadStore], Audit]
+    tmp_path: Path, no_append_flag: None, opened: Callable[[AuditLog, MemoryAuditHead], Audit]
 ) -> None:
     """The daemon remembers the head; reopening a shortened log must not let new records
     overwrite that memory and so hide the cut."""
-    path, store = tmp_path / "audit.log", HeadStore()
+    path, store = tmp_path / "audit.log", MemoryAuditHead()
     audit = opened(AuditLog(path, KEY), store)
     for n in range(N):
         audit.record("session.started", "ironclawd", sid=f"s{n}")
@@ -203,10 +191,10 @@ def test_a_truncation_stays_visible_after_the_daemon_restarts(
 
 
 def test_a_head_that_lags_the_file_is_not_tampering(
-    tmp_path: Path, no_append_flag: None, opened: Callable[[AuditLog, HeadStore], Audit]
+    tmp_path: Path, no_append_flag: None, opened: Callable[[AuditLog, MemoryAuditHead], Audit]
 ) -> None:
     """A crash between the append and remembering the head leaves the file one ahead."""
-    path, store = tmp_path / "audit.log", HeadStore()
+    path, store = tmp_path / "audit.log", MemoryAuditHead()
     log = AuditLog(path, KEY)
     for _ in range(3):
         log.append("x", "ironclawd")

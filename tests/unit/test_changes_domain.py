@@ -35,8 +35,10 @@ from ironclawd.domain.changes import (
 )
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
+from ironclawd.host.mounts import HostMounts
 from ironclawd.services.gateway import Gateway, GatewayPolicy, RateLimited
 from ironclawd.services.registry import Registry
+from tests.fakes import FakeClock, MemoryAgents, MemoryChanges, RecordingAudit
 
 DEMO = AgentSpec("demo")
 
@@ -228,70 +230,31 @@ def test_transitions_follow_the_state_machine_and_each_decision_is_single_use() 
 # -- the gateway's decisions (in-memory store, hand-driven clock) -------------------------------
 
 
-class MemoryStore:
-    """The part of StateStore the registry and the gateway use."""
-
-    def __init__(self) -> None:
-        self._agents: dict[str, str] = {}
-        self.changes: dict[str, Change] = {}
-
-    def put_agent(self, name: str, spec_json: str, now: float) -> None:
-        self._agents[name] = spec_json
-
-    def agents(self) -> dict[str, str]:
-        return dict(self._agents)
-
-    def insert_change(self, change: Change) -> None:
-        assert change.id not in self.changes
-        self.changes[change.id] = change
-
-    def save_change(self, change: Change) -> None:
-        self.changes[change.id] = replace(
-            self.changes[change.id], state=change.state, decided_by=change.decided_by,
-            decided_at=change.decided_at, note=change.note,
-        )  # fmt: skip
-
-    def get_change(self, change_id: str) -> Change:
-        if change_id not in self.changes:
-            raise NotFound(f"change {change_id} not found")
-        return self.changes[change_id]
-
-    def list_changes(self, state: str | None = None) -> list[Change]:
-        return [c for c in self.changes.values() if state is None or c.state.value == state]
-
-    def count_changes_since(self, submitter: str, since: float) -> int:
-        return sum(c.submitter == submitter and c.created_at >= since
-                   for c in self.changes.values())  # fmt: skip
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, str, dict[str, object]]] = []
-
-    def record(self, event: str, actor: str, **fields: object) -> None:
-        self.records.append((event, actor, fields))
-
-    record_soon = record
-
-    def events(self) -> list[str]:
-        return [event for event, _, _ in self.records]
-
-
 class World:
     def __init__(self, policy: GatewayPolicy | None = None) -> None:
-        self.now = 1000.0
-        self.store = MemoryStore()
-        self.registry = Registry(self.store, [DEMO])  # type: ignore[arg-type]
-        self.audit = Recorder()
+        self.clock = FakeClock(1000.0)
+        self.store = MemoryChanges()
+        self.agents = MemoryAgents()
+        self.registry = Registry(self.agents, [DEMO], self.clock)
+        self.audit = RecordingAudit()
         self.restarted: list[str] = []
         self.gateway = Gateway(
-            store=self.store,  # type: ignore[arg-type]
+            store=self.store,
             registry=self.registry,
             audit=self.audit,
             policy=policy or GatewayPolicy(),
             restart_agent_sessions=self._restart,
-            clock=lambda: self.now,
+            mounts=HostMounts(),  # the real one: these tests plant symlinks in a tmp dir
+            clock=self.clock,
         )
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.clock.advance(value - self.clock.now)
 
     async def _restart(self, agent: str) -> list[str]:
         self.restarted.append(agent)

@@ -18,21 +18,13 @@ from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.egress import EgressDecision, EgressLimits, EgressRule, UpstreamFailed
 from ironclawd.domain.model import BudgetExceeded
 from ironclawd.errors import ConfigError, InvalidArgument, PolicyDenied
+from ironclawd.host.clock import SystemClock
 from ironclawd.ports import UpstreamRequest
 from ironclawd.services.egress import EgressBroker, End, Head
+from tests.fakes import FakeCredentials, StaticSessions
 
 SECRET = "s3cr3t-host-held-token"
 PUBLIC = "93.184.215.14"  # never contacted: the upstream here is a fake
-
-
-@dataclass
-class _Session:
-    agent: str
-
-
-class FakeSessions:
-    def get(self, sid: str) -> _Session:
-        return _Session("fetcher" if sid != "nogrants" else "demo")
 
 
 class HostileResolver:
@@ -76,12 +68,6 @@ class RecordingUpstream:
         return self.response
 
 
-class FakeCredentials:
-    def get(self, name: str) -> str:
-        assert name == "api-token"
-        return SECRET
-
-
 RULES = (
     EgressRule("api.example.com", methods=("GET", "POST"), path_prefixes=("/v1/",)),
     EgressRule("keyed.example.com", credential="api-token"),
@@ -98,12 +84,13 @@ def make(
     resolver = resolver or HostileResolver()
     decisions: list[EgressDecision] = []
     broker = EgressBroker(
-        sessions=FakeSessions(),  # type: ignore[arg-type]
+        sessions=StaticSessions(default="fetcher", nogrants="demo"),
         agents={"fetcher": AgentSpec("fetcher", egress=RULES), "demo": AgentSpec("demo")},
         resolver=resolver,
         upstream=upstream,
-        credentials=FakeCredentials(),  # type: ignore[arg-type]
+        credentials=FakeCredentials(**{"api-token": SECRET}),
         limits=EgressLimits(**limits),
+        clock=SystemClock(),
         record=decisions.append,
     )
     return broker, upstream, resolver, decisions

@@ -11,6 +11,7 @@ import pytest
 
 from ironclawd.domain.changes import Change, ChangeState, transition
 from ironclawd.errors import HostError
+from ironclawd.host.mounts import HostMounts
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.registry import Registry
 from tests.unit.test_changes_domain import DEMO, ROOT, World
@@ -28,14 +29,16 @@ def _crashed_after_approval(put: bool) -> tuple[World, Change]:
         w.registry.put(replace(DEMO, persona="New."))
     again = World()
     again.store = w.store
-    again.registry = Registry(w.store, [DEMO])  # type: ignore[arg-type]
+    again.agents = w.agents
+    again.registry = Registry(w.agents, [DEMO], again.clock)
     again.gateway = Gateway(
-        store=w.store,  # type: ignore[arg-type]
+        store=w.store,
         registry=again.registry,
         audit=again.audit,
         policy=GatewayPolicy(),
         restart_agent_sessions=again._restart,
-        clock=lambda: again.now,
+        mounts=HostMounts(),
+        clock=again.clock,
     )
     return again, change
 

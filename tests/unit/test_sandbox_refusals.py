@@ -7,29 +7,20 @@ from __future__ import annotations
 
 from ironclawd.api.sandbox import SandboxPeer, _RefusalAudit
 from ironclawd.services.audit import Throttled
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, str, dict[str, object]]] = []
-
-    def record(self, event: str, actor: str, **fields: object) -> None:
-        self.records.append((event, actor, fields))
-
-    record_soon = record
+from tests.fakes import FakeClock, RecordingAudit
 
 
 def test_records_are_bounded_per_key_and_the_gap_is_counted() -> None:
-    now = [100.0]
-    audit = Recorder()
-    throttled = Throttled(audit, per_minute=3, clock=lambda: now[0])
+    clock = FakeClock(monotonic=100.0)
+    audit = RecordingAudit()
+    throttled = Throttled(audit, clock, per_minute=3)
     recorded = [throttled.record("s1", "x.refused", "session:s1", n=n) for n in range(10)]
     assert recorded == [True] * 3 + [False] * 7
     assert throttled.record("s2", "x.refused", "session:s2")  # another key is not held up
     assert [r[2].get("n") for r in audit.records] == [0, 1, 2, None]
-    now[0] += 59.9
+    clock.advance(59.9)
     assert not throttled.record("s1", "x.refused", "session:s1")
-    now[0] += 0.1
+    clock.advance(0.1)
     assert throttled.record("s1", "x.refused", "session:s1", n=99)
     assert audit.records[-1] == ("x.refused", "session:s1", {"n": 99, "unrecorded_before": 8})
     assert throttled.record("s1", "x.refused", "session:s1")
@@ -37,8 +28,8 @@ def test_records_are_bounded_per_key_and_the_gap_is_counted() -> None:
 
 
 def test_a_sandbox_refusal_names_session_socket_and_clipped_method() -> None:
-    audit = Recorder()
-    refused = _RefusalAudit(audit)
+    audit = RecordingAudit()
+    refused = _RefusalAudit(audit, FakeClock())
     approve = "/ironclaw.admin.v1.AdminService/ApproveChange"
     refused(SandboxPeer("s1", "gateway"), approve, "no such method")
     refused(None, "/x/" + "y" * 500, "not served on this socket")

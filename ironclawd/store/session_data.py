@@ -1,5 +1,5 @@
-"""A session's data: its key (wrapped in the state DB, unwrapped only on tmpfs while it runs)
-and its queue directories. Destroying the key makes the queues unreadable."""
+"""A session's data (``ports.SessionData``): its key (wrapped in the state DB, unwrapped only on
+tmpfs while it runs) and its queue directories. Destroying the key makes the queues unreadable."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ironclawd.store import queues
 from ironclawd.store.diskspace import check_free
 from ironclawd.store.keys import MasterKey, new_session_key, remove_tmpfs_key, write_tmpfs_key
 from ironclawd.store.outbound import OUTBOUND_FILE, OutboundReader, restore_outbound, strip_setid
+from ironclawd.store.queues import InboundWriter
 from ironclawd.store.quota_mount import OutboundQuota, is_mounted
 from ironclawd.store.state import StateStore
 
@@ -31,7 +32,7 @@ class DataLayout:
     min_free_bytes: int = 0  # [daemon] min_free_bytes; 0: no check
 
 
-class SessionData:
+class SessionDataStore:
     def __init__(self, store: StateStore, master: MasterKey, layout: DataLayout) -> None:
         self._store = store
         self._master = master
@@ -103,6 +104,13 @@ class SessionData:
             self.outbound_dir(sid), self.key(sid), uid, self.layout.scratch_dir,
             self.layout.limits.outbound_bytes,
         )  # fmt: skip
+
+    def inbound(self, sid: str, gid: int) -> InboundWriter:
+        """A writer of the session's inbound queue (group ``gid`` may read it)."""
+        return InboundWriter(self.inbound_dir(sid), self.key(sid), gid)
+
+    def outbound(self, sid: str, uid: int) -> OutboundReader:
+        return self.outbound_reader(sid, uid)
 
     def strip_setid(self, sid: str, uid: int) -> int:
         """Clear setuid/setgid bits the box left in its outbound directory; how many."""

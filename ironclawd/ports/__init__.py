@@ -8,15 +8,173 @@ same contract tests as the real adapters.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from ironclawd.domain.checks import CheckResult
+from ironclawd.domain.model import Chunk, Completion
+from ironclawd.domain.policy import Mount
+from ironclawd.domain.session import Session
+from ironclawd.ports.records import (
+    AgentRecords,
+    AuditHead,
+    AuditLogFile,
+    ChangeRecords,
+    ReplyRecords,
+    SessionKeyRecords,
+    SessionRecords,
+    VerifyResult,
+)
+
+__all__ = [
+    "AgentRecords",
+    "AuditHead",
+    "AuditLogFile",
+    "ChangeRecords",
+    "ReplyRecords",
+    "SessionKeyRecords",
+    "SessionRecords",
+    "VerifyResult",
+]
 
 
 class Clock(Protocol):
-    def monotonic(self) -> float: ...
-    def time(self) -> float: ...
+    """The one source of time for services (real: host/clock.py)."""
+
+    def monotonic(self) -> float:
+        """For durations and rate windows: never jumps."""
+        ...
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch: what is persisted and shown."""
+        ...
+
+
+class SessionLookup(Protocol):
+    """Which session a sandbox call came from (real: services/sessions.py)."""
+
+    def get(self, sid: str) -> Session:
+        """NotFound for an unknown session."""
+        ...
+
+
+# -- host effects besides units, netns, runtime and sockets -----------------------------------
+
+
+class Credentials(Protocol):
+    """Upstream secrets by name (real: store/credentials.py)."""
+
+    def get(self, name: str) -> str:
+        """NotFound (naming the credential, never its value) if it is not there."""
+        ...
+
+    def all_values(self) -> list[str]:
+        """Every secret, for redaction."""
+        ...
+
+
+class MountSources(Protocol):
+    """Host directories an agent may have mounted (real: host/mounts.py)."""
+
+    def resolve(self, source: str, allowlist: Iterable[str]) -> str:
+        """The real path of ``source``; PolicyDenied unless it lies under the allowlist."""
+        ...
+
+    def make_frame(self, frame: Path, names: Iterable[str]) -> None: ...
+    def remove_frame(self, frame: Path) -> None: ...
+
+
+class Bundles(Protocol):
+    """OCI bundle directories (real: bundle/writer.py)."""
+
+    def write(
+        self, bundle: Path, spec: Mapping[str, Any], granted: Sequence[Mount], state_dir: Path
+    ) -> None: ...
+    def remove(self, bundle: Path) -> None:
+        """Remove a bundle directory (or a symlink planted in its place); nothing if absent."""
+        ...
+
+    def list_names(self, bundles_dir: Path) -> list[str]: ...
+
+
+class InboundQueue(Protocol):
+    """A session's inbound queue file, written by the host (real: store/queues.py)."""
+
+    def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
+        """(seq, new): an existing client_id returns its earlier seq and False."""
+        ...
+
+    def last_seq(self) -> int: ...
+    def close(self) -> None: ...
+
+
+RawRow = tuple[int, object, object, bytes | None]  # (seq, in_reply_to, created_at, body) as read
+
+
+class OutboundRows(Protocol):
+    """A session's outbound queue file, written by its (hostile) agent (real: store/outbound.py)."""
+
+    def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]: ...
+    def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]: ...
+
+
+class SessionData(Protocol):
+    """A session's key and queues (real: store/session_data.py)."""
+
+    def check_space(self, doing: str) -> None:
+        """DiskFull while the state filesystem is below ``daemon.min_free_bytes``."""
+        ...
+
+    def key(self, sid: str) -> bytes: ...
+    def prepare(self, sid: str, uid: int, gid: int) -> bytes:
+        """Make the key and queue dirs if missing; put the key on tmpfs for the box."""
+        ...
+
+    def release(self, sid: str) -> None:
+        """Take the unwrapped key off tmpfs."""
+        ...
+
+    def destroy(self, sid: str) -> None:
+        """Forget the key for good, then delete the queue files."""
+        ...
+
+    def inbound(self, sid: str, gid: int) -> InboundQueue: ...
+    def outbound(self, sid: str, uid: int) -> OutboundRows: ...
+    def strip_setid(self, sid: str, uid: int) -> int: ...
+
+
+class Provider(Protocol):
+    """A model API (real: providers/)."""
+
+    name: str
+
+    def stream(self, completion: Completion, key: str, base_url: str) -> AsyncIterator[Chunk]: ...
+
+
+@dataclass(frozen=True)
+class RunscCheck:
+    result: CheckResult
+    platforms: tuple[str, ...]  # what the runsc found offers; () if none was found
+
+
+class HostProbes(Protocol):
+    """What ``doctor`` tries on the host (real: host/probes.py, store/probes.py)."""
+
+    def runsc(self, runsc: Path) -> RunscCheck: ...
+    def systemd(self) -> CheckResult: ...
+    def cgroups(self) -> CheckResult: ...
+    def sqlcipher(self) -> CheckResult: ...
+    def platform(self, units: UnitManager, runsc: Path, platform: str) -> CheckResult: ...
 
 
 @dataclass(frozen=True)

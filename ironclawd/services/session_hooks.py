@@ -1,0 +1,53 @@
+"""``SessionHooks``: what else happens when a session's sandbox comes, goes, dies or is removed.
+
+Made first and handed to the ``SessionService`` and to everyone who subscribes (the sandbox API
+serves a session's sockets while its sandbox runs; messaging resumes a session that died with
+messages waiting; the broker and messaging forget a removed session). The service depends on
+the hooks, never on its subscribers: that breaks the cycle between it and the sandbox API."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+SidHook = Callable[[str], Awaitable[None]]
+
+
+class SessionHooks:
+    """Subscribers per event, called in subscription order. Implements ``ports.SandboxSockets``
+    (``open``/``close`` of a session's sandbox-facing sockets)."""
+
+    def __init__(self) -> None:
+        self._open: list[SidHook] = []
+        self._close: list[SidHook] = []
+        self._exit: list[SidHook] = []
+        self._remove: list[Callable[[str], None]] = []
+
+    def on_sockets(self, open_: SidHook, close: SidHook) -> None:
+        """Serve a session's sockets (``open_``) while its sandbox runs, until ``close``."""
+        self._open.append(open_)
+        self._close.append(close)
+
+    def on_sandbox_exit(self, hook: SidHook) -> None:
+        """Call ``hook(sid)`` after a running sandbox died on its own and the session was
+        marked failed (not after a stop or remove asked for by the operator)."""
+        self._exit.append(hook)
+
+    def on_remove(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(sid)`` when a session is removed, before its data is destroyed."""
+        self._remove.append(hook)
+
+    async def open(self, sid: str) -> None:
+        for hook in self._open:
+            await hook(sid)
+
+    async def close(self, sid: str) -> None:
+        for hook in self._close:
+            await hook(sid)
+
+    @property
+    def exit_hooks(self) -> tuple[SidHook, ...]:
+        return tuple(self._exit)
+
+    def removed(self, sid: str) -> None:
+        for hook in self._remove:
+            hook(sid)

@@ -1,0 +1,313 @@
+"""Recording fakes of the host-effect ports: units, netns, control sockets, runtime, mounts,
+bundles, session data and credentials. Each keeps ``calls`` in order, shared when the test
+passes one list to several (``log=``), so a test can read the order of effects across them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ironclawd.domain.policy import Mount
+from ironclawd.errors import DiskFull, HostError, NotFound, PolicyDenied
+from ironclawd.ports import AgentHello, ControlListener, RawRow, UnitSpec, UnitState
+
+Calls = list[tuple[Any, ...]]
+
+
+class _Recording:
+    def __init__(self, log: Calls | None = None) -> None:
+        self.calls: Calls = log if log is not None else []
+        self.fail: dict[str, BaseException] = {}  # method -> what it raises (once)
+
+    def _call(self, method: str, *args: Any) -> None:
+        self.calls.append((method, *args))
+        exc = self.fail.pop(method, None)
+        if exc is not None:
+            raise exc
+
+
+class FakeUnits(_Recording):
+    """``UnitManager``: started units are active until stopped; ``exit(name, result)`` makes
+    one die on its own."""
+
+    def __init__(self, log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.units: dict[str, UnitState] = {}
+
+    def start_transient(self, spec: UnitSpec, timeout: float) -> UnitState:
+        self._call("units.start", spec.name)
+        state = UnitState(spec.name, "active", "running", 4242, "success")
+        self.units[spec.name] = state
+        return state
+
+    def stop(self, name: str, timeout: float) -> None:
+        self._call("units.stop", name)
+        if name in self.units:
+            self.units[name] = UnitState(name, "inactive", "dead", 0, self.units[name].result)
+
+    def kill(self, name: str, signal: int) -> None:
+        self._call("units.kill", name, signal)
+
+    def state(self, name: str) -> UnitState | None:
+        return self.units.get(name)
+
+    def list_units(self, pattern: str) -> list[UnitState]:
+        prefix = pattern.split("*", 1)[0]
+        return [u for n, u in sorted(self.units.items()) if n.startswith(prefix)]
+
+    def reset_failed(self, name: str) -> None:
+        self._call("units.reset_failed", name)
+        unit = self.units.get(name)
+        if unit is not None and unit.active_state in ("inactive", "failed"):
+            del self.units[name]
+
+    def wait_inactive(self, name: str, timeout: float) -> UnitState | None:
+        self._call("units.wait_inactive", name)
+        return self.units.get(name)
+
+    def exit(self, name: str, result: str) -> None:
+        self.units[name] = UnitState(name, "failed", "failed", 0, result)
+
+
+class FakeNetns(_Recording):
+    """``NetnsManager``."""
+
+    def __init__(self, log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.names: set[str] = set()
+
+    def create(self, name: str) -> Path:
+        self._call("netns.create", name)
+        self.names.add(name)
+        return Path("/run/netns") / name
+
+    def verify(self, name: str) -> Path:
+        if name not in self.names:
+            raise HostError(f"netns {name}: missing")
+        return Path("/run/netns") / name
+
+    def delete(self, name: str) -> None:
+        self._call("netns.delete", name)
+        self.names.discard(name)
+
+    def list_names(self, prefix: str) -> list[str]:
+        return sorted(n for n in self.names if n.startswith(prefix))
+
+
+class FakeControl(_Recording):
+    """``ControlPlane``: an opened session's agent says hello at once unless ``silent`` names
+    it; ``drop(sid)`` ends its connection as a dying sandbox would."""
+
+    def __init__(self, log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.open_dirs: set[str] = set()
+        self.silent: set[str] = set()
+        self.sent: list[tuple[str, str, int]] = []
+        self._dropped: dict[str, asyncio.Event] = {}
+        self.listener: ControlListener | None = None
+
+    async def open(self, sid: str) -> Path:
+        self._call("control.open", sid)
+        self.open_dirs.add(sid)
+        self._dropped[sid] = asyncio.Event()
+        return Path("/run/ironclaw/sessions") / sid
+
+    async def wait_hello(self, sid: str, timeout: float) -> AgentHello:
+        if sid in self.silent or sid not in self.open_dirs:
+            raise TimeoutError
+        return AgentHello(pid=7, uid=10000)
+
+    def is_connected(self, sid: str) -> bool:
+        event = self._dropped.get(sid)
+        return sid in self.open_dirs and event is not None and not event.is_set()
+
+    async def wait_disconnect(self, sid: str) -> None:
+        await self._dropped.setdefault(sid, asyncio.Event()).wait()
+
+    async def close(self, sid: str) -> None:
+        self._call("control.close", sid)
+        self.open_dirs.discard(sid)
+
+    def list_dirs(self) -> list[str]:
+        return sorted(self.open_dirs)
+
+    def set_listener(self, listener: ControlListener) -> None:
+        self.listener = listener
+
+    async def send(self, sid: str, event: str, value: int) -> bool:
+        self.sent.append((sid, event, value))
+        return self.is_connected(sid)
+
+    def drop(self, sid: str) -> None:
+        self._dropped.setdefault(sid, asyncio.Event()).set()
+
+
+class FakeRuntime(_Recording):
+    """``SandboxRuntime``: a container exists from its unit's start until deleted."""
+
+    platform = "fake"
+
+    def __init__(self, log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.ids: set[str] = set()
+
+    def run_argv(self, bundle: Path, container_id: str) -> list[str]:
+        self.ids.add(container_id)
+        return ["/usr/bin/runsc", "run", "--bundle", str(bundle), container_id]
+
+    def writable_paths(self) -> tuple[Path, ...]:
+        return (Path("/run/ironclaw/runsc"),)
+
+    def delete(self, container_id: str) -> None:
+        self._call("runtime.delete", container_id)
+        self.ids.discard(container_id)
+
+    def list_ids(self) -> list[str]:
+        return sorted(self.ids)
+
+
+class FakeMounts(_Recording):
+    """``MountSources`` over a set of directories the test says exist."""
+
+    def __init__(self, existing: Iterable[str] = (), log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.existing = set(existing)
+        self.frames: set[Path] = set()
+
+    def resolve(self, source: str, allowlist: Iterable[str]) -> str:
+        roots = [r.rstrip("/") + "/" for r in allowlist]
+        if not roots:
+            raise PolicyDenied(f"mount source {source}: no host directory can be granted")
+        if not any(source.startswith(r) for r in roots):
+            raise PolicyDenied(f"mount source {source}: not below [gateway] mount_allowlist")
+        if source not in self.existing:
+            raise PolicyDenied(f"mount source {source}: No such file or directory")
+        return source
+
+    def make_frame(self, frame: Path, names: Iterable[str]) -> None:
+        self._call("mounts.make_frame", frame, tuple(names))
+        self.frames.add(frame)
+
+    def remove_frame(self, frame: Path) -> None:
+        self._call("mounts.remove_frame", frame)
+        self.frames.discard(frame)
+
+
+class FakeBundles(_Recording):
+    """``Bundles``: written specs kept by directory."""
+
+    def __init__(self, log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.specs: dict[Path, Mapping[str, Any]] = {}
+
+    def write(
+        self, bundle: Path, spec: Mapping[str, Any], granted: Sequence[Mount], state_dir: Path
+    ) -> None:
+        self._call("bundles.write", bundle)
+        self.specs[bundle] = spec
+
+    def remove(self, bundle: Path) -> None:
+        self._call("bundles.remove", bundle)
+        self.specs.pop(bundle, None)
+
+    def list_names(self, bundles_dir: Path) -> list[str]:
+        return sorted(p.name for p in self.specs if p.parent == bundles_dir)
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, str | None]] = []
+        self.closed = False
+
+    def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
+        for seq, (_, _, cid) in enumerate(self.rows, 1):
+            if client_id is not None and cid == client_id:
+                return seq, False
+        self.rows.append((body, created_at, client_id))
+        return len(self.rows), True
+
+    def last_seq(self) -> int:
+        return len(self.rows)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Outbound:
+    def __init__(self, rows: list[RawRow]) -> None:
+        self.rows = rows
+
+    def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
+        return [r for r in self.rows if r[0] > after][:limit]
+
+    def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]:
+        return [r for r in self.rows if first <= r[0] <= last]
+
+
+class FakeSessionData(_Recording):
+    """``SessionData``: keys and queues in memory; ``prepared`` holds the sessions whose key is
+    on the (fake) tmpfs."""
+
+    def __init__(self, log: Calls | None = None) -> None:
+        super().__init__(log)
+        self.keys: dict[str, bytes] = {}
+        self.prepared: set[str] = set()
+        self.inbound_queues: dict[str, _Queue] = {}
+        self.outbound_rows: dict[str, list[RawRow]] = {}
+        self.full = False
+
+    def check_space(self, doing: str) -> None:
+        if self.full:
+            raise DiskFull(f"{doing}: the state directory is full")
+
+    def key(self, sid: str) -> bytes:
+        if sid not in self.keys:
+            raise HostError(f"session {sid}: no key (it was destroyed)")
+        return self.keys[sid]
+
+    def prepare(self, sid: str, uid: int, gid: int) -> bytes:
+        self._call("data.prepare", sid)
+        self.keys.setdefault(sid, bytes(32))
+        self.prepared.add(sid)
+        return self.keys[sid]
+
+    def release(self, sid: str) -> None:
+        self._call("data.release", sid)
+        self.prepared.discard(sid)
+
+    def destroy(self, sid: str) -> None:
+        self._call("data.destroy", sid)
+        self.prepared.discard(sid)
+        self.keys.pop(sid, None)
+        self.inbound_queues.pop(sid, None)
+        self.outbound_rows.pop(sid, None)
+
+    def inbound(self, sid: str, gid: int) -> _Queue:
+        self.key(sid)
+        return self.inbound_queues.setdefault(sid, _Queue())
+
+    def outbound(self, sid: str, uid: int) -> _Outbound:
+        self.key(sid)
+        return _Outbound(self.outbound_rows.setdefault(sid, []))
+
+    def strip_setid(self, sid: str, uid: int) -> int:
+        return 0
+
+
+class FakeCredentials:
+    """``Credentials`` over a dict."""
+
+    def __init__(self, **secrets: str) -> None:
+        self.secrets = secrets
+        self.asked: list[str] = []
+
+    def get(self, name: str) -> str:
+        self.asked.append(name)
+        if name not in self.secrets:
+            raise NotFound(f"credential '{name}' not found")
+        return self.secrets[name]
+
+    def all_values(self) -> list[str]:
+        return list(self.secrets.values())
