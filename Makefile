@@ -27,7 +27,7 @@ lint: venv
 check: check-proto lint test-unit
 
 test-unit: venv
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit tests/contract
 
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
 # The e2e tier builds the .deb and installs it on a debootstrapped Debian (~2.5 min cold, ~30 s

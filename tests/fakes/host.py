@@ -169,19 +169,27 @@ class FakeRuntime(_Recording):
 
 
 class FakeMounts(_Recording):
-    """``MountSources`` over a set of directories the test says exist."""
+    """``MountSources`` over the directories (and other files) the test says exist."""
 
-    def __init__(self, existing: Iterable[str] = (), log: Calls | None = None) -> None:
+    def __init__(
+        self, existing: Iterable[str] = (), files: Iterable[str] = (), log: Calls | None = None
+    ) -> None:
         super().__init__(log)
         self.existing = set(existing)
+        self.files = set(files)
         self.frames: set[Path] = set()
 
     def resolve(self, source: str, allowlist: Iterable[str]) -> str:
         roots = [r.rstrip("/") + "/" for r in allowlist]
         if not roots:
-            raise PolicyDenied(f"mount source {source}: no host directory can be granted")
+            raise PolicyDenied(
+                f"mount source {source}: no host directory can be granted "
+                "([gateway] mount_allowlist is empty)"
+            )
         if not any(source.startswith(r) for r in roots):
             raise PolicyDenied(f"mount source {source}: not below [gateway] mount_allowlist")
+        if source in self.files:
+            raise PolicyDenied(f"mount source {source}: not a directory")
         if source not in self.existing:
             raise PolicyDenied(f"mount source {source}: No such file or directory")
         return source

@@ -1,0 +1,57 @@
+"""Ports whose real adapters need root and a systemd of their own: UnitManager
+(host/systemd.py) and NetnsManager (host/netns.py). The real ones run only under --real-host,
+inside the private systemd (tests/integration/test_contracts_real.py)."""
+
+from __future__ import annotations
+
+import secrets
+
+from ironclawd.errors import HostError
+from ironclawd.host.netns import NetnsAdapter
+from ironclawd.host.systemd import SystemdUnitManager
+from ironclawd.ports import NetnsManager, UnitManager, UnitSpec
+from tests.fakes import FakeNetns, FakeUnits
+
+
+def _units(impl: str) -> UnitManager:
+    return FakeUnits() if impl == "fake" else SystemdUnitManager()
+
+
+def _netns(impl: str) -> NetnsManager:
+    return FakeNetns() if impl == "fake" else NetnsAdapter()
+
+
+def test_a_started_unit_is_active_listed_and_inactive_after_stop(host_impl: str) -> None:
+    units = _units(host_impl)
+    name = f"ironclaw-contract-{secrets.token_hex(4)}.service"
+    spec = UnitSpec(name=name, argv=["/bin/sleep", "300"], description="contract",
+                    netns_path=None, collect_mode="inactive")  # fmt: skip
+    try:
+        started = units.start_transient(spec, 30.0)
+        assert (started.name, started.active_state) == (name, "active")
+        assert name in [u.name for u in units.list_units("ironclaw-contract-*.service")]
+        units.stop(name, 30.0)
+        after = units.state(name)
+        assert after is None or after.active_state in ("inactive", "failed")
+        units.reset_failed(name)
+    finally:
+        units.stop(name, 30.0)
+
+
+def test_netns_create_verify_list_delete(host_impl: str) -> None:
+    netns = _netns(host_impl)
+    name = f"ironclaw-contract-{secrets.token_hex(4)}"
+    try:
+        path = netns.create(name)
+        assert path.name == name
+        assert netns.verify(name) == path
+        assert name in netns.list_names("ironclaw-contract-")
+    finally:
+        netns.delete(name)
+    assert name not in netns.list_names("ironclaw-contract-")
+    try:
+        netns.verify(name)
+    except HostError:
+        pass
+    else:
+        raise AssertionError(f"verify of deleted netns {name} did not fail")

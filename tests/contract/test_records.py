@@ -1,0 +1,135 @@
+"""The records ports (``ironclawd.ports.records``): the in-memory fakes and the SQLCipher state
+DB (store/state.py, on a real file in a tmp dir) keep, return and refuse the same things."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ironclawd.domain.changes import Change, ChangeState
+from ironclawd.domain.messages import GENESIS, Reply
+from ironclawd.domain.session import Session, State
+from ironclawd.errors import AlreadyExists, NotFound
+from ironclawd.store.state import StateStore
+from tests.fakes import (
+    MemoryAgents,
+    MemoryAuditHead,
+    MemoryChanges,
+    MemoryReplies,
+    MemorySessionKeys,
+    MemorySessions,
+)
+
+KEY = bytes(range(32))
+
+
+@pytest.fixture(params=["fake", "sqlcipher"])
+def records(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Each records port by name: six fakes, or one StateStore serving all six."""
+    if request.param == "fake":
+        replies = MemoryReplies()
+        yield {
+            "sessions": MemorySessions(), "replies": replies,
+            "keys": MemorySessionKeys(replies), "agents": MemoryAgents(),
+            "changes": MemoryChanges(), "audit_head": MemoryAuditHead(),
+        }  # fmt: skip
+        return
+    store = StateStore(tmp_path / "state.db", KEY)
+    try:
+        yield dict.fromkeys(("sessions", "replies", "keys", "agents", "changes", "audit_head"),
+                            store)  # fmt: skip
+    finally:
+        store.close()
+
+
+def _session(sid: str, created: float = 1.0) -> Session:
+    return Session(sid, "demo", State.CREATING, created, created, created)
+
+
+def test_sessions_insert_get_save_list_delete(records: dict[str, Any]) -> None:
+    store = records["sessions"]
+    first, second = _session("aaaaaaaaaaaa", 2.0), _session("bbbbbbbbbbbb", 1.0)
+    store.insert(first)
+    store.insert(second)
+    with pytest.raises(AlreadyExists):
+        store.insert(first)
+    assert store.get(first.sid) == first
+    running = replace(first, state=State.RUNNING, updated_at=3.0, platform="ptrace", error="e")
+    store.save(running)
+    assert store.get(first.sid) == running
+    assert [s.sid for s in store.list_sessions()] == [second.sid, first.sid]  # by created_at
+    store.delete(first.sid)
+    store.delete(first.sid)  # idempotent
+    with pytest.raises(NotFound):
+        store.get(first.sid)
+    with pytest.raises(NotFound):
+        store.save(running)
+
+
+def test_replies_in_order_after_a_seq_with_limit(records: dict[str, Any]) -> None:
+    store = records["replies"]
+    assert store.last_reply("s") == (0, GENESIS)
+    rows = [Reply(n, n, float(n), f"body {n}", bytes([n]) * 32) for n in (1, 2, 3)]
+    store.add_replies("s", rows)
+    assert store.last_reply("s") == (3, bytes([3]) * 32)
+    assert store.replies_after("s", 1) == rows[1:]
+    assert store.replies_after("s", 0, limit=2) == rows[:2]
+    assert store.replies_after("other", 0) == []
+
+
+def test_session_keys_are_forgotten_with_the_replies(records: dict[str, Any]) -> None:
+    keys, replies = records["keys"], records["replies"]
+    assert keys.wrapped_key("s") is None
+    keys.put_wrapped_key("s", b"wrapped")
+    keys.put_wrapped_key("s", b"again")  # replaced
+    assert keys.wrapped_key("s") == b"again"
+    replies.add_replies("s", [Reply(1, 1, 1.0, "x", bytes(32))])
+    keys.destroy_session_data("s")
+    assert keys.wrapped_key("s") is None
+    assert replies.replies_after("s", 0) == []
+
+
+def test_agents_are_replaced_by_name(records: dict[str, Any]) -> None:
+    agents = records["agents"]
+    assert agents.agents() == {}
+    agents.put_agent("b", '{"v": 1}', 1.0)
+    agents.put_agent("a", '{"v": 1}', 1.0)
+    agents.put_agent("b", '{"v": 2}', 2.0)
+    assert agents.agents() == {"a": '{"v": 1}', "b": '{"v": 2}'}
+
+
+def _change(cid: str, created: float, submitter: str = "uid:0(root)") -> Change:
+    return Change(
+        id=cid, kind="persona", agent="demo", payload='{"persona": "x"}', reason="",
+        submitter=submitter, before="{}", after='{"persona": "x"}', hash="h" * 64,
+        created_at=created, expires_at=created + 60,
+    )  # fmt: skip
+
+
+def test_changes_save_only_the_decision(records: dict[str, Any]) -> None:
+    store = records["changes"]
+    first, second = _change("c2", 2.0), _change("c1", 1.0, "uid:1000(alice)")
+    store.insert_change(first)
+    store.insert_change(second)
+    decided = replace(first, state=ChangeState.APPROVED, decided_by="alice", decided_at=3.0,
+                      note="ok", payload="IGNORED")  # fmt: skip
+    store.save_change(decided)
+    assert store.get_change("c2") == replace(decided, payload=first.payload)
+    assert [c.id for c in store.list_changes()] == ["c1", "c2"]
+    assert [c.id for c in store.list_changes("approved")] == ["c2"]
+    assert store.count_changes_since("uid:0(root)", 2.0) == 1
+    assert store.count_changes_since("uid:0(root)", 2.5) == 0
+    with pytest.raises(NotFound):
+        store.get_change("nope")
+
+
+def test_audit_head_is_the_last_set(records: dict[str, Any]) -> None:
+    head = records["audit_head"]
+    assert head.audit_head() is None
+    head.set_audit_head(1, "a" * 64)
+    head.set_audit_head(2, "b" * 64)
+    assert head.audit_head() == (2, "b" * 64)

@@ -1,0 +1,232 @@
+"""SessionService over recording fakes and a hand-driven clock (tests/fakes): a failed start
+rolls back every host resource it made, in reverse order; reconcile adopts a running sandbox
+(or tears it down if its agent never reconnects) and removes orphans; a sandbox that dies is
+recorded failed; an idle session stops by itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.session import Session, State
+from ironclawd.errors import HostError, SandboxError
+from ironclawd.ports import UnitSpec
+from ironclawd.services.reconcile import reconcile
+from ironclawd.services.session_hooks import SessionHooks
+from ironclawd.services.session_lifecycle import SandboxLayout, SandboxLifecycle
+from ironclawd.services.sessions import SessionService
+from tests.fakes import (
+    FakeBundles,
+    FakeClock,
+    FakeControl,
+    FakeMounts,
+    FakeNetns,
+    FakeRuntime,
+    FakeSessionData,
+    FakeUnits,
+    MemorySessions,
+    RecordingAudit,
+)
+
+SID = "a2u5k8gguri5"
+STATE_DIR = Path("/var/lib/ironclaw")
+
+
+@dataclass
+class World:
+    idle_timeout: float = 0.0
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.clock = FakeClock()
+        self.store = MemorySessions()
+        self.units = FakeUnits(self.log)
+        self.netns = FakeNetns(self.log)
+        self.control = FakeControl(self.log)
+        self.runtime = FakeRuntime(self.log)
+        self.data = FakeSessionData(self.log)
+        self.mounts = FakeMounts(log=self.log)
+        self.bundles = FakeBundles(self.log)
+        self.hooks = SessionHooks()
+        self.audit = RecordingAudit()
+        layout = SandboxLayout(
+            bundles_dir=STATE_DIR / "bundles",
+            rootfs=STATE_DIR / "rootfs" / "x",
+            idle_timeout=self.idle_timeout,
+            state_dir=STATE_DIR,
+        )
+        lifecycle = SandboxLifecycle(
+            units=self.units, netns=self.netns, control=self.control, runtime=self.runtime,
+            layout=layout, data=self.data, mounts=self.mounts, bundles=self.bundles,
+            sockets=self.hooks,
+        )  # fmt: skip
+        self.service = SessionService(
+            store=self.store, lifecycle=lifecycle, agents={"demo": AgentSpec("demo")},
+            hooks=self.hooks, audit=self.audit, clock=self.clock,
+        )  # fmt: skip
+
+    def effects(self) -> list[str]:
+        return [str(call[0]) for call in self.log]
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    yield World()
+
+
+def _run(world: World, coro: Any) -> Any:
+    async def go() -> Any:
+        try:
+            return await coro
+        finally:
+            await world.service.close()
+
+    return asyncio.run(go())
+
+
+MADE = ["control.open", "netns.create", "data.prepare", "bundles.write", "units.start"]
+UNDONE = ["units.stop", "runtime.delete", "bundles.remove", "mounts.remove_frame", "data.release",
+          "netns.delete", "control.close"]  # fmt: skip
+
+
+def test_a_start_that_fails_rolls_back_everything_it_made_in_reverse(world: World) -> None:
+    world.units.fail["units.start"] = HostError("StartTransientUnit: access denied")
+    with pytest.raises(SandboxError, match=r"starting session .*: StartTransientUnit: access"):
+        _run(world, world.service.create("demo", SID))
+    assert world.effects() == MADE + UNDONE
+    session = world.store.get(SID)
+    assert session.state is State.FAILED
+    assert "access denied" in session.error
+    assert world.audit.events() == ["session.created", "session.starting", "session.failed"]
+    assert not (world.netns.names or world.control.open_dirs or world.data.prepared
+                or world.bundles.specs or world.units.units)  # fmt: skip
+
+
+def test_an_agent_that_never_says_hello_is_rolled_back_too(world: World) -> None:
+    world.control.silent.add(SID)
+    with pytest.raises(SandboxError, match="did not connect to its control socket in time"):
+        _run(world, world.service.create("demo", SID))
+    assert world.effects() == MADE + UNDONE
+    assert world.store.get(SID).state is State.FAILED
+    # The unit that ran is stopped; the runsc state it left is deleted.
+    assert world.units.units[f"ironclaw-sbx-{SID}.service"].active_state == "inactive"
+    assert not world.runtime.ids
+
+
+def test_a_started_session_runs_and_stop_tears_down_what_start_made(world: World) -> None:
+    async def go() -> tuple[Session, Session]:
+        running = await world.service.create("demo", SID)
+        return running, await world.service.stop(SID)
+
+    running, stopped = _run(world, go())
+    assert (running.state, running.platform) == (State.RUNNING, "fake")
+    assert stopped.state is State.STOPPED
+    assert world.effects()[: len(MADE)] == MADE
+    assert {"units.stop", "runtime.delete", "netns.delete", "bundles.remove", "data.release",
+            "control.close"} <= set(world.effects()[len(MADE):])  # fmt: skip
+    assert not (world.netns.names or world.control.open_dirs or world.data.prepared)
+
+
+def _left_running(world: World) -> Session:
+    """What a killed daemon leaves: a running record, its unit, netns and runsc state."""
+    session = Session(SID, "demo", State.RUNNING, 1.0, 1.0, 1.0, platform="fake")
+    world.store.rows[SID] = session
+    world.units.units[session.unit] = world.units.start_transient(_spec(session.unit), 1.0)
+    world.netns.names.add(session.netns)
+    world.runtime.ids.add(session.container_id)
+    world.log.clear()
+    return session
+
+
+def _spec(name: str) -> UnitSpec:
+    return UnitSpec(name=name, argv=["x"], description="", netns_path=None)
+
+
+def test_reconcile_adopts_a_running_sandbox_whose_agent_reconnects(world: World) -> None:
+    session = _left_running(world)
+    orphan = "ironclaw-sbx-zzzzzzzzzzzz.service"
+    world.units.units[orphan] = world.units.start_transient(_spec(orphan), 1.0)
+    world.log.clear()
+
+    async def go() -> list[str]:
+        report = await reconcile(world.service)
+        return report.adopted
+
+    assert _run(world, go()) == [SID]
+    assert world.store.get(SID).state is State.RUNNING
+    assert "session.adopted" in world.audit.events()
+    assert ("control.open", SID) in world.log
+    assert ("units.stop", orphan) in world.log  # an orphan unit is removed
+    assert ("units.stop", session.unit) not in world.log  # the adopted one is not
+
+
+def test_reconcile_tears_down_a_sandbox_whose_agent_does_not_reconnect(world: World) -> None:
+    session = _left_running(world)
+    world.control.silent.add(SID)
+
+    async def go() -> tuple[list[str], list[str]]:
+        report = await reconcile(world.service)
+        return report.adopted, report.settled
+
+    assert _run(world, go()) == ([], [SID])
+    failed = world.store.get(SID)
+    assert failed.state is State.FAILED
+    assert "adopting session" in failed.error
+    assert {("units.stop", session.unit), ("netns.delete", session.netns),
+            ("runtime.delete", session.container_id)} <= set(world.log)  # fmt: skip
+    assert not world.netns.names
+
+
+def test_an_adopted_sandbox_that_dies_is_recorded_failed_and_hooks_run(world: World) -> None:
+    session = _left_running(world)
+    exited: list[str] = []
+
+    async def on_exit(sid: str) -> None:
+        exited.append(sid)
+
+    world.hooks.on_sandbox_exit(on_exit)
+
+    async def go() -> None:
+        await reconcile(world.service)
+        world.units.exit(session.unit, "oom-kill")
+        failed = world.audit.next("session.failed")
+        world.control.drop(SID)
+        await failed
+
+    _run(world, go())
+    dead = world.store.get(SID)
+    assert (dead.state, dead.error) == (State.FAILED, "sandbox exited (unit result: oom-kill)")
+    assert exited == [SID]
+
+
+def test_an_idle_session_stops_by_itself_after_the_idle_timeout() -> None:
+    world = World(idle_timeout=0.01)
+
+    async def go() -> None:
+        await world.service.create("demo", SID)
+        world.clock.advance(60)  # no activity for a minute, by the injected clock
+        await world.audit.next("session.stopped")
+
+    _run(world, go())
+    assert world.store.get(SID).state is State.STOPPED
+    assert world.audit.events()[-2:] == ["session.stopping", "session.stopped"]
+
+
+def test_activity_keeps_an_idle_timer_from_stopping_a_session() -> None:
+    world = World(idle_timeout=0.01)
+
+    async def go() -> None:
+        await world.service.create("demo", SID)
+        stopped = asyncio.ensure_future(world.audit.next("session.stopped", timeout=0.2))
+        world.service.touch(SID)  # activity now: idle for 0 s when the timer fires
+        with pytest.raises(TimeoutError):
+            await stopped
+
+    _run(world, go())
+    assert world.store.get(SID).state is State.RUNNING
