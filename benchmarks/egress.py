@@ -87,6 +87,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
         credentials=FakeCredentials(),
         limits=limits,
         clock=SystemClock(),
+        record=lambda decision: None,  # measured here: the broker, not the audit log
     )
     server = grpc.aio.server()
     egress_pb2_grpc.add_EgressServiceServicer_to_server(

@@ -96,7 +96,7 @@ class EgressBroker:
         credentials: Credentials,
         limits: EgressLimits,
         clock: Clock,
-        record: Recorder | None = None,
+        record: Recorder,
     ) -> None:
         self._sessions = sessions
         self._agents = agents
@@ -365,11 +365,10 @@ class EgressBroker:
                    "IRONCLAW_BYTES_OUT": decision.bytes_out,
                    "IRONCLAW_DURATION_MS": round(decision.duration_ms, 1)},
         )  # fmt: skip
-        if self._record is not None:
-            try:
-                self._record(decision)
-            except Exception as exc:  # the audit sink must not turn a decision into a crash
-                log.error("egress: recording a decision failed: %s", exc)
+        try:
+            self._record(decision)
+        except Exception as exc:  # the audit sink must not turn a decision into a crash
+            log.error("egress: recording a decision failed: %s", exc)
 
 
 class _Audit:
