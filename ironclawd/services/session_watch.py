@@ -28,10 +28,10 @@ class OwnedTasks:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    async def wait(self, timeout: float) -> None:
-        """Give the running tasks ``timeout`` seconds to finish."""
+    async def settle(self, grace: float) -> None:
+        """Give the running tasks ``grace`` seconds to finish (those left keep running)."""
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+            await asyncio.wait(set(self._tasks), timeout=grace)
 
     async def close(self) -> None:
         tasks = list(self._tasks)

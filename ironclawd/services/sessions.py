@@ -294,7 +294,7 @@ class SessionService:
         and end failed), then stop watching (the sandboxes keep running: a restarted daemon
         adopts them)."""
         self._watcher.disarm_all()
-        await self._work.wait(self.layout.stop_timeout)
+        await self._work.settle(self.layout.stop_timeout)
         await asyncio.gather(self._work.close(), self._watcher.close())
 
 

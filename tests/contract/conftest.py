@@ -9,6 +9,8 @@ directory that way inside the private systemd; without it those parameters are n
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 REAL_HOST = "real_host"
@@ -29,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``host_impl`` is "fake", plus "real" under --real-host."""
     if "host_impl" in metafunc.fixturenames:
-        impls = ["fake"]
+        impls: list[Any] = ["fake"]
         if metafunc.config.getoption("--real-host"):
             impls.append(pytest.param("real", marks=pytest.mark.real_host))
         metafunc.parametrize("host_impl", impls)

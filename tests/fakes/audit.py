@@ -23,8 +23,8 @@ class RecordingAudit:
     def events(self) -> list[str]:
         return [event for event, _, _ in self.records]
 
-    async def next(self, event: str, timeout: float = 5.0) -> None:
-        """Return when ``event`` is next recorded (TimeoutError after ``timeout``)."""
+    async def next(self, event: str) -> None:
+        """Return when ``event`` is next recorded (the caller bounds the wait)."""
         waiter = asyncio.Event()
         self._waiters.setdefault(event, []).append(waiter)
-        await asyncio.wait_for(waiter.wait(), timeout)
+        await waiter.wait()

@@ -97,8 +97,9 @@ class FakeNetns(_Recording):
 
 
 class FakeControl(_Recording):
-    """``ControlPlane``: an opened session's agent says hello at once unless ``silent`` names
-    it; ``drop(sid)`` ends its connection as a dying sandbox would."""
+    """``ControlPlane``: an opened session's agent says hello at once; one ``silent`` names
+    never does (the caller's timeout ends the wait, as with the real one); ``drop(sid)`` ends
+    its connection as a dying sandbox would."""
 
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
@@ -114,12 +115,13 @@ class FakeControl(_Recording):
         self._dropped[sid] = asyncio.Event()
         return Path("/run/ironclaw/sessions") / sid
 
-    async def wait_hello(self, sid: str, timeout: float) -> AgentHello:
+    async def wait_hello(self, sid: str) -> AgentHello:
         if sid in self.silent or sid not in self.open_dirs:
-            raise TimeoutError
+            await asyncio.Event().wait()  # never connects
         return AgentHello(pid=7, uid=10000)
 
     def is_connected(self, sid: str) -> bool:
+        """Whether ``send`` would reach the agent (not part of the port)."""
         event = self._dropped.get(sid)
         return sid in self.open_dirs and event is not None and not event.is_set()
 

@@ -6,7 +6,6 @@ recorded failed; an idle session stops by itself."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,8 @@ class World:
         layout = SandboxLayout(
             bundles_dir=STATE_DIR / "bundles",
             rootfs=STATE_DIR / "rootfs" / "x",
+            start_timeout=0.2,  # the fake agent says hello at once, or never (silent)
+            adopt_timeout=0.2,
             idle_timeout=self.idle_timeout,
             state_dir=STATE_DIR,
         )
@@ -76,8 +77,8 @@ class World:
 
 
 @pytest.fixture
-def world() -> Iterator[World]:
-    yield World()
+def world() -> World:
+    return World()
 
 
 def _run(world: World, coro: Any) -> Any:
@@ -104,8 +105,11 @@ def test_a_start_that_fails_rolls_back_everything_it_made_in_reverse(world: Worl
     assert session.state is State.FAILED
     assert "access denied" in session.error
     assert world.audit.events() == ["session.created", "session.starting", "session.failed"]
-    assert not (world.netns.names or world.control.open_dirs or world.data.prepared
-                or world.bundles.specs or world.units.units)  # fmt: skip
+    assert not world.netns.names
+    assert not world.control.open_dirs
+    assert not world.data.prepared
+    assert not world.bundles.specs
+    assert not world.units.units
 
 
 def test_an_agent_that_never_says_hello_is_rolled_back_too(world: World) -> None:
@@ -130,7 +134,9 @@ def test_a_started_session_runs_and_stop_tears_down_what_start_made(world: World
     assert world.effects()[: len(MADE)] == MADE
     assert {"units.stop", "runtime.delete", "netns.delete", "bundles.remove", "data.release",
             "control.close"} <= set(world.effects()[len(MADE):])  # fmt: skip
-    assert not (world.netns.names or world.control.open_dirs or world.data.prepared)
+    assert not world.netns.names
+    assert not world.control.open_dirs
+    assert not world.data.prepared
 
 
 def _left_running(world: World) -> Session:
@@ -195,9 +201,10 @@ def test_an_adopted_sandbox_that_dies_is_recorded_failed_and_hooks_run(world: Wo
     async def go() -> None:
         await reconcile(world.service)
         world.units.exit(session.unit, "oom-kill")
-        failed = world.audit.next("session.failed")
+        failed = asyncio.ensure_future(world.audit.next("session.failed"))
         world.control.drop(SID)
-        await failed
+        async with asyncio.timeout(5):
+            await failed
 
     _run(world, go())
     dead = world.store.get(SID)
@@ -211,7 +218,8 @@ def test_an_idle_session_stops_by_itself_after_the_idle_timeout() -> None:
     async def go() -> None:
         await world.service.create("demo", SID)
         world.clock.advance(60)  # no activity for a minute, by the injected clock
-        await world.audit.next("session.stopped")
+        async with asyncio.timeout(5):
+            await world.audit.next("session.stopped")
 
     _run(world, go())
     assert world.store.get(SID).state is State.STOPPED
@@ -223,10 +231,11 @@ def test_activity_keeps_an_idle_timer_from_stopping_a_session() -> None:
 
     async def go() -> None:
         await world.service.create("demo", SID)
-        stopped = asyncio.ensure_future(world.audit.next("session.stopped", timeout=0.2))
+        stopped = world.audit.next("session.stopped")
         world.service.touch(SID)  # activity now: idle for 0 s when the timer fires
         with pytest.raises(TimeoutError):
-            await stopped
+            async with asyncio.timeout(0.2):  # many idle timeouts, no stop
+                await stopped
 
     _run(world, go())
     assert world.store.get(SID).state is State.RUNNING
