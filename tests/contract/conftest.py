@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-REAL_HOST = "real_host"
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -24,14 +22,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{REAL_HOST}: a real adapter that needs root + systemd")
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``host_impl`` is "fake", plus "real" under --real-host."""
     if "host_impl" in metafunc.fixturenames:
         impls: list[Any] = ["fake"]
-        if metafunc.config.getoption("--real-host"):
+        if metafunc.config.getoption("--real-host", default=False):
             impls.append(pytest.param("real", marks=pytest.mark.real_host))
         metafunc.parametrize("host_impl", impls)
