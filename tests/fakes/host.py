@@ -47,12 +47,6 @@ class FakeUnits(_Recording):
         if name in self.units:
             self.units[name] = UnitState(name, "inactive", "dead", 0, self.units[name].result)
 
-    def kill(self, name: str, signal: int) -> None:
-        self._call("units.kill", name, signal)
-
-    def state(self, name: str) -> UnitState | None:
-        return self.units.get(name)
-
     def list_units(self, pattern: str) -> list[UnitState]:
         prefix = pattern.split("*", 1)[0]
         return [u for n, u in sorted(self.units.items()) if n.startswith(prefix)]
