@@ -1,10 +1,39 @@
-"""The one error tree of ironclawd.
+"""The one error tree of ironclawd, and the one table from its classes to gRPC status codes and
+from those to ``ironctl`` exit codes (docs/style.md §6)::
+
+    IronclawError                       INTERNAL
+    ├── ConfigError                     FAILED_PRECONDITION
+    ├── HostError                       INTERNAL
+    │   ├── DiskFull                    RESOURCE_EXHAUSTED
+    │   └── Changing                    INTERNAL
+    ├── SandboxError                    ABORTED
+    ├── PolicyDenied                    PERMISSION_DENIED
+    │   ├── BudgetExceeded              RESOURCE_EXHAUSTED
+    │   │   └── RateLimited             RESOURCE_EXHAUSTED
+    │   ├── ResponseRefused             PERMISSION_DENIED
+    │   └── SignatureMismatch           PERMISSION_DENIED
+    ├── Unauthenticated                 UNAUTHENTICATED
+    ├── NotFound                        NOT_FOUND
+    ├── Conflict                        FAILED_PRECONDITION
+    │   └── AlreadyExists               ALREADY_EXISTS
+    ├── InvalidArgument                 INVALID_ARGUMENT
+    │   ├── MalformedReport             INVALID_ARGUMENT
+    │   └── MinisignFormatError         INVALID_ARGUMENT
+    ├── UpstreamFailed                  UNAVAILABLE
+    └── ProviderError                   UNAVAILABLE
 
 Foreign exceptions are translated once, at the adapter that met them, with ``raise ... from exc``.
-``api/status.py`` maps these classes to gRPC status codes; ``ctl`` maps gRPC codes to exit codes.
+This module imports nothing, so every layer can use it: the pure formats (``ironclawd.formats``,
+which import-linter keeps free of the daemon's layers) raise their errors from here, and ironctl
+(which speaks only gRPC) reads the exit-code half of the table. gRPC codes are named by
+``grpc.StatusCode`` member name; ``api/status.py`` turns the name into the code.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
 
 
 class IronclawError(Exception):
@@ -16,12 +45,16 @@ class ConfigError(IronclawError):
 
 
 class HostError(IronclawError):
-    """A host effect (systemd, netns, mount, file) failed."""
+    """A host effect (systemd, netns, mount, file, database) failed; the message names it."""
 
 
 class DiskFull(HostError):
     """The state directory's filesystem is full or below ``daemon.min_free_bytes``: nothing
     was written; the message names the directory and the threshold. Retry when space is back."""
+
+
+class Changing(HostError):
+    """The agent was writing its outbound file while it was copied: take it again."""
 
 
 class SandboxError(IronclawError):
@@ -30,6 +63,23 @@ class SandboxError(IronclawError):
 
 class PolicyDenied(IronclawError):
     """The caller is not allowed to do this."""
+
+
+class BudgetExceeded(PolicyDenied):
+    """A rate limit, budget or cap is exhausted: try again later (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class RateLimited(BudgetExceeded):
+    """A submitter sent more change submissions per hour than ``gateway.submissions_per_hour``."""
+
+
+class ResponseRefused(PolicyDenied):
+    """The upstream answered, but the answer is not forwarded: it carries the injected
+    credential, or comes in a content coding the broker cannot inspect (audited as failed)."""
+
+
+class SignatureMismatch(PolicyDenied):
+    """A well-formed minisign signature does not verify against the trusted public key."""
 
 
 class Unauthenticated(IronclawError):
@@ -52,5 +102,75 @@ class InvalidArgument(IronclawError):
     """A request field is malformed; the message names the field and what was expected."""
 
 
+class MalformedReport(InvalidArgument):
+    """A containment report does not follow its format; the message names the field."""
+
+
+class MinisignFormatError(InvalidArgument):
+    """A minisign key or signature is malformed, or uses something ``formats/minisign.py``
+    does not speak."""
+
+
+class UpstreamFailed(IronclawError):
+    """An egress upstream could not be reached or broke off (gRPC UNAVAILABLE)."""
+
+
 class ProviderError(IronclawError):
     """The upstream model API failed; the message says how (secrets are redacted later)."""
+
+
+# Error class -> gRPC status. Every class has its own row (a subclass does not inherit its base's
+# silently): tests/unit/test_error_tree.py fails for a class without one. Every rate limit,
+# budget and full disk is RESOURCE_EXHAUSTED.
+GRPC_STATUS: Final[Mapping[type[IronclawError], str]] = MappingProxyType({
+    IronclawError: "INTERNAL",
+    ConfigError: "FAILED_PRECONDITION",
+    HostError: "INTERNAL",
+    DiskFull: "RESOURCE_EXHAUSTED",
+    Changing: "INTERNAL",
+    SandboxError: "ABORTED",
+    PolicyDenied: "PERMISSION_DENIED",
+    BudgetExceeded: "RESOURCE_EXHAUSTED",
+    RateLimited: "RESOURCE_EXHAUSTED",
+    ResponseRefused: "PERMISSION_DENIED",
+    SignatureMismatch: "PERMISSION_DENIED",
+    Unauthenticated: "UNAUTHENTICATED",
+    NotFound: "NOT_FOUND",
+    Conflict: "FAILED_PRECONDITION",
+    AlreadyExists: "ALREADY_EXISTS",
+    InvalidArgument: "INVALID_ARGUMENT",
+    MalformedReport: "INVALID_ARGUMENT",
+    MinisignFormatError: "INVALID_ARGUMENT",
+    UpstreamFailed: "UNAVAILABLE",
+    ProviderError: "UNAVAILABLE",
+})  # fmt: skip
+
+# gRPC status -> ironctl exit code, for every status there is (the numbers are the ones
+# ``ctl/exitcodes.py`` names and ``ironctl --help`` lists; a unit test keeps them in step).
+EXIT_CODE: Final[Mapping[str, int]] = MappingProxyType({
+    "OK": 0,
+    "ABORTED": 1,  # FAILED
+    "RESOURCE_EXHAUSTED": 1,  # FAILED: a rate limit, budget or the disk; retry later
+    "UNAVAILABLE": 3,
+    "PERMISSION_DENIED": 4,
+    "UNAUTHENTICATED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,  # CONFLICT
+    "FAILED_PRECONDITION": 6,  # CONFLICT
+    "INVALID_ARGUMENT": 7,
+    "OUT_OF_RANGE": 7,
+    "DEADLINE_EXCEEDED": 8,
+    "CANCELLED": 9,  # INTERNAL: ironctl never cancels a call itself
+    "UNKNOWN": 9,
+    "UNIMPLEMENTED": 9,
+    "INTERNAL": 9,
+    "DATA_LOSS": 9,
+})  # fmt: skip
+
+
+def grpc_status(exc: IronclawError) -> str:
+    """The gRPC status name of ``exc``: its class's row, else its nearest listed base's."""
+    for cls in type(exc).__mro__:
+        if issubclass(cls, IronclawError) and cls in GRPC_STATUS:
+            return GRPC_STATUS[cls]
+    return "INTERNAL"  # not reached: IronclawError has a row

@@ -16,6 +16,7 @@ from typing import Any
 
 from ironclawd.ctl import exitcodes
 from ironclawd.ctl.common import Stub, add_command
+from ironclawd.errors import MalformedReport, MinisignFormatError, SignatureMismatch
 from ironclawd.formats import containment, minisign
 
 PUBKEY_ENV = "IRONCLAW_CONTAINMENT_PUBKEY"
@@ -124,9 +125,9 @@ def verify_files(args: argparse.Namespace) -> dict[str, Any]:
             f"reading signature {sig_path}: {exc.strerror}: a report counts only with the "
             "signature the run wrote beside it",
         ) from None
-    except (UnicodeDecodeError, minisign.MinisignFormatError) as exc:
+    except (UnicodeDecodeError, MinisignFormatError) as exc:
         raise VerifyFailed(exitcodes.BAD_SIGNATURE, f"signature {sig_path}: {exc}") from None
-    except minisign.SignatureMismatch as exc:
+    except SignatureMismatch as exc:
         raise VerifyFailed(exitcodes.BAD_SIGNATURE, f"report {report_path}: {exc}") from None
     try:
         report = containment.parse(json.loads(data.decode("utf-8")))
@@ -134,7 +135,7 @@ def verify_files(args: argparse.Namespace) -> dict[str, Any]:
         raise VerifyFailed(
             exitcodes.MALFORMED_REPORT, f"report {report_path}: not UTF-8 JSON: {exc}"
         ) from None
-    except containment.MalformedReport as exc:
+    except MalformedReport as exc:
         raise VerifyFailed(exitcodes.MALFORMED_REPORT, f"{report_path}: {exc}") from None
     return {"report": report, "key_id": key.id_hex, "trusted_comment": trusted}
 
@@ -151,7 +152,7 @@ def _public_key(path: str) -> minisign.PublicKey:
         return minisign.parse_public_key(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise VerifyFailed(exitcodes.USAGE, f"reading public key {path}: {exc.strerror}") from None
-    except (UnicodeDecodeError, minisign.MinisignFormatError) as exc:
+    except (UnicodeDecodeError, MinisignFormatError) as exc:
         raise VerifyFailed(exitcodes.USAGE, f"public key {path}: {exc}") from None
 
 

@@ -1,8 +1,11 @@
-"""ironctl exit codes (documented in ``ironctl --help`` and docs/ironctl.md)."""
+"""ironctl exit codes (documented in ``ironctl --help`` and docs/ironctl.md). Which daemon status
+ends in which code is ``errors.EXIT_CODE`` (the one table, beside the error tree)."""
 
 from __future__ import annotations
 
 import grpc
+
+from ironclawd.errors import EXIT_CODE
 
 OK = 0
 FAILED = 1  # a check failed, or the operation did not succeed
@@ -22,23 +25,10 @@ INCONCLUSIVE = 13  # an attack errored, or the negative control saw no escape
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 PIPE_CLOSED = 141  # the reader of standard output went away (128 + SIGPIPE, as a shell shows)
 
-_BY_CODE = {
-    grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
-    grpc.StatusCode.PERMISSION_DENIED: PERMISSION,
-    grpc.StatusCode.UNAUTHENTICATED: PERMISSION,
-    grpc.StatusCode.NOT_FOUND: NOT_FOUND,
-    grpc.StatusCode.ALREADY_EXISTS: CONFLICT,
-    grpc.StatusCode.FAILED_PRECONDITION: CONFLICT,
-    grpc.StatusCode.ABORTED: FAILED,
-    grpc.StatusCode.INVALID_ARGUMENT: INVALID,
-    grpc.StatusCode.OUT_OF_RANGE: INVALID,
-    grpc.StatusCode.DEADLINE_EXCEEDED: TIMEOUT,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: FAILED,
-}
-
 HELP = """exit codes:
   0  success (doctor: every required check passed)
-  1  failure (doctor: a required check failed)
+  1  failure (doctor: a required check failed; also a rate limit, budget or the daemon's
+     disk space exhausted: try again later)
   2  bad command line (also: an argument that is not UTF-8, a number out of range)
   3  daemon not reachable (is ironclawd running? systemctl status ironclawd)
   4  permission denied (join group ironclaw-admin, then log in again)
@@ -51,4 +41,5 @@ HELP = """exit codes:
 
 
 def for_status(code: grpc.StatusCode) -> int:
-    return _BY_CODE.get(code, INTERNAL)
+    """The exit code for a daemon's gRPC status: the one table in ``ironclawd/errors.py``."""
+    return EXIT_CODE.get(code.name, INTERNAL)

@@ -17,7 +17,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ironclawd.domain.addresses import IPAddress, IPNetwork, canonical_ipv4, is_numeric_host
-from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
+from ironclawd.errors import (
+    InvalidArgument,
+    PolicyDenied,
+)
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -42,15 +45,6 @@ _URL = re.compile(
 )
 _PCT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 MAX_URL = 8192
-
-
-class UpstreamFailed(IronclawError):
-    """The upstream could not be reached or broke off (gRPC UNAVAILABLE)."""
-
-
-class ResponseRefused(PolicyDenied):
-    """The upstream answered, but the answer is not forwarded: it carries the injected
-    credential, or comes in a content coding the broker cannot inspect (audited as failed)."""
 
 
 @dataclass(frozen=True)

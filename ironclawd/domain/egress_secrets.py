@@ -38,8 +38,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
-from ironclawd.domain.egress import ResponseRefused
-from ironclawd.errors import PolicyDenied
+from ironclawd.errors import PolicyDenied, ResponseRefused
 
 MIN_SECRET = 6  # shorter variants are not searched for: they would match by chance
 MIN_BASE64 = 8  # nor base64 inner substrings shorter than this

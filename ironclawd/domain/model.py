@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ironclawd.errors import InvalidArgument, PolicyDenied
+from ironclawd.errors import BudgetExceeded, InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,3 @@ class Budget:
 
     def spend(self, now: float, tokens: int) -> None:
         self._tokens.append((now, tokens))
-
-
-class BudgetExceeded(PolicyDenied):
-    """A rate limit or budget is exhausted (gRPC RESOURCE_EXHAUSTED)."""

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any
 
-from ironclawd.errors import InvalidArgument
+from ironclawd.errors import MalformedReport
 
 FORMAT = "ironclaw-containment-report/1"
 VERDICTS = ("contained", "escaped", "error")
@@ -46,10 +46,6 @@ ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+")
 ELLIPSIS = "…"
 TABLE_WIDTH = 120
 _FIELDS = ("id", "category", "stance", "title", "verdict", "evidence")
-
-
-class MalformedReport(InvalidArgument):
-    """A containment report does not follow its format; the message names the field."""
 
 
 class Outcome(IntEnum):

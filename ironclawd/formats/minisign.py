@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ironclawd.errors import InvalidArgument, PolicyDenied
+from ironclawd.errors import MinisignFormatError, SignatureMismatch
 
 ALG = b"Ed"
 ALG_PREHASHED = b"ED"
@@ -47,14 +47,6 @@ MAX_TRUSTED_COMMENT = 8192 - len(TRUSTED_PREFIX) - 2
 _PUBLIC_LEN = 2 + KEY_ID_BYTES + 32
 _SECRET_LEN = 2 + 2 + 2 + 32 + 8 + 8 + KEY_ID_BYTES + 64 + 32
 _SIG_LEN = 2 + KEY_ID_BYTES + 64
-
-
-class MinisignFormatError(InvalidArgument):
-    """A minisign key or signature is malformed, or uses something this module does not speak."""
-
-
-class SignatureMismatch(PolicyDenied):
-    """A well-formed signature does not verify against the trusted public key."""
 
 
 def key_id_hex(key_id: bytes) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from ironclawd.domain.egress import UpstreamFailed
+from ironclawd.errors import UpstreamFailed
 from ironclawd.ports import UpstreamRequest
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from ironclawd.domain.egress import UpstreamFailed
+from ironclawd.errors import UpstreamFailed
 
 MAX_ADDRESSES = 32
 

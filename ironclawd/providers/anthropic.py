@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
-from ironclawd.providers.base import ProviderError, raise_for_status, sse_events
+from ironclawd.errors import ProviderError
+from ironclawd.providers.base import raise_for_status, sse_events
 
 API_VERSION = "2023-06-01"
 

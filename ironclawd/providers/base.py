@@ -11,7 +11,7 @@ import httpx
 from ironclawd.errors import ProviderError
 from ironclawd.ports import Provider
 
-__all__ = ["Provider", "ProviderError", "raise_for_status", "sse_events"]
+__all__ = ["Provider", "raise_for_status", "sse_events"]
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import AsyncIterator
 
 from ironclawd.domain.model import Chunk, Completion, ToolCall
-from ironclawd.providers.base import ProviderError
+from ironclawd.errors import ProviderError
 
 
 class MockProvider:

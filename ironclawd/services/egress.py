@@ -30,9 +30,7 @@ from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.egress import (
     EgressDecision,
     EgressLimits,
-    ResponseRefused,
     Target,
-    UpstreamFailed,
     check_method,
     match_rule,
     parse_url,
@@ -45,8 +43,14 @@ from ironclawd.domain.egress_secrets import (
     checked_head,
     secret_variants,
 )
-from ironclawd.domain.model import BudgetExceeded
-from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
+from ironclawd.errors import (
+    BudgetExceeded,
+    InvalidArgument,
+    IronclawError,
+    PolicyDenied,
+    ResponseRefused,
+    UpstreamFailed,
+)
 from ironclawd.ports import (
     Clock,
     Credentials,

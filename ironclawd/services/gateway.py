@@ -29,7 +29,14 @@ from ironclawd.domain.changes import (
     check_payload,
     transition,
 )
-from ironclawd.errors import Conflict, InvalidArgument, IronclawError, NotFound, PolicyDenied
+from ironclawd.errors import (
+    Conflict,
+    InvalidArgument,
+    IronclawError,
+    NotFound,
+    PolicyDenied,
+    RateLimited,
+)
 from ironclawd.ports import AuditSink, ChangeRecords, Clock, MountSources
 from ironclawd.services.audit import Throttled
 from ironclawd.services.registry import Registry
@@ -43,10 +50,6 @@ class GatewayPolicy:
     four_eyes: frozenset[str] = frozenset()
     submissions_per_hour: int = 20  # per submitter
     mount_allowlist: tuple[str, ...] = ()  # host dirs under which mounts may be granted
-
-
-class RateLimited(PolicyDenied):
-    pass
 
 
 Restarter = Callable[[str], Coroutine[Any, Any, list[str]]]

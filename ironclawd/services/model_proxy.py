@@ -12,7 +12,6 @@ from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.model import (
     Budget,
-    BudgetExceeded,
     Chunk,
     Completion,
     Message,
@@ -23,7 +22,7 @@ from ironclawd.domain.model import (
     enabled_tools,
 )
 from ironclawd.domain.tools import tool_defs
-from ironclawd.errors import IronclawError, NotFound, ProviderError
+from ironclawd.errors import BudgetExceeded, IronclawError, NotFound, ProviderError
 from ironclawd.ports import AuditSink, Clock, Credentials, Provider, SessionLookup
 from ironclawd.services.audit import Throttled
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import sqlcipher3
 
-from ironclawd.errors import HostError
+from ironclawd.errors import Changing, HostError
 from ironclawd.store import fdwalk
 
 OUTBOUND_FILE = "outbound.db"
@@ -49,10 +49,6 @@ _COPY_CHUNK = 1024 * 1024
 # A row as read: seq, then in_reply_to, created_at and the body's UTF-8 bytes exactly as SQLite
 # holds them (None where the value has the wrong type or the body is over the cap).
 RawRow = tuple[int, object, object, bytes | None]
-
-
-class Changing(HostError):
-    """The agent was writing the file while it was copied: take it again."""
 
 
 def open_outbound_dir(directory: Path, agent_uid: int) -> int:

@@ -488,7 +488,7 @@ def test_a_flood_of_requests_is_refused_and_on_record(
     answers = [request_change(sysd, sid, "persona", {"persona": f"Flood {n}."}) for n in range(5)]
     assert all("is pending" in a for a in answers[:3]), answers
     for answer in answers[3:]:
-        assert answer.startswith("error: change refused (permission_denied)"), answer
+        assert answer.startswith("error: change refused (resource_exhausted)"), answer
         assert "at most 3 change submissions per hour" in answer, answer
     mine = [c for c in ok(sysd, "change", "list")["changes"] if c["submitter"] == f"session:{sid}"]
     assert len(mine) == 3

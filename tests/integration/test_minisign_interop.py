@@ -18,6 +18,7 @@ import pytest
 
 import ironclawd
 from ironclawd.ctl import exitcodes
+from ironclawd.errors import SignatureMismatch
 from ironclawd.formats import minisign
 from ironclawd.formats.containment import AttackResult
 from ironclawd.host.runsc import KNOWN_PLATFORMS, parse_version
@@ -97,7 +98,7 @@ def test_what_minisign_signs_we_verify(tool: str, tmp_path: Path) -> None:
     proc = run(tool, "-S", "-s", str(secret), "-m", str(message))
     sig = minisign.parse_signature(Path(f"{message}.minisig").read_text())
     flip_one_byte(message)
-    with pytest.raises(minisign.SignatureMismatch):
+    with pytest.raises(SignatureMismatch):
         minisign.verify(public, message.read_bytes(), sig)
     assert run(tool, "-V", "-p", str(pub), "-m", str(message)).returncode == 1
 

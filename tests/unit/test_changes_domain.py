@@ -34,9 +34,9 @@ from ironclawd.domain.changes import (
     transition,
 )
 from ironclawd.domain.tools import CATALOG
-from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied
+from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied, RateLimited
 from ironclawd.host.mounts import HostMounts
-from ironclawd.services.gateway import Gateway, GatewayPolicy, RateLimited
+from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.registry import Registry
 from tests.fakes import FakeClock, MemoryAgents, MemoryChanges, RecordingAudit
 

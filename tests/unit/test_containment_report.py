@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import ironclawd
+from ironclawd.errors import MalformedReport
 from ironclawd.formats import containment, minisign
-from ironclawd.formats.containment import AttackResult, MalformedReport, Outcome
+from ironclawd.formats.containment import AttackResult, Outcome
 from tests.redteam import report
 
 VERSIONS = {

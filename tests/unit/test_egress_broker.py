@@ -15,9 +15,14 @@ import pytest
 from ironclawd import ratelog
 from ironclawd.config import parse_config
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.egress import EgressDecision, EgressLimits, EgressRule, UpstreamFailed
-from ironclawd.domain.model import BudgetExceeded
-from ironclawd.errors import ConfigError, InvalidArgument, PolicyDenied
+from ironclawd.domain.egress import EgressDecision, EgressLimits, EgressRule
+from ironclawd.errors import (
+    BudgetExceeded,
+    ConfigError,
+    InvalidArgument,
+    PolicyDenied,
+    UpstreamFailed,
+)
 from ironclawd.host.clock import SystemClock
 from ironclawd.ports import UpstreamRequest
 from ironclawd.services.egress import EgressBroker, End, Head

@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ironclawd.domain.egress import ResponseRefused, UpstreamFailed
 from ironclawd.domain.egress_secrets import (
     SecretDetector,
     check_request,
@@ -32,7 +31,7 @@ from ironclawd.domain.egress_secrets import (
     secret_variants,
     standard_reason,
 )
-from ironclawd.errors import PolicyDenied
+from ironclawd.errors import PolicyDenied, ResponseRefused, UpstreamFailed
 from ironclawd.ports import UpstreamRequest
 from ironclawd.services.egress import EgressBroker, Head
 from tests.harness.leaks import find_leaks

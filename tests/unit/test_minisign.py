@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ironclawd.errors import MinisignFormatError, SignatureMismatch
 from ironclawd.formats import minisign
-from ironclawd.formats.minisign import MinisignFormatError, SignatureMismatch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "minisign"
 

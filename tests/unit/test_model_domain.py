@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ironclawd.domain.model import Budget, BudgetExceeded, Redactor
+from ironclawd.domain.model import Budget, Redactor
+from ironclawd.errors import BudgetExceeded
 
 SECRET = "sk-ant-CANARY-0123456789abcdef"
 OTHER = "sk-other-77"

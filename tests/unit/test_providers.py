@@ -15,8 +15,8 @@ import pytest
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall, ToolDef
 from ironclawd.domain.tools import CATALOG
+from ironclawd.errors import ProviderError
 from ironclawd.providers.anthropic import AnthropicProvider
-from ironclawd.providers.base import ProviderError
 from ironclawd.providers.mock import MockProvider
 from ironclawd.providers.openai import OpenAIProvider
 from tests.harness.fake_providers import Turn, anthropic_events, openai_events

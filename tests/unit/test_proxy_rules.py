@@ -16,9 +16,9 @@ import pytest
 
 from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.model import BudgetExceeded, Chunk, Completion, Message, ToolCall, ToolDef
+from ironclawd.domain.model import Chunk, Completion, Message, ToolCall, ToolDef
 from ironclawd.domain.tools import CATALOG
-from ironclawd.providers.base import ProviderError
+from ironclawd.errors import BudgetExceeded, ProviderError
 from ironclawd.providers.mock import MockProvider
 from ironclawd.ratelog import DEFAULT_PER_WINDOW
 from ironclawd.services.model_proxy import ModelProxy
