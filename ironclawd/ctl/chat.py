@@ -12,6 +12,7 @@ from typing import Any
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.common import (
+    CtlError,
     Stub,
     UsageError,
     add_command,
@@ -40,7 +41,15 @@ def _answer(
     for reply in _replies(stub, sid, sent.replies_before, timeout):
         if reply.in_reply_to == sent.seq:
             return reply
-    raise RuntimeError("reply stream ended")  # follow streams end only by error
+    # A follow stream ends without an error only when the daemon closes it (the session was
+    # stopped or removed, the daemon is shutting down): a failure the operator can act on.
+    raise CtlError(
+        "NO_REPLY",
+        exitcodes.FAILED,
+        f"session {sid}: the reply stream ended before the reply to message {sent.seq} "
+        "(was the session stopped, or the daemon restarted?); the message stays queued: "
+        f"see ironctl session show {sid}",
+    )
 
 
 def cmd_send(args: argparse.Namespace, stub: Stub) -> int:

@@ -9,7 +9,7 @@ import re
 import stat
 from pathlib import Path
 
-from ironclawd.errors import ConfigError, NotFound
+from ironclawd.errors import ConfigError, IronclawError, NotFound
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 RESERVED = frozenset({"master.key"})
@@ -27,21 +27,31 @@ class CredentialStore:
         for directory in self._dirs:
             path = directory / name
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                value = self._read(directory, path)
             except FileNotFoundError:
                 continue
-            try:
-                st = os.fstat(fd)
-                if directory == self._dirs[-1] and (
-                    st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077
-                ):
-                    raise ConfigError(
-                        f"refusing credential {path}: must be owned by root, mode 0600"
-                    )
-                return os.read(fd, 64 * 1024).decode("utf-8").strip()
-            finally:
-                os.close(fd)
+            except OSError as exc:
+                raise ConfigError(
+                    f"reading credential '{name}' from {path}: {exc.strerror or exc}"
+                ) from exc
+            except UnicodeDecodeError as exc:
+                # Where, never which byte: the value is a secret.
+                raise ConfigError(
+                    f"reading credential '{name}' from {path}: not UTF-8 text (at byte "
+                    f"{exc.start}); write it as UTF-8"
+                ) from None
+            return value
         raise NotFound(f"credential '{name}' not found (put it in {self._dirs[-1]}/{name}, 0600)")
+
+    def _read(self, directory: Path, path: Path) -> str:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if directory == self._dirs[-1] and (st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077):
+                raise ConfigError(f"refusing credential {path}: must be owned by root, mode 0600")
+            return os.read(fd, 64 * 1024).decode("utf-8").strip()
+        finally:
+            os.close(fd)
 
     def all_values(self) -> list[str]:
         """Every readable credential value (for redaction). Re-read only when a credentials
@@ -76,6 +86,6 @@ class CredentialStore:
                 if NAME_RE.fullmatch(name) and name not in RESERVED:
                     try:
                         values.append(self.get(name))
-                    except (ConfigError, NotFound, OSError, UnicodeDecodeError):
+                    except IronclawError:
                         continue
         return values

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 from pathlib import Path
 
 import sqlcipher3
@@ -17,10 +18,10 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (an OSError or a sqlcipher3 error) says the filesystem is full."""
+    """Whether ``exc`` (an OSError, a sqlcipher3 or sqlite3 error) says the filesystem is full."""
     if isinstance(exc, OSError):
         return exc.errno in _FULL_ERRNOS
-    if isinstance(exc, sqlcipher3.Error):
+    if isinstance(exc, (sqlcipher3.Error, sqlite3.Error)):
         code = getattr(exc, "sqlite_errorcode", None)
         if code is not None:
             return int(code) & 0xFF == SQLITE_FULL

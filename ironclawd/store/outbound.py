@@ -34,6 +34,7 @@ import sqlcipher3
 
 from ironclawd.errors import Changing, HostError
 from ironclawd.store import fdwalk
+from ironclawd.store.translate import translated
 
 OUTBOUND_FILE = "outbound.db"
 JOURNAL_FILE = OUTBOUND_FILE + "-journal"
@@ -142,14 +143,14 @@ class OutboundReader:
 
     def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
         """Up to ``limit`` rows with seq > after, in seq order, from one consistent copy."""
-        with self._copy() as copy:
+        with translated(f"reading {self._dir / OUTBOUND_FILE}"), self._copy() as copy:
             if copy is None:
                 return []
             return _select(copy, self._key, after, 2**62, limit=limit, max_body=max_body)
 
     def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]:
         """Rows first..last as they are in the file now (for verifying ingested history)."""
-        with self._copy() as copy:
+        with translated(f"reading {self._dir / OUTBOUND_FILE}"), self._copy() as copy:
             if copy is None:
                 raise HostError(f"{self._dir / OUTBOUND_FILE} does not exist")
             return _select(
@@ -190,8 +191,9 @@ class OutboundReader:
 def ensure_scratch(scratch: Path) -> None:
     """The daemon's root-only directory for private copies (refused if anyone else could
     reach into it)."""
-    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(scratch)
+    with translated(f"preparing scratch directory {scratch}"):
+        scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(scratch)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
         raise HostError(f"refusing scratch directory {scratch}: expected root's, mode 0700")
 

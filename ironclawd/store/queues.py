@@ -16,17 +16,19 @@ any path (descriptors only, a private copy for SQLite).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlcipher3
 
-from ironclawd.errors import DiskFull, HostError
-from ironclawd.store.diskspace import is_disk_full
+from ironclawd.errors import HostError
 from ironclawd.store.fdwalk import remove_tree
 from ironclawd.store.quota_mount import OutboundQuota, mount_outbound, unmount_outbound
+from ironclawd.store.translate import translated
 
 INBOUND_SCHEMA = (
     "CREATE TABLE messages (seq INTEGER PRIMARY KEY, created_at REAL NOT NULL, "
@@ -50,7 +52,7 @@ class InboundWriter:
         # Sends run in worker threads; one connection's last-insert rowid and the client-id
         # check-then-insert are only meaningful if appends do not interleave.
         self._lock = threading.Lock()
-        try:
+        with translated(f"opening inbound queue {path}"):
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
             os.fchown(fd, 0, agent_gid)  # the agent (its gid) may read; only root writes
             os.fchmod(fd, 0o640)
@@ -64,42 +66,38 @@ class InboundWriter:
                     f"BEGIN IMMEDIATE; {INBOUND_SCHEMA}; "
                     f"PRAGMA user_version = {QUEUE_VERSION}; COMMIT;"
                 )
-        except (OSError, sqlcipher3.Error) as exc:
-            if is_disk_full(exc):
-                raise DiskFull(f"opening inbound queue {path}: {exc}") from exc
-            raise HostError(f"opening inbound queue {path}: {exc}") from exc
 
     def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
         """Append a message; return (seq, True) or, for a repeated client id, (old seq, False)."""
-        with self._lock:
-            try:
-                if client_id:
-                    row = self._db.execute(
-                        "SELECT seq FROM messages WHERE client_id = ?", (client_id,)
-                    ).fetchone()
-                    if row is not None:
-                        return int(row[0]), False
-                # fetchall(): the statement must run to completion, which is what commits it
-                # (autocommit), before the caller announces the seq.
-                rows = self._db.execute(
-                    "INSERT INTO messages (created_at, body, client_id) VALUES (?, ?, ?) "
-                    "RETURNING seq",
-                    (created_at, body, client_id or None),
-                ).fetchall()
-            except sqlcipher3.Error as exc:
-                if is_disk_full(exc):
-                    raise DiskFull(f"appending to {self._path}: {exc}; not accepted") from exc
-                raise HostError(f"appending to {self._path}: {exc}") from exc
+        with self._op("appending to"):
+            if client_id:
+                row = self._db.execute(
+                    "SELECT seq FROM messages WHERE client_id = ?", (client_id,)
+                ).fetchone()
+                if row is not None:
+                    return int(row[0]), False
+            # fetchall(): the statement must run to completion, which is what commits it
+            # (autocommit), before the caller announces the seq.
+            rows = self._db.execute(
+                "INSERT INTO messages (created_at, body, client_id) VALUES (?, ?, ?) RETURNING seq",
+                (created_at, body, client_id or None),
+            ).fetchall()
         return int(rows[0][0]), True
 
     def last_seq(self) -> int:
-        with self._lock:
+        with self._op("reading the last seq of"):
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()
         return int(row[0])
 
     def close(self) -> None:
-        with self._lock:
+        with self._op("closing"):
             self._db.close()
+
+    @contextlib.contextmanager
+    def _op(self, doing: str) -> Iterator[None]:
+        """One operation on the queue: under the lock, driver errors translated naming it."""
+        with self._lock, translated(f"{doing} {self._path}", self._db):
+            yield
 
 
 def prepare_queue_dirs(
@@ -109,30 +107,32 @@ def prepare_queue_dirs(
     ``<base>/<sid>/outbound`` (owned by the agent's uid: gVisor checks host files against it).
     With ``quota``, the outbound directory is a tmpfs of that size and inode count (mounted
     once, kept until the session is removed): the box meets ENOSPC, the host disk nothing."""
-    session = base / sid
-    inbound, outbound = session / "inbound", session / "outbound"
-    base.mkdir(mode=0o711, parents=True, exist_ok=True)
-    for directory, owner, mode in ((session, (0, 0), 0o711), (inbound, (0, gid), 0o750),
-                                   (outbound, (uid, gid), 0o700)):  # fmt: skip
-        directory.mkdir(mode=mode, exist_ok=True)
-        st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode):
-            raise HostError(f"refusing queue directory {directory}: not a directory")
-        if directory is outbound and quota is not None:
-            mount_outbound(outbound, uid, gid, quota)
-        os.chown(directory, *owner, follow_symlinks=False)
-        os.chmod(directory, mode, follow_symlinks=False)
-    return inbound, outbound
+    with translated(f"preparing the queue directories of session {sid} under {base}"):
+        session = base / sid
+        inbound, outbound = session / "inbound", session / "outbound"
+        base.mkdir(mode=0o711, parents=True, exist_ok=True)
+        for directory, owner, mode in ((session, (0, 0), 0o711), (inbound, (0, gid), 0o750),
+                                       (outbound, (uid, gid), 0o700)):  # fmt: skip
+            directory.mkdir(mode=mode, exist_ok=True)
+            st = os.lstat(directory)
+            if not stat.S_ISDIR(st.st_mode):
+                raise HostError(f"refusing queue directory {directory}: not a directory")
+            if directory is outbound and quota is not None:
+                mount_outbound(outbound, uid, gid, quota)
+            os.chown(directory, *owner, follow_symlinks=False)
+            os.chmod(directory, mode, follow_symlinks=False)
+        return inbound, outbound
 
 
 def remove_queue_dirs(base: Path, sid: str) -> None:
     """Remove a session's queue files: the outbound tmpfs is unmounted first, then everything
     is removed through directory descriptors, never following a link the box planted."""
-    session = base / sid
-    if session.is_symlink():
-        session.unlink()
-        return
-    if not session.exists():
-        return
-    unmount_outbound(session / "outbound")
-    remove_tree(session)
+    with translated(f"removing the queue directories of session {sid} under {base}"):
+        session = base / sid
+        if session.is_symlink():
+            session.unlink()
+            return
+        if not session.exists():
+            return
+        unmount_outbound(session / "outbound")
+        remove_tree(session)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ import sqlcipher3
 from ironclawd.domain.changes import Change, ChangeState
 from ironclawd.domain.messages import GENESIS, Reply
 from ironclawd.domain.session import Session, State
-from ironclawd.errors import AlreadyExists, DiskFull, HostError, NotFound
-from ironclawd.store.diskspace import is_disk_full
+from ironclawd.errors import AlreadyExists, HostError, NotFound
+from ironclawd.store.translate import translated
 
 SCHEMA_VERSION = 3
 _MIGRATIONS = {
@@ -79,74 +80,35 @@ _CHANGE_COLUMNS = (
 _COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
 
 
-class _FullChecked:
-    """The connection, with SQLITE_FULL translated once into DiskFull (naming the DB); every
-    other error passes unchanged. A failed statement leaves no transaction open."""
-
-    def __init__(self, db: sqlcipher3.Connection, path: Path) -> None:
-        self._db = db
-        self._path = path
-
-    def _full(self, exc: sqlcipher3.Error) -> DiskFull:
-        if self._db.in_transaction:
-            with contextlib.suppress(sqlcipher3.Error):  # SQLite may have rolled it back
-                self._db.execute("ROLLBACK")
-        return DiskFull(f"writing state DB {self._path}: {exc}; nothing was written")
-
-    def execute(self, sql: str, params: Any = ()) -> sqlcipher3.Cursor:
-        try:
-            return self._db.execute(sql, params)
-        except sqlcipher3.Error as exc:
-            if is_disk_full(exc):
-                raise self._full(exc) from exc
-            raise
-
-    def executemany(self, sql: str, params: Any) -> sqlcipher3.Cursor:
-        try:
-            return self._db.executemany(sql, params)
-        except sqlcipher3.Error as exc:
-            if is_disk_full(exc):
-                raise self._full(exc) from exc
-            raise
-
-    def executescript(self, script: str) -> sqlcipher3.Cursor:
-        try:
-            return self._db.executescript(script)
-        except sqlcipher3.Error as exc:
-            if is_disk_full(exc):
-                raise self._full(exc) from exc
-            raise
-
-    @property
-    def in_transaction(self) -> bool:
-        return bool(self._db.in_transaction)
-
-    def close(self) -> None:
-        self._db.close()
-
-
 class StateStore:
     """Thread-safe access to the state DB (calls come from the event loop and its threads)."""
 
     def __init__(self, path: Path, key: bytes) -> None:
         self._path = path
         self._lock = threading.Lock()
-        try:
+        with translated(f"opening state DB {path}"):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             os.close(fd)
-            self._db = _FullChecked(
-                sqlcipher3.connect(str(path), check_same_thread=False, isolation_level=None), path
-            )
-            self._db.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
-            self._db.execute("PRAGMA cipher_memory_security = ON")
-            # Deleted session keys must not linger in free pages.
-            self._db.execute("PRAGMA secure_delete = ON")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = FULL")
-            self._migrate()
-        except (OSError, sqlcipher3.Error) as exc:
-            raise HostError(f"opening state DB {path}: {exc}") from exc
+            self._db = sqlcipher3.connect(str(path), check_same_thread=False, isolation_level=None)
+            try:
+                self._db.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+                self._db.execute("PRAGMA cipher_memory_security = ON")
+                # Deleted session keys must not linger in free pages.
+                self._db.execute("PRAGMA secure_delete = ON")
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = FULL")
+                self._migrate()
+            except BaseException:
+                with contextlib.suppress(sqlcipher3.Error):
+                    self._db.close()
+                raise
+
+    @contextlib.contextmanager
+    def _op(self, doing: str) -> Iterator[None]:
+        """One operation on the DB: under the lock, driver errors translated naming it."""
+        with self._lock, translated(f"{doing} in state DB {self._path}", self._db):
+            yield
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -163,11 +125,11 @@ class StateStore:
             )
 
     def close(self) -> None:
-        with self._lock:
+        with self._op("closing"):
             self._db.close()
 
     def insert(self, session: Session) -> None:
-        with self._lock:
+        with self._op(f"inserting session {session.sid}"):
             try:
                 self._db.execute(
                     f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
@@ -177,7 +139,7 @@ class StateStore:
                 raise AlreadyExists(f"session {session.sid} already exists") from None
 
     def save(self, session: Session) -> None:
-        with self._lock:
+        with self._op(f"saving session {session.sid}"):
             cur = self._db.execute(
                 "UPDATE sessions SET agent=?, state=?, created_at=?, updated_at=?, "
                 "last_active_at=?, error=?, platform=? WHERE sid=?",
@@ -187,7 +149,7 @@ class StateStore:
             raise NotFound(f"session {session.sid} not found")
 
     def get(self, sid: str) -> Session:
-        with self._lock:
+        with self._op(f"reading session {sid}"):
             row = self._db.execute(
                 f"SELECT {_COLUMNS} FROM sessions WHERE sid=?",  # noqa: S608
                 (sid,),
@@ -197,26 +159,26 @@ class StateStore:
         return _session(row)
 
     def list_sessions(self) -> list[Session]:
-        with self._lock:
+        with self._op("listing sessions"):
             rows = self._db.execute(
                 f"SELECT {_COLUMNS} FROM sessions ORDER BY created_at, sid"  # noqa: S608
             ).fetchall()
         return [_session(r) for r in rows]
 
     def delete(self, sid: str) -> None:
-        with self._lock:
+        with self._op(f"deleting session {sid}"):
             self._db.execute("DELETE FROM sessions WHERE sid=?", (sid,))
 
     # -- session keys (wrapped) and ingested replies ------------------------------------
 
     def put_wrapped_key(self, sid: str, wrapped: bytes) -> None:
-        with self._lock:
+        with self._op(f"storing the key of session {sid}"):
             self._db.execute(
                 "INSERT OR REPLACE INTO session_keys (sid, wrapped) VALUES (?, ?)", (sid, wrapped)
             )
 
     def wrapped_key(self, sid: str) -> bytes | None:
-        with self._lock:
+        with self._op(f"reading the key of session {sid}"):
             row = self._db.execute(
                 "SELECT wrapped FROM session_keys WHERE sid = ?", (sid,)
             ).fetchone()
@@ -224,7 +186,7 @@ class StateStore:
 
     def destroy_session_data(self, sid: str) -> None:
         """Forget a session's key and ingested replies (secure_delete scrubs the pages)."""
-        with self._lock:
+        with self._op(f"destroying the data of session {sid}"):
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM session_keys WHERE sid = ?", (sid,))
             self._db.execute("DELETE FROM replies WHERE sid = ?", (sid,))
@@ -232,7 +194,7 @@ class StateStore:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def add_replies(self, sid: str, replies: list[Reply]) -> None:
-        with self._lock:
+        with self._op(f"adding replies of session {sid}"):
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
@@ -248,14 +210,14 @@ class StateStore:
 
     def last_reply(self, sid: str) -> tuple[int, bytes]:
         """(seq, chain) of the newest ingested reply; (0, GENESIS) if none."""
-        with self._lock:
+        with self._op(f"reading the last reply of session {sid}"):
             row = self._db.execute(
                 "SELECT seq, chain FROM replies WHERE sid = ? ORDER BY seq DESC LIMIT 1", (sid,)
             ).fetchone()
         return (int(row[0]), bytes(row[1])) if row else (0, GENESIS)
 
     def replies_after(self, sid: str, after: int, limit: int = 1000) -> list[Reply]:
-        with self._lock:
+        with self._op(f"reading replies of session {sid}"):
             rows = self._db.execute(
                 "SELECT seq, in_reply_to, created_at, body, chain FROM replies "
                 "WHERE sid = ? AND seq > ? ORDER BY seq LIMIT ?",
@@ -266,19 +228,19 @@ class StateStore:
     # -- registry, changes, audit head ----------------------------------------------------
 
     def put_agent(self, name: str, spec_json: str, now: float) -> None:
-        with self._lock:
+        with self._op(f"storing agent {name}"):
             self._db.execute(
                 "INSERT OR REPLACE INTO agents (name, spec, updated_at) VALUES (?, ?, ?)",
                 (name, spec_json, now),
             )
 
     def agents(self) -> dict[str, str]:
-        with self._lock:
+        with self._op("listing agents"):
             rows = self._db.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
         return {str(n): str(s) for n, s in rows}
 
     def insert_change(self, change: Change) -> None:
-        with self._lock:
+        with self._op(f"inserting change {change.id}"):
             self._db.execute(
                 f"INSERT INTO changes ({_CHANGE_COLUMNS}) VALUES "  # noqa: S608
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -286,14 +248,14 @@ class StateStore:
             )
 
     def save_change(self, change: Change) -> None:
-        with self._lock:
+        with self._op(f"saving change {change.id}"):
             self._db.execute(
                 "UPDATE changes SET state=?, decided_by=?, decided_at=?, note=? WHERE id=?",
                 (change.state.value, change.decided_by, change.decided_at, change.note, change.id),
             )
 
     def get_change(self, change_id: str) -> Change:
-        with self._lock:
+        with self._op(f"reading change {change_id}"):
             row = self._db.execute(
                 f"SELECT {_CHANGE_COLUMNS} FROM changes WHERE id=?",  # noqa: S608
                 (change_id,),
@@ -303,7 +265,7 @@ class StateStore:
         return _change(row)
 
     def list_changes(self, state: str | None = None) -> list[Change]:
-        with self._lock:
+        with self._op("listing changes"):
             if state is None:
                 rows = self._db.execute(
                     f"SELECT {_CHANGE_COLUMNS} FROM changes ORDER BY created_at, id"  # noqa: S608
@@ -317,7 +279,7 @@ class StateStore:
         return [_change(r) for r in rows]
 
     def count_changes_since(self, submitter: str, since: float) -> int:
-        with self._lock:
+        with self._op(f"counting changes of {submitter}"):
             row = self._db.execute(
                 "SELECT count(*) FROM changes WHERE submitter=? AND created_at>=?",
                 (submitter, since),
@@ -325,13 +287,13 @@ class StateStore:
         return int(row[0])
 
     def set_audit_head(self, seq: int, mac: str) -> None:
-        with self._lock:
+        with self._op("storing the audit head"):
             self._db.execute(
                 "INSERT OR REPLACE INTO audit_head (id, seq, mac) VALUES (1, ?, ?)", (seq, mac)
             )
 
     def audit_head(self) -> tuple[int, str] | None:
-        with self._lock:
+        with self._op("reading the audit head"):
             row = self._db.execute("SELECT seq, mac FROM audit_head WHERE id=1").fetchone()
         return (int(row[0]), str(row[1])) if row else None
 

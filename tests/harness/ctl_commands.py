@@ -19,6 +19,8 @@ class Command:
     required: tuple[str, ...]  # options that must be given (first string of each)
     valued: tuple[str, ...]  # options that take a value (first string of each)
     numeric: tuple[str, ...]  # options whose value is a range-checked integer
+    optional_positionals: tuple[str, ...] = ()  # metavars of positionals that may be left out
+    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (option or metavar, its choices)
 
     @property
     def name(self) -> str:
@@ -51,6 +53,14 @@ def _walk(parser: argparse.ArgumentParser, words: tuple[str, ...], found: list[C
                 a.option_strings[0]
                 for a in actions
                 if a.option_strings and getattr(a.type, "__name__", "") == "integer"
+            ),
+            optional_positionals=tuple(
+                str(a.metavar or a.dest) for a in actions if not a.option_strings and a.nargs == "?"
+            ),
+            choices=tuple(
+                ((a.option_strings or [str(a.metavar or a.dest)])[0], tuple(map(str, a.choices)))
+                for a in actions
+                if a.choices and not isinstance(a, argparse._SubParsersAction)
             ),
         )
     )

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.ctl import exitcodes, render, sessions
 from ironclawd.ctl import main as ctl_main
 from ironclawd.ctl.main import main
@@ -235,3 +239,108 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: Any
     code, out, _err = run(capsys, *command.words, "--help")
     assert code == exitcodes.OK
     assert "exit codes:" in out
+
+
+# Every exit code ironctl may end with: the named ones, each listed in --help.
+DOCUMENTED = {v for k, v in vars(exitcodes).items() if k.isupper() and type(v) is int}
+OFFLINE = {"containment verify"}  # commands that never ask the daemon
+
+
+def test_every_named_exit_code_is_in_the_help() -> None:
+    for code in DOCUMENTED:
+        assert f" {code} " in f" {exitcodes.HELP} ".replace("\n", " "), code
+
+
+def valid_argv(command: Any) -> list[str]:
+    """Arguments the command accepts, so that it gets as far as asking the daemon."""
+    choices = dict(command.choices)
+    argv = [*command.words]
+    argv += ["abcdefgh"] * (len(command.positionals) + len(command.optional_positionals))
+    for option in command.required:
+        argv += [option, choices[option][0] if option in choices else "demo"]
+    return argv
+
+
+@pytest.fixture(params=["missing", "refusing"])
+def dead_socket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A socket path where no daemon listens: no file at all, or a socket nobody accepts on."""
+    path = tmp_path / "admin.sock"
+    if request.param == "missing":
+        yield str(path)
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+        bound.bind(str(path))  # bound, never listening: connect() is refused
+        yield str(path)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("command", commands(), ids=lambda c: c.name)
+def test_every_command_without_a_daemon_is_one_documented_error(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    dead_socket: str,
+    command: Any,
+    as_json: bool,
+) -> None:
+    stdin_bytes(monkeypatch, b"hello\n")  # send -, chat: a line to send
+    argv = [*valid_argv(command), "--socket", dead_socket, "--timeout", "5"]
+    code = main([*argv, "--json"] if as_json else argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert code in DOCUMENTED, (code, out, err)
+    assert code != exitcodes.OK, (code, out, err)
+    if command.name not in OFFLINE:
+        assert code == exitcodes.UNAVAILABLE, (code, out, err)
+        assert dead_socket in out + err
+    if as_json:
+        assert err == ""
+        doc = json.loads(out)  # one document, nothing else on stdout
+        assert doc["error"]["exit"] == code
+        assert isinstance(doc["error"]["code"], str)
+        assert isinstance(doc["error"]["message"], str)
+    else:
+        assert out == ""
+        assert err.count("\n") <= 2, err
+        assert err.startswith("ironctl: "), err
+
+
+@pytest.mark.parametrize("command", commands(), ids=lambda c: c.name)
+def test_every_command_with_bad_arguments_is_one_usage_line(
+    capsys: pytest.CaptureFixture[str], command: Any
+) -> None:
+    code, out, err = run(capsys, *command.words, "--timeout", "nan", "--no-such-option")
+    assert code == exitcodes.USAGE
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("ironctl"), err
+
+
+class NoReplyStub:
+    """A daemon that queues the message, then closes the reply stream without the reply."""
+
+    def __init__(self, channel: Any) -> None:
+        pass
+
+    def SendMessage(self, request: Any, timeout: float) -> admin_pb2.SendMessageResponse:
+        return admin_pb2.SendMessageResponse(seq=7, replies_before=3)
+
+    def WatchReplies(self, request: Any, timeout: float) -> Iterator[Any]:
+        yield admin_pb2.WatchRepliesResponse(reply=admin_pb2.Reply(seq=4, in_reply_to=6))
+
+
+@pytest.mark.parametrize("argv", [["send", "abcdefgh", "hi"], ["chat", "abcdefgh"]])
+def test_a_reply_stream_that_ends_early_is_a_clear_failure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", NoReplyStub)
+    stdin_bytes(monkeypatch, b"hi\n")
+    code, out, err = run(capsys, *argv)
+    assert code == exitcodes.FAILED
+    assert err.startswith(
+        f"ironctl: {argv[0]}: session abcdefgh: the reply stream ended before the reply to "
+        "message 7 "
+    ), err
+    stdin_bytes(monkeypatch, b"hi\n")
+    code, out, _err = run(capsys, *argv, "--json")
+    assert error_doc(out)["code"] == "NO_REPLY"
+    assert code == exitcodes.FAILED
