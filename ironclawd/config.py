@@ -39,6 +39,7 @@ from ironclawd.config_keys import (
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.egress import EgressLimits
 from ironclawd.domain.messages import QueueLimits
+from ironclawd.domain.providers import PROVIDERS
 from ironclawd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -260,7 +261,7 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
 
 AGENT_KEYS: Mapping[str, _Key] = {
     "persona": _Key(_text(16000), "System prompt; the agent cannot change it."),
-    "provider": _Key(_choice(("mock", "anthropic", "openai")), "Model provider."),
+    "provider": _Key(_choice(tuple(PROVIDERS)), "Model provider."),
     "model": _Key(_text(200), "Model name at the provider."),
     "base_url": _Key(_url, "Provider API base URL (default: the provider's public API)."),
     "credential": _Key(_credential, "Name of the host-held key to inject; never in the box."),

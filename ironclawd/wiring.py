@@ -30,9 +30,7 @@ from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
-from ironclawd.providers.anthropic import AnthropicProvider
-from ironclawd.providers.mock import MockProvider
-from ironclawd.providers.openai import OpenAIProvider
+from ironclawd.providers.registry import build_providers, default_base_urls
 from ironclawd.services.audit import Audit
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway, GatewayPolicy
@@ -201,16 +199,9 @@ def _model_proxy(
     return ModelProxy(
         sessions=sessions,
         agents=registry,
-        providers={
-            "mock": MockProvider(),
-            "anthropic": AnthropicProvider(http),
-            "openai": OpenAIProvider(http),
-        },
+        providers=build_providers(http),
         credentials=credentials,
-        base_urls={
-            "anthropic": "https://api.anthropic.com",
-            "openai": "https://api.openai.com/v1",
-        },
+        base_urls=default_base_urls(),
         audit=audit,
         clock=clock,
     )

@@ -8,6 +8,7 @@ import grpc
 
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from ironclawd.domain.changes import Change
+from ironclawd.domain.kinds import creates_agent
 from ironclawd.errors import NotFound
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.sessions import SessionService
@@ -26,8 +27,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.SubmitChangeResponse:
         sid = self._sid()
         own = self._sessions.get(sid).agent
-        # Other kinds target the session's own agent; the gateway refuses (and audits) any other.
-        only = None if request.kind == "create_agent" else own
+        # Kinds other than those creating an agent target the session's own agent; the gateway
+        # refuses (and audits) any other.
+        only = None if creates_agent(request.kind) else own
         change = self._gateway.submit(
             request.kind, request.agent or own, request.payload_json, request.reason,
             f"session:{sid}", only_agent=only,

@@ -77,6 +77,7 @@ def register(sub: Any) -> None:
     create.add_argument("name", metavar="NAME")
     create.add_argument("--persona", required=True)
     create.add_argument("--tools", help="comma-separated tool names")
-    create.add_argument("--provider", choices=("mock", "anthropic", "openai"))
+    # No list here: ironctl speaks only gRPC, and the daemon refuses a provider it does not know.
+    create.add_argument("--provider", help="a model provider the daemon knows (default: mock)")
     create.add_argument("--model")
     create.add_argument("--reason")

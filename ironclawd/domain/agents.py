@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ironclawd.domain.egress import EgressRule
+from ironclawd.domain.providers import DEFAULT_PROVIDER
 from ironclawd.errors import NotFound
 
 MIB = 1024 * 1024
@@ -45,7 +46,7 @@ class AgentMount:
 class AgentSpec:
     name: str
     persona: str = DEFAULT_PERSONA
-    provider: str = "mock"  # mock | anthropic | openai
+    provider: str = DEFAULT_PROVIDER  # a name in PROVIDERS (ironclawd/domain/providers.py)
     model: str = "mock-1"
     base_url: str = ""
     credential: str = ""  # name of a host-held credential; never enters the sandbox

@@ -12,37 +12,25 @@ import difflib
 import enum
 import hashlib
 import json
-import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from ironclawd.domain.agents import (
-    AGENT_NAME_RE,
-    MAX_AGENT_MOUNTS,
-    MOUNT_NAME_RE,
-    AgentMount,
-    AgentSpec,
-)
-from ironclawd.domain.egress import EgressRule, rule_from_mapping
-from ironclawd.domain.tools import CATALOG
+from ironclawd.domain.agents import AGENT_NAME_RE, AgentSpec
+from ironclawd.domain.kinds import KINDS, ChangeKind, HostChecks
+from ironclawd.domain.kinds.egress import MAX_EGRESS_RULES, rule_to_mapping
+from ironclawd.domain.kinds.persona import MAX_PERSONA
 from ironclawd.errors import Conflict, InvalidArgument
 
-KINDS = (
-    "persona", "tools", "packages", "wiring", "permissions", "mounts", "egress", "skills", "mcp",
-    "create_agent",
-)  # fmt: skip
-# Kinds this version can apply. The others are validated and refused with a clear reason by
-# the verifiers rather than accepted and left to rot.
-APPLIABLE = frozenset({"persona", "tools", "egress", "mounts", "create_agent"})
-# Why a kind is not appliable, when there is more to say than "not yet".
-NOT_APPLIABLE_WHY = {
-    "packages": (
-        "packages are not installed into agent images yet; the design (host-side apt download "
-        "and signature check, unpacked into a per-agent read-only layer) is in docs/packages.md"
-    ),
-}
-MAX_EGRESS_RULES = 64
-MAX_PERSONA = 16_000
+__all__ = [
+    "APPLIABLE", "KINDS", "MAX_EGRESS_RULES", "MAX_PERSONA", "Change", "ChangeState",
+    "HostChecks", "ParsedChange", "agent_view", "apply_payload", "canonical", "change_hash",
+    "check_payload", "diff_lines", "parse_change", "rule_to_mapping", "transition",
+]  # fmt: skip
+
+# Kinds this version can apply (the others are refused with their reason: kinds/base.py).
+APPLIABLE = frozenset(name for name, kind in KINDS.items() if not kind.refusal)
+P = TypeVar("P")
 
 
 class ChangeState(enum.Enum):
@@ -84,126 +72,60 @@ def canonical(value: Any) -> str:
 
 
 def agent_view(spec: AgentSpec | None) -> dict[str, Any] | None:
-    """The parts of an agent a change can touch (what the approver sees diffed)."""
+    """The parts of an agent a change can touch (what the approver sees diffed): the fields
+    every kind shows of it."""
     if spec is None:
         return None
-    view: dict[str, Any] = {
-        "name": spec.name,
-        "persona": spec.persona,
-        "provider": spec.provider,
-        "model": spec.model,
-        "tools": list(spec.tools),
-        "egress": [rule_to_mapping(r) for r in spec.egress],
-    }
-    # Only when there are any: changes submitted before mounts existed keep their `before`.
-    if spec.mounts:
-        view["mounts"] = [dataclasses.asdict(m) for m in spec.mounts]
+    view: dict[str, Any] = {}
+    for kind in KINDS.values():
+        view.update(kind.view(spec))
     return view
 
 
-def _text(payload: dict[str, Any], key: str, limit: int) -> str:
-    value = payload.get(key)
-    if not isinstance(value, str) or not value.strip() or len(value) > limit:
-        raise InvalidArgument(f"payload.{key}: expected non-empty text of at most {limit} chars")
-    return value
+@dataclass(frozen=True)
+class ParsedChange(Generic[P]):
+    """A change's payload parsed by its kind: what the gateway verifies and applies."""
+
+    kind: ChangeKind[P]
+    agent: str
+    payload: P
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical JSON form, as stored and hashed."""
+        return self.kind.dump(self.payload)
+
+    def apply(self, current: AgentSpec | None) -> AgentSpec:
+        """The agent as it would be after the change (pure)."""
+        _check_target(self.kind, self.agent, current)
+        if current is None:
+            return self.kind.apply(AgentSpec(name=self.agent), self.payload)
+        return self.kind.apply(current, self.payload)
+
+    def authorize(self, submitter: str) -> None:
+        self.kind.authorize(self.payload, submitter)
+
+    def host_check(self, host: HostChecks) -> None:
+        self.kind.host_check(self.payload, host)
 
 
-def _only(payload: dict[str, Any], kind: str, allowed: set[str]) -> None:
-    extra = sorted(set(payload) - allowed)
-    if extra:
-        raise InvalidArgument(
-            f"payload for {kind}: unexpected key(s) {', '.join(extra)} "
-            f"(expected: {', '.join(sorted(allowed))})"
-        )
+def _kind(name: str) -> ChangeKind[Any]:
+    kind = KINDS.get(name)
+    if kind is None:
+        raise InvalidArgument(f"kind: expected one of {', '.join(KINDS)}, got {name!r}")
+    return kind
 
 
-def _tool_list(payload: dict[str, Any]) -> tuple[str, ...]:
-    tools = payload.get("tools")
-    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
-        raise InvalidArgument("payload.tools: expected a list of tool names")
-    unknown = [t for t in tools if t not in CATALOG]
-    if unknown:
-        raise InvalidArgument(
-            f"payload.tools: unknown tool(s) {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(CATALOG))})"
-        )
-    return tuple(dict.fromkeys(tools))
+def _check_target(kind: ChangeKind[Any], agent: str, current: AgentSpec | None) -> None:
+    if kind.creates_agent and current is not None:
+        raise Conflict(f"agent '{agent}' already exists")
+    if not kind.creates_agent and current is None:
+        raise Conflict(f"agent '{agent}' does not exist (submit a create_agent change first)")
 
 
-def _egress_rules(payload: dict[str, Any]) -> list[EgressRule]:
-    """Egress rule sanity: every rule parses (scheme, host, port, methods, path prefixes); the
-    list replaces the agent's grants as a whole (an empty list revokes them all)."""
-    rules = payload.get("rules")
-    if not isinstance(rules, list) or len(rules) > MAX_EGRESS_RULES:
-        raise InvalidArgument(f"payload.rules: expected a list of at most {MAX_EGRESS_RULES} rules")
-    parsed = []
-    for index, raw in enumerate(rules):
-        try:
-            parsed.append(rule_from_mapping(raw))
-        except (ValueError, TypeError) as exc:
-            raise InvalidArgument(f"payload.rules[{index}]: expected {exc}") from None
-    return parsed
-
-
-def _mount_list(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Mount syntax: at most MAX_AGENT_MOUNTS of {source, name, read_only}; names unique and
-    [a-z0-9-]{1,32}; sources absolute and normalised (no '..'), none inside another. Whether a
-    source is a real directory under the operator's allowlist is the gateway's check (host I/O),
-    repeated at every session start. The list replaces the agent's mounts as a whole."""
-    mounts = payload.get("mounts")
-    if not isinstance(mounts, list) or len(mounts) > MAX_AGENT_MOUNTS:
-        raise InvalidArgument(
-            f"payload.mounts: expected a list of at most {MAX_AGENT_MOUNTS} mounts"
-        )
-    out: list[dict[str, Any]] = []
-    for index, raw in enumerate(mounts):
-        where = f"payload.mounts[{index}]"
-        if not isinstance(raw, dict):
-            raise InvalidArgument(f"{where}: expected an object with source, name, read_only")
-        _only(raw, "mounts", {"source", "name", "read_only"})
-        name, source, read_only = raw.get("name"), raw.get("source"), raw.get("read_only", True)
-        if not isinstance(name, str) or MOUNT_NAME_RE.fullmatch(name) is None:
-            raise InvalidArgument(f"{where}.name: expected [a-z0-9-]{{1,32}}, got {name!r}")
-        if (
-            not isinstance(source, str)
-            or not source.startswith("/")
-            or source.startswith("//")
-            or "\0" in source
-            or posixpath.normpath(source) != source
-            or source == "/"
-        ):
-            raise InvalidArgument(
-                f"{where}.source: expected an absolute, normalised directory path below / "
-                f"(no '..', '//', trailing '/'), got {source!r}"
-            )
-        if not isinstance(read_only, bool):
-            raise InvalidArgument(f"{where}.read_only: expected true or false")
-        out.append({"name": name, "source": source, "read_only": read_only})
-    names = [m["name"] for m in out]
-    if len(set(names)) != len(names):
-        raise InvalidArgument("payload.mounts: expected each name once")
-    for a in out:
-        for b in out:
-            if a is not b and (
-                a["source"] == b["source"] or b["source"].startswith(a["source"] + "/")
-            ):
-                raise InvalidArgument(
-                    f"payload.mounts: {b['source']} overlaps {a['source']}; grant one of them"
-                )
-    return out
-
-
-def rule_to_mapping(rule: EgressRule) -> dict[str, Any]:
-    out = dataclasses.asdict(rule)
-    out["methods"] = list(rule.methods)
-    out["path_prefixes"] = list(rule.path_prefixes)
-    return out
-
-
-def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
-    """Schema verifier: the payload parsed, typed and normalized, or InvalidArgument."""
-    if kind not in KINDS:
-        raise InvalidArgument(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+def parse_change(kind_name: str, agent: str, payload_json: str) -> ParsedChange[Any]:
+    """Schema verifier: the kind known and appliable, the agent's name well-formed, the payload
+    a JSON object its kind parses; else InvalidArgument naming the field."""
+    kind = _kind(kind_name)
     if not AGENT_NAME_RE.fullmatch(agent):
         raise InvalidArgument(f"agent: expected a name of [a-z][a-z0-9-]{{0,62}}, got {agent!r}")
     try:
@@ -212,62 +134,23 @@ def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
         raise InvalidArgument(f"payload: not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidArgument("payload: expected a JSON object")
-    if kind not in APPLIABLE:
-        why = NOT_APPLIABLE_WHY.get(kind, "")
-        raise InvalidArgument(
-            f"kind {kind}: this ironclawd cannot apply {kind} changes yet; nothing was queued"
-            + (f" ({why})" if why else "")
-        )
-    if kind == "persona":
-        _only(payload, kind, {"persona"})
-        return {"persona": _text(payload, "persona", MAX_PERSONA)}
-    if kind == "tools":
-        _only(payload, kind, {"tools"})
-        return {"tools": list(_tool_list(payload))}
-    if kind == "egress":
-        _only(payload, kind, {"rules"})
-        return {"rules": [rule_to_mapping(r) for r in _egress_rules(payload)]}
-    if kind == "mounts":
-        _only(payload, kind, {"mounts"})
-        return {"mounts": _mount_list(payload)}
-    _only(payload, kind, {"persona", "tools", "provider", "model"})
-    out: dict[str, Any] = {"persona": _text(payload, "persona", MAX_PERSONA)}
-    out["tools"] = list(_tool_list(payload)) if "tools" in payload else []
-    provider = payload.get("provider", "mock")
-    if provider not in ("mock", "anthropic", "openai"):
-        raise InvalidArgument("payload.provider: expected mock, anthropic or openai")
-    out["provider"] = provider
-    out["model"] = _text(payload, "model", 200) if "model" in payload else "mock-1"
-    return out
+    if kind.refusal:
+        raise InvalidArgument(kind.refusal)
+    return ParsedChange(kind, agent, kind.parse(payload))
+
+
+def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:
+    """The payload parsed, typed and normalized, in its canonical JSON form."""
+    return parse_change(kind, agent, payload_json).to_json()
 
 
 def apply_payload(
-    kind: str, agent: str, spec: AgentSpec | None, payload: dict[str, Any]
+    kind: str, agent: str, spec: AgentSpec | None, payload: Mapping[str, Any]
 ) -> AgentSpec:
-    """The agent as it would be after the change (pure)."""
-    if kind == "create_agent":
-        if spec is not None:
-            raise Conflict(f"agent '{agent}' already exists")
-        return AgentSpec(
-            name=agent,
-            persona=payload["persona"],
-            tools=tuple(payload["tools"]),
-            provider=payload["provider"],
-            model=payload["model"],
-        )
-    if spec is None:
-        raise Conflict(f"agent '{agent}' does not exist (submit a create_agent change first)")
-    if kind == "persona":
-        return dataclasses.replace(spec, persona=payload["persona"])
-    if kind == "tools":
-        return dataclasses.replace(spec, tools=tuple(payload["tools"]))
-    if kind == "egress":
-        rules = tuple(rule_from_mapping(r) for r in payload["rules"])
-        return dataclasses.replace(spec, egress=rules)
-    if kind == "mounts":
-        mounts = tuple(AgentMount(**m) for m in payload["mounts"])
-        return dataclasses.replace(spec, mounts=mounts)
-    raise InvalidArgument(f"kind {kind}: no applier")
+    """The agent as it would be after a change given in its JSON form (pure)."""
+    kind_ = _kind(kind)
+    _check_target(kind_, agent, spec)
+    return ParsedChange(kind_, agent, kind_.parse(payload)).apply(spec)
 
 
 def change_hash(kind: str, agent: str, payload: str, before: str) -> str:

@@ -10,9 +10,13 @@ import httpx
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
 from ironclawd.errors import ProviderError
-from ironclawd.providers.base import raise_for_status, sse_events
+from ironclawd.providers.base import Provider, raise_for_status, sse_events
 
 API_VERSION = "2023-06-01"
+
+
+def build(http: httpx.AsyncClient) -> Provider:
+    return AnthropicProvider(http)
 
 
 class AnthropicProvider:

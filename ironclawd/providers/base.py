@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -12,6 +12,10 @@ from ironclawd.errors import ProviderError
 from ironclawd.ports import Provider
 
 __all__ = ["Provider", "raise_for_status", "sse_events"]
+
+
+# What each adapter module exports as ``build`` (ironclawd/providers/registry.py calls it).
+ProviderFactory = Callable[[httpx.AsyncClient], Provider]
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -14,8 +14,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 
+import httpx
+
 from ironclawd.domain.model import Chunk, Completion, ToolCall
 from ironclawd.errors import ProviderError
+from ironclawd.ports import Provider
+
+
+def build(http: httpx.AsyncClient) -> Provider:
+    return MockProvider()  # offline: it never uses the client
 
 
 class MockProvider:

@@ -10,7 +10,11 @@ from typing import Any
 import httpx
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
-from ironclawd.providers.base import raise_for_status, sse_events
+from ironclawd.providers.base import Provider, raise_for_status, sse_events
+
+
+def build(http: httpx.AsyncClient) -> Provider:
+    return OpenAIProvider(http)
 
 
 class OpenAIProvider:

@@ -22,11 +22,11 @@ from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import (
     Change,
     ChangeState,
+    ParsedChange,
     agent_view,
-    apply_payload,
     canonical,
     change_hash,
-    check_payload,
+    parse_change,
     transition,
 )
 from ironclawd.errors import (
@@ -74,6 +74,7 @@ class Gateway:
         self._policy = policy
         self._restart = restart_agent_sessions
         self._clock = clock
+        self._host = _HostChecks(mounts, policy.mount_allowlist)
         self._lock = asyncio.Lock()
         self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
@@ -95,7 +96,7 @@ class Gateway:
         session's own); asking for another is refused like any other verifier's refusal."""
         now = self._clock.time()
         try:
-            payload, before, after = self._verify(
+            parsed, before, after = self._verify(
                 kind, agent, payload_json, reason, submitter, only_agent=only_agent
             )
         except (InvalidArgument, NotFound, Conflict, PolicyDenied) as exc:
@@ -104,7 +105,7 @@ class Gateway:
                 reason=str(exc)[:500],
             )  # fmt: skip
             raise
-        payload_text = canonical(payload)
+        payload_text = canonical(parsed.to_json())
         change = Change(
             id=f"chg-{secrets.token_hex(6)}",
             kind=kind,
@@ -135,39 +136,26 @@ class Gateway:
         submitter: str,
         *,
         only_agent: str | None,
-    ) -> tuple[dict[str, Any], str, str]:
+    ) -> tuple[ParsedChange[Any], str, str]:
         """The deterministic verifiers; any of them may reject the change outright."""
         self._check_rate(submitter, self._clock.time())
         if only_agent is not None and agent != only_agent:
             raise PolicyDenied(
                 f"a session of agent '{only_agent}' may only request changes to itself"
             )
-        payload = check_payload(kind, agent, payload_json)
-        self._check_mount_sources(kind, payload)
-        # A rule that injects a host-held credential towards a host of the agent's choosing is a
-        # key-exfiltration request: only an operator may write one.
-        if (
-            kind == "egress"
-            and submitter.startswith("session:")
-            and any(rule.get("credential") for rule in payload["rules"])
-        ):
-            raise PolicyDenied("egress rules with a credential can only come from an operator")
+        parsed = parse_change(kind, agent, payload_json)
+        parsed.host_check(self._host)
+        parsed.authorize(submitter)
         if len(reason) > 2000:
             raise InvalidArgument("reason: expected at most 2000 characters")
         current = self._registry.get(agent)
-        if kind != "create_agent" and current is None:
+        if not parsed.kind.creates_agent and current is None:
             raise NotFound(f"agent '{agent}' not found")
-        after_spec = apply_payload(kind, agent, current, payload)
+        after_spec = parsed.apply(current)
         before, after = canonical(agent_view(current)), canonical(agent_view(after_spec))
         if before == after:
             raise InvalidArgument(f"change to agent '{agent}' would change nothing")
-        return payload, before, after
-
-    def _check_mount_sources(self, kind: str, payload: dict[str, Any]) -> None:
-        """Mount allowlist: every source a real directory below an allowlisted one."""
-        if kind == "mounts":
-            for mount in payload["mounts"]:
-                self._mounts.resolve(mount["source"], self._policy.mount_allowlist)
+        return parsed, before, after
 
     def _check_rate(self, submitter: str, now: float) -> None:
         recent = self._store.count_changes_since(submitter, now - 3600)
@@ -270,9 +258,9 @@ class Gateway:
             raise Conflict(
                 f"agent '{change.agent}' changed since {change.id} was submitted; resubmit"
             )
-        payload = check_payload(change.kind, change.agent, change.payload)
-        self._check_mount_sources(change.kind, payload)
-        return apply_payload(change.kind, change.agent, current, payload)
+        parsed = parse_change(change.kind, change.agent, change.payload)
+        parsed.host_check(self._host)
+        return parsed.apply(current)
 
     async def resume(self) -> None:
         """After a restart: finish applying changes approved before the daemon died. A change
@@ -298,6 +286,18 @@ class Gateway:
             else:
                 log.info("change %s approved by %s before a restart: applied now", change.id,
                          change.decided_by)  # fmt: skip
+
+
+class _HostChecks:
+    """What change kinds may ask of the host (ironclawd/domain/kinds/base.py HostChecks)."""
+
+    def __init__(self, mounts: MountSources, mount_allowlist: tuple[str, ...]) -> None:
+        self._mounts = mounts
+        self._mount_allowlist = mount_allowlist
+
+    def mount_source(self, source: str) -> None:
+        """Mount allowlist: the source a real directory below an allowlisted one."""
+        self._mounts.resolve(source, self._mount_allowlist)
 
 
 def _retrieve(task: asyncio.Task[Change]) -> None:
