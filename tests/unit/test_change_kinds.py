@@ -80,7 +80,8 @@ def test_every_kind_module_is_registered_under_its_own_name() -> None:
     assert sorted(modules) == sorted(KINDS)
     for name in modules:
         kind = importlib.import_module(f"ironclawd.domain.kinds.{name}").KIND
-        assert KINDS[name] is kind and kind.name == name
+        assert KINDS[name] is kind
+        assert kind.name == name
 
 
 def test_no_two_kinds_show_the_same_field_and_the_view_is_what_older_changes_recorded() -> None:
@@ -116,7 +117,8 @@ def test_each_kind_round_trips_parse_dump_diff_and_apply(name: str) -> None:
     body = [line for line in lines if not line.startswith(("---", "+++"))]
     changed = {line[1:].split(":")[0] for line in body if line[:1] in "+-"}
     if kind.creates_agent:
-        assert before_view is None and after.name == "helper"
+        assert before_view is None
+        assert after.name == "helper"
         assert changed == set(after_view)
         with pytest.raises(Conflict, match="already exists"):
             parsed.apply(DEMO)
@@ -133,7 +135,8 @@ def test_each_kind_round_trips_parse_dump_diff_and_apply(name: str) -> None:
 def test_every_kind_without_a_sample_is_a_refused_kind() -> None:
     for name, kind in KINDS.items():
         if name not in SAMPLES:
-            assert isinstance(kind, RefusedKind) and kind.refusal, name
+            assert isinstance(kind, RefusedKind), name
+            assert kind.refusal, name
             with pytest.raises(InvalidArgument, match=f"cannot apply {name} changes yet"):
                 kind.parse({})
         else:
@@ -226,7 +229,8 @@ def test_a_kind_registered_here_goes_through_domain_and_gateway_end_to_end(
         asyncio.run(gateway.approve(change.id, change.hash, "session:abc"))
     applied = asyncio.run(gateway.approve(change.id, change.hash, ROOT))
     assert applied.state.value == "applied"
-    assert registry["demo"].max_tool_rounds == 3 and restarted == ["demo"]
+    assert registry["demo"].max_tool_rounds == 3
+    assert restarted == ["demo"]
     assert rounds.host_checked == [40, 8, 3, 3]  # at each submission and again at apply
 
 

@@ -60,7 +60,7 @@ def test_an_adapter_named_wrongly_or_outside_the_package_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match="adapter must be a module name"):
         ProviderInfo("x", base_url="", adapter="os.path")
-    monkeypatch.setitem(PROVIDERS, "liar", ProviderInfo("liar", base_url="", adapter="mock"))  # type: ignore[index]
+    monkeypatch.setitem(PROVIDERS, "liar", ProviderInfo("liar", base_url="", adapter="mock"))
     with pytest.raises(RuntimeError, match="provider liar: its adapter calls itself mock"):
         build_providers(_http())
 
@@ -82,11 +82,13 @@ def test_a_provider_added_to_the_registry_is_built_and_accepted(
     module.build = EchoProvider  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ironclawd.providers.echo", module)
     info = ProviderInfo("echo", base_url="https://echo.test/v1", adapter="echo")
-    monkeypatch.setitem(PROVIDERS, "echo", info)  # type: ignore[index]
+    monkeypatch.setitem(PROVIDERS, "echo", info)
 
     http = _http()
     built = build_providers(http)
-    assert isinstance(built["echo"], EchoProvider) and built["echo"].http is http
+    echo = built["echo"]
+    assert isinstance(echo, EchoProvider)
+    assert echo.http is http
     assert default_base_urls()["echo"] == "https://echo.test/v1"
     assert provider_choices() == "mock, anthropic, openai or echo"
     got = check_payload("create_agent", "a", '{"persona": "p", "provider": "echo"}')
