@@ -34,9 +34,8 @@ from ironclawd.domain.changes import (
 from ironclawd.domain.kinds import ChangeKind, HostChecks, RefusedKind
 from ironclawd.domain.kinds.base import only
 from ironclawd.errors import Conflict, InvalidArgument, PolicyDenied
-from ironclawd.services.gateway import Gateway, GatewayPolicy
-from ironclawd.services.registry import Registry
-from tests.unit.test_changes_domain import ROOT, MemoryStore, Recorder
+from ironclawd.services.gateway import GatewayPolicy
+from tests.unit.test_changes_domain import ROOT, World
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = AgentSpec("demo")
@@ -205,17 +204,8 @@ def test_a_kind_registered_here_goes_through_domain_and_gateway_end_to_end(
     # The DEMO agent's view is unchanged by the new kind (its field is at the default).
     assert "max_tool_rounds" not in (agent_view(DEMO) or {})
 
-    store = MemoryStore()
-    registry = Registry(store, [DEMO])  # type: ignore[arg-type]
-    restarted: list[str] = []
-
-    async def restart(agent: str) -> list[str]:
-        restarted.append(agent)
-        return []
-
-    gateway = Gateway(store=store, registry=registry, audit=Recorder(),  # type: ignore[arg-type]
-                      policy=GatewayPolicy(four_eyes=frozenset({"tool_rounds"})),
-                      restart_agent_sessions=restart, clock=lambda: 1000.0)  # fmt: skip
+    world = World(GatewayPolicy(four_eyes=frozenset({"tool_rounds"})))
+    gateway, registry, restarted = world.gateway, world.registry, world.restarted
     with pytest.raises(PolicyDenied, match="only come from an operator"):
         gateway.submit("tool_rounds", "demo", '{"max_tool_rounds": 40}', "", "session:abc",
                        only_agent="demo")  # fmt: skip
