@@ -1,7 +1,7 @@
 """Recording fakes, one per port of ``ironclawd.ports``, for the unit tier. Each keeps what it
 was asked (``calls``) and passes the same contract tests (tests/contract) as the real adapter."""
 
-from tests.fakes.audit import RecordingAudit
+from tests.fakes.audit import MemoryAuditLog, RecordingAudit
 from tests.fakes.clock import FakeClock
 from tests.fakes.host import (
     FakeBundles,
@@ -35,6 +35,7 @@ __all__ = [
     "FakeUnits",
     "MemoryAgents",
     "MemoryAuditHead",
+    "MemoryAuditLog",
     "MemoryChanges",
     "MemoryReplies",
     "MemorySessionKeys",

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ironclawd.bundle.spec import check_spec
 from ironclawd.domain.policy import Mount
 from ironclawd.errors import DiskFull, HostError, NotFound, PolicyDenied
 from ironclawd.ports import AgentHello, ControlListener, RawRow, UnitSpec, UnitState
@@ -210,6 +211,7 @@ class FakeBundles(_Recording):
         self, bundle: Path, spec: Mapping[str, Any], granted: Sequence[Mount], state_dir: Path
     ) -> None:
         self._call("bundles.write", bundle)
+        check_spec(spec, granted, state_dir)  # what the real writer refuses, this refuses
         self.specs[bundle] = spec
 
     def remove(self, bundle: Path) -> None:
@@ -227,7 +229,7 @@ class _Queue:
 
     def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
         for seq, (_, _, cid) in enumerate(self.rows, 1):
-            if client_id is not None and cid == client_id:
+            if client_id and cid == client_id:  # "" is no client id, as in store/queues.py
                 return seq, False
         self.rows.append((body, created_at, client_id))
         return len(self.rows), True
@@ -240,14 +242,24 @@ class _Queue:
 
 
 class _Outbound:
-    def __init__(self, rows: list[RawRow]) -> None:
+    """``OutboundRows`` over a list (None: the agent has not made its file yet)."""
+
+    def __init__(self, rows: list[RawRow] | None) -> None:
         self.rows = rows
 
     def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
-        return [r for r in self.rows if r[0] > after][:limit]
+        return [_capped(r, max_body) for r in self.rows or [] if r[0] > after][:limit]
 
     def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]:
-        return [r for r in self.rows if first <= r[0] <= last]
+        if self.rows is None:
+            raise HostError("outbound.db does not exist")
+        return [_capped(r, max_body) for r in self.rows if first <= r[0] <= last]
+
+
+def _capped(row: RawRow, max_body: int) -> RawRow:
+    """A body over the cap reads as None, as store/outbound.py's."""
+    seq, in_reply_to, created_at, body = row
+    return seq, in_reply_to, created_at, body if body is None or len(body) <= max_body else None
 
 
 class FakeSessionData(_Recording):
@@ -264,7 +276,7 @@ class FakeSessionData(_Recording):
 
     def check_space(self, doing: str) -> None:
         if self.full:
-            raise DiskFull(f"{doing}: the state directory is full")
+            raise DiskFull(f"{doing}: refused: the state directory is below min_free_bytes")
 
     def key(self, sid: str) -> bytes:
         if sid not in self.keys:
@@ -294,7 +306,7 @@ class FakeSessionData(_Recording):
 
     def outbound(self, sid: str, uid: int) -> _Outbound:
         self.key(sid)
-        return _Outbound(self.outbound_rows.setdefault(sid, []))
+        return _Outbound(self.outbound_rows.get(sid))
 
     def strip_setid(self, sid: str, uid: int) -> int:
         return 0
