@@ -36,6 +36,7 @@ import grpc
 
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from tests.harness.agents import unlimited_agent
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 SOCKET = "/run/ironclaw/admin.sock"
@@ -45,14 +46,7 @@ BURST = int(os.environ.get("BENCH_BURST", "2000"))
 # Below the admin server's max_concurrent_streams (refused streams come back as UNAVAILABLE).
 WINDOW = 8
 AGENT = "bench"
-AGENT_CONFIG = f"""
-[agents.{AGENT}]
-tools = []
-requests_per_minute = 100000
-session_requests_per_minute = 100000
-tokens_per_day = 10000000000
-session_tokens_per_day = 10000000000
-"""
+AGENT_CONFIG = unlimited_agent(AGENT)
 
 
 def _ms(samples: list[float]) -> dict[str, float]:

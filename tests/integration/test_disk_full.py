@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from tests.harness.agents import unlimited_agent
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
 
@@ -37,14 +38,7 @@ TEST_CONFIG = f"""
 [daemon]
 state_dir = "{SMALL}"
 min_free_bytes = {MIN_FREE}
-
-[agents.{AGENT}]
-tools = []
-requests_per_minute = 100000
-session_requests_per_minute = 100000
-tokens_per_day = 10000000000
-session_tokens_per_day = 10000000000
-"""
+""" + unlimited_agent(AGENT)
 
 
 def out(proc: Any) -> str:

@@ -34,6 +34,7 @@ import sqlcipher3
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.store.keys import MasterKey
+from tests.harness.agents import unlimited_agent
 from tests.harness.private_systemd import SystemdHarness
 from tests.harness.probe import PROBE_IN_BOX
 
@@ -52,14 +53,7 @@ CONFIG = "/etc/ironclaw/ironclawd.toml"
 # would stop a stress run, so these tests use an agent of their own with limits out of the way.
 AGENT = "bulk"
 REPLY = "mock: "
-AGENT_CONFIG = f"""
-[agents.{AGENT}]
-tools = []
-requests_per_minute = 100000
-session_requests_per_minute = 100000
-tokens_per_day = 10000000000
-session_tokens_per_day = 10000000000
-"""
+AGENT_CONFIG = unlimited_agent(AGENT)
 RPC_TIMEOUT = 60.0
 # The kill run: how many messages, and how many SIGKILLs of each kind.
 STRESS_COUNT = int(os.environ.get("IRONCLAW_STRESS_COUNT", "10000"))
