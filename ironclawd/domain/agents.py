@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ironclawd.domain.egress import EgressRule
+from ironclawd.domain.mcp import McpGrant, McpServer
 from ironclawd.domain.providers import DEFAULT_PROVIDER
+from ironclawd.domain.skills import AgentSkill
 from ironclawd.errors import NotFound
 
 MIB = 1024 * 1024
@@ -65,6 +67,9 @@ class AgentSpec:
     gid: int = AGENT_GID
     egress: tuple[EgressRule, ...] = ()  # deny by default; rules only from approved changes
     mounts: tuple[AgentMount, ...] = ()  # none by default; only from approved changes
+    skills: tuple[AgentSkill, ...] = ()  # installed skills (mounted at /skills/<name>)
+    mcp_servers: tuple[McpServer, ...] = ()  # MCP servers registered for this agent
+    mcp_grants: tuple[McpGrant, ...] = ()  # MCP tools granted, each pinned to its definition
 
 
 BUILTIN: dict[str, AgentSpec] = {"demo": AgentSpec("demo")}

@@ -10,6 +10,8 @@ from typing import Any
 
 from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.egress import rule_from_mapping
+from ironclawd.domain.mcp import McpGrant, McpServer, McpToolDef
+from ironclawd.domain.skills import AgentSkill, SkillFile, SkillGrants
 from ironclawd.ports import AgentRecords, Clock
 
 
@@ -26,7 +28,34 @@ def spec_from_json(text: str) -> AgentSpec:
     # Egress rules are stored as tables; back to checked values (a bad one fails loudly).
     values["egress"] = tuple(rule_from_mapping(r) for r in raw.get("egress", ()))
     values["mounts"] = tuple(AgentMount(**m) for m in raw.get("mounts", ()))
+    values["skills"] = tuple(_skill(s) for s in raw.get("skills", ()))
+    values["mcp_servers"] = tuple(_server(s) for s in raw.get("mcp_servers", ()))
+    values["mcp_grants"] = tuple(McpGrant(**g) for g in raw.get("mcp_grants", ()))
     return AgentSpec(**values)
+
+
+def _skill(raw: dict[str, Any]) -> AgentSkill:
+    grants = raw.get("grants", {})
+    return AgentSkill(
+        name=raw["name"], version=raw["version"], description=raw["description"],
+        signer=raw["signer"], manifest_sha256=raw["manifest_sha256"],
+        files=tuple(SkillFile(**f) for f in raw["files"]),
+        grants=SkillGrants(
+            tools=tuple(grants.get("tools", ())),
+            egress=tuple(rule_from_mapping(r) for r in grants.get("egress", ())),
+            mcp_tools=tuple((s, t) for s, t in grants.get("mcp_tools", ())),
+        ),
+    )  # fmt: skip
+
+
+def _server(raw: dict[str, Any]) -> McpServer:
+    return McpServer(
+        name=raw["name"], command=tuple(raw.get("command", ())), url=raw.get("url", ""),
+        env=tuple((k, v) for k, v in raw.get("env", ())),
+        credentials=tuple((k, v) for k, v in raw.get("credentials", ())),
+        allow=tuple(raw.get("allow", ())),
+        tools=tuple(McpToolDef(**t) for t in raw.get("tools", ())),
+    )  # fmt: skip
 
 
 class Registry(Mapping[str, AgentSpec]):
