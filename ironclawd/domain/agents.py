@@ -81,3 +81,22 @@ def find_agent(catalog: Mapping[str, AgentSpec], name: str) -> AgentSpec:
     except KeyError:
         known = ", ".join(sorted(catalog)) or "none"
         raise NotFound(f"agent '{name}' not found (known agents: {known})") from None
+
+
+# What a session of the agent may use: its own grants plus those its installed skills brought
+# (kept apart so that removing a skill takes away exactly what it granted). Every user of
+# tools, egress rules or MCP grants reads these, never the fields alone.
+
+
+def effective_tools(spec: AgentSpec) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([*spec.tools, *(t for s in spec.skills for t in s.grants.tools)]))
+
+
+def effective_egress(spec: AgentSpec) -> tuple[EgressRule, ...]:
+    return tuple(dict.fromkeys([*spec.egress, *(r for s in spec.skills for r in s.grants.egress)]))
+
+
+def effective_mcp_grants(spec: AgentSpec) -> tuple[McpGrant, ...]:
+    return tuple(
+        dict.fromkeys([*spec.mcp_grants, *(g for s in spec.skills for g in s.grants.mcp_tools)])
+    )

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ironclawd.domain.egress import EgressRule
+from ironclawd.domain.mcp import McpGrant
 
 SKILL_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
@@ -29,9 +30,8 @@ class SkillGrants:
 
     tools: tuple[str, ...] = ()  # names from the tool catalogue
     egress: tuple[EgressRule, ...] = ()
-    mcp_tools: tuple[
-        tuple[str, str], ...
-    ] = ()  # (server, tool) of servers registered for the agent
+    # Tools of servers registered for the agent, pinned when the skill's change is applied.
+    mcp_tools: tuple[McpGrant, ...] = ()
 
 
 @dataclass(frozen=True)

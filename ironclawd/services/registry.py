@@ -43,7 +43,7 @@ def _skill(raw: dict[str, Any]) -> AgentSkill:
         grants=SkillGrants(
             tools=tuple(grants.get("tools", ())),
             egress=tuple(rule_from_mapping(r) for r in grants.get("egress", ())),
-            mcp_tools=tuple((s, t) for s, t in grants.get("mcp_tools", ())),
+            mcp_tools=tuple(McpGrant(**g) for g in grants.get("mcp_tools", ())),
         ),
     )  # fmt: skip
 

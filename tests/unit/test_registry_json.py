@@ -14,7 +14,7 @@ def test_every_nested_value_round_trips() -> None:
     skill = AgentSkill(
         name="notes", version="1.0", description="Keep notes", signer="ab" * 8,
         manifest_sha256="00" * 32, files=(SkillFile("SKILL.md", "11" * 32, "body"),),
-        grants=SkillGrants(("read_file",), (rule,), (("time", "now"),)),
+        grants=SkillGrants(("read_file",), (rule,), (McpGrant("time", "now", "ee" * 32),)),
     )  # fmt: skip
     server = McpServer(
         "time", ("/usr/bin/mcp-server-time", "--local-timezone", "UTC"), env=(("A", "b"),),
