@@ -20,7 +20,8 @@ from those to ``ironctl`` exit codes (docs/style.md §6)::
     │   ├── MalformedReport             INVALID_ARGUMENT
     │   └── MinisignFormatError         INVALID_ARGUMENT
     ├── UpstreamFailed                  UNAVAILABLE
-    └── ProviderError                   UNAVAILABLE
+    ├── ProviderError                   UNAVAILABLE
+    └── McpServerFailed                 UNAVAILABLE
 
 Foreign exceptions are translated once, at the adapter that met them, with ``raise ... from exc``.
 This module imports nothing, so every layer can use it: the pure formats (``ironclawd.formats``,
@@ -119,6 +120,11 @@ class ProviderError(IronclawError):
     """The upstream model API failed; the message says how (secrets are redacted later)."""
 
 
+class McpServerFailed(IronclawError):
+    """An MCP server could not be started, crashed, is backing off, timed out or broke the
+    protocol (gRPC UNAVAILABLE); the message names the server and what happened."""
+
+
 # Error class -> gRPC status. Every class has its own row (a subclass does not inherit its base's
 # silently): tests/unit/test_error_tree.py fails for a class without one. Every rate limit,
 # budget and full disk is RESOURCE_EXHAUSTED.
@@ -143,6 +149,7 @@ GRPC_STATUS: Final[Mapping[type[IronclawError], str]] = MappingProxyType({
     MinisignFormatError: "INVALID_ARGUMENT",
     UpstreamFailed: "UNAVAILABLE",
     ProviderError: "UNAVAILABLE",
+    McpServerFailed: "UNAVAILABLE",
 })  # fmt: skip
 
 # gRPC status -> ironctl exit code, for every status there is (the numbers are the ones
