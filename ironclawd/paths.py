@@ -9,6 +9,8 @@ CONFIG_PATH = CONFIG_DIR / "ironclawd.toml"
 # 0600 root files, one per credential; systemd's $CREDENTIALS_DIRECTORY is preferred when set.
 CREDENTIALS_DIR = CONFIG_DIR / "credentials"
 MASTER_KEY_FILE = CREDENTIALS_DIR / "master.key"
+# minisign public keys (*.pub) whose signatures a skill may carry (docs/skills.md).
+SKILLS_TRUSTED_DIR = CONFIG_DIR / "skills.d" / "trusted"
 STATE_DIR = Path("/var/lib/ironclaw")
 RUN_DIR = Path("/run/ironclaw")
 ADMIN_SOCKET = RUN_DIR / "admin.sock"

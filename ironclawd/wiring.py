@@ -26,6 +26,7 @@ from ironclawd.host.clock import SystemClock
 from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
+from ironclawd.host.skill_keys import TrustedKeyDir
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
@@ -229,6 +230,7 @@ def _gateway(
         restart_agent_sessions=sessions.restart_agent_sessions,
         mounts=HostMounts(),
         clock=clock,
+        skill_keys=TrustedKeyDir(),
     )
 
 

@@ -94,6 +94,14 @@ class MountSources(Protocol):
     def remove_frame(self, frame: Path) -> None: ...
 
 
+class TrustedKeys(Protocol):
+    """The minisign public keys the operator trusts to sign skills (real: host/skill_keys.py)."""
+
+    def read(self) -> Mapping[str, str]:
+        """Each key file's name and text, read afresh (a key added or removed counts at once)."""
+        ...
+
+
 class Bundles(Protocol):
     """OCI bundle directories (real: bundle/writer.py)."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ironclawd import ratelog
 from ironclawd.domain.addresses import IPAddress, refusal_reason
-from ironclawd.domain.agents import AgentSpec, find_agent
+from ironclawd.domain.agents import AgentSpec, effective_egress, find_agent
 from ironclawd.domain.egress import (
     EgressDecision,
     EgressLimits,
@@ -123,7 +123,7 @@ class EgressBroker:
     def has_grants(self, sid: str) -> bool:
         """Whether this session's agent has any egress rule (else it gets no egress.sock)."""
         try:
-            return bool(self._agent(sid).egress)
+            return bool(effective_egress(self._agent(sid)))
         except IronclawError:
             return False
 
@@ -191,7 +191,7 @@ class EgressBroker:
         audit.method = method
         target = parse_url(url)
         audit.target(target)
-        rule = match_rule(self._agent(sid).egress, method, target)
+        rule = match_rule(effective_egress(self._agent(sid)), method, target)
         audit.rule = rule.describe()
         if len(body) > self._limits.max_request_bytes:
             raise PolicyDenied(

@@ -37,7 +37,8 @@ from ironclawd.errors import (
     PolicyDenied,
     RateLimited,
 )
-from ironclawd.ports import AuditSink, ChangeRecords, Clock, MountSources
+from ironclawd.formats import skill as skill_format
+from ironclawd.ports import AuditSink, ChangeRecords, Clock, MountSources, TrustedKeys
 from ironclawd.services.audit import Throttled
 from ironclawd.services.registry import Registry
 
@@ -66,6 +67,7 @@ class Gateway:
         restart_agent_sessions: Restarter,
         mounts: MountSources,
         clock: Clock,
+        skill_keys: TrustedKeys | None = None,
     ) -> None:
         self._store = store
         self._mounts = mounts
@@ -74,7 +76,7 @@ class Gateway:
         self._policy = policy
         self._restart = restart_agent_sessions
         self._clock = clock
-        self._host = _HostChecks(mounts, policy.mount_allowlist)
+        self._host = _HostChecks(mounts, policy.mount_allowlist, skill_keys)
         self._lock = asyncio.Lock()
         self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
@@ -291,13 +293,21 @@ class Gateway:
 class _HostChecks:
     """What change kinds may ask of the host (ironclawd/domain/kinds/base.py HostChecks)."""
 
-    def __init__(self, mounts: MountSources, mount_allowlist: tuple[str, ...]) -> None:
+    def __init__(
+        self, mounts: MountSources, mount_allowlist: tuple[str, ...], keys: TrustedKeys | None
+    ) -> None:
         self._mounts = mounts
         self._mount_allowlist = mount_allowlist
+        self._keys = keys
 
     def mount_source(self, source: str) -> None:
         """Mount allowlist: the source a real directory below an allowlisted one."""
         self._mounts.resolve(source, self._mount_allowlist)
+
+    def skill_signature(self, name: str, manifest: bytes, signature: str) -> str:
+        """Skill signature: by a key in the trusted directory (none given: no key is trusted)."""
+        trusted = self._keys.read() if self._keys is not None else {}
+        return skill_format.verify_manifest(name, manifest, signature, trusted)
 
 
 def _retrieve(task: asyncio.Task[Change]) -> None:

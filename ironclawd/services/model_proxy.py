@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 from ironclawd import ratelog
-from ironclawd.domain.agents import AgentSpec, find_agent
+from ironclawd.domain.agents import AgentSpec, effective_tools, find_agent
 from ironclawd.domain.model import (
     Budget,
     Chunk,
@@ -64,7 +64,8 @@ class ModelProxy:
 
     def profile(self, sid: str) -> Profile:
         agent = self._agent(sid)
-        return Profile(agent.name, agent.persona, tool_defs(agent.tools), agent.max_tool_rounds)
+        tools = tool_defs(effective_tools(agent))  # its own and its skills'
+        return Profile(agent.name, agent.persona, tools, agent.max_tool_rounds)
 
     def _budget(self, key: str, rpm: int, tpd: int) -> Budget:
         return self._budgets.setdefault(key, Budget(rpm, tpd))
@@ -100,7 +101,7 @@ class ModelProxy:
         completion = Completion(
             system=agent.persona,
             messages=check_messages(messages),
-            tools=enabled_tools(tools, tool_defs(agent.tools)),
+            tools=enabled_tools(tools, tool_defs(effective_tools(agent))),
             model=agent.model,
             max_tokens=min(max_tokens or agent.max_tokens, agent.max_tokens),
         )

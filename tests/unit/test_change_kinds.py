@@ -35,6 +35,7 @@ from ironclawd.domain.kinds import ChangeKind, HostChecks, RefusedKind
 from ironclawd.domain.kinds.base import only
 from ironclawd.errors import Conflict, InvalidArgument, PolicyDenied
 from ironclawd.services.gateway import GatewayPolicy
+from tests.unit import skill_samples
 from tests.unit.test_changes_domain import ROOT, World
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,9 +49,13 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "egress": {"rules": [{"host": "api.example.com", "methods": ["GET", "POST"]}]},
     "mounts": {"mounts": [{"source": "/srv/data", "name": "data", "read_only": False}]},
     "create_agent": {"persona": "You help.", "tools": ["read_file"], "provider": "anthropic"},
+    "skills": skill_samples.payload(),
 }
 # The view keys each kind may change when applied (create_agent makes the whole agent).
-OWNS = {"persona": {"persona"}, "tools": {"tools"}, "egress": {"egress"}, "mounts": {"mounts"}}
+OWNS = {"persona": {"persona"}, "tools": {"tools"}, "egress": {"egress"}, "mounts": {"mounts"},
+        "skills": {"skills.weather", "skills.weather.grants"}}  # fmt: skip
+# The AgentSpec fields each kind may change, where they are not its view keys.
+FIELDS = {**OWNS, "skills": {"skills"}}
 
 
 def _named(text: str) -> set[str]:
@@ -124,7 +129,7 @@ def test_each_kind_round_trips_parse_dump_diff_and_apply(name: str) -> None:
     else:
         assert changed == OWNS[name], lines
         # Nothing outside the kind's own fields moved.
-        unowned = {f.name for f in dataclasses.fields(AgentSpec)} - OWNS[name]
+        unowned = {f.name for f in dataclasses.fields(AgentSpec)} - FIELDS[name]
         for field in unowned:
             assert getattr(after, field) == getattr(DEMO, field), field
         with pytest.raises(Conflict, match="does not exist"):

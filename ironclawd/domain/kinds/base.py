@@ -26,6 +26,11 @@ class HostChecks(Protocol):
     def mount_source(self, source: str) -> None:
         """PolicyDenied unless ``source`` is a real directory below the operator's allowlist."""
 
+    def skill_signature(self, name: str, manifest: bytes, signature: str) -> str:
+        """The signer's key id if ``signature`` (minisign, prehashed) over the skill's
+        ``manifest`` verifies under a key the operator trusts; else PolicyDenied (unknown key),
+        SignatureMismatch (the files changed) or InvalidArgument (malformed)."""
+
 
 class ChangeKind(ABC, Generic[P]):
     """One kind of change. ``P`` is its payload: a frozen dataclass."""

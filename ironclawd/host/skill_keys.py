@@ -1,0 +1,44 @@
+"""The operator's trusted skill keys (``ports.TrustedKeys``): ``*.pub`` files in a directory.
+
+Read on every check, so that adding or removing a key file takes effect at once (removing a key
+also stops the approval of a pending skill it signed). Only regular files are read, without
+following symlinks, each at most 4 KiB (a minisign public key file is two short lines).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from ironclawd import paths
+
+MAX_KEY_FILE = 4096
+
+
+class TrustedKeyDir:
+    def __init__(self, directory: Path = paths.SKILLS_TRUSTED_DIR) -> None:
+        self.directory = directory
+
+    def read(self) -> Mapping[str, str]:
+        """Name -> text of every readable ``*.pub``; a missing directory trusts nothing."""
+        out: dict[str, str] = {}
+        try:
+            entries = sorted(os.scandir(self.directory), key=lambda e: e.name)
+        except FileNotFoundError:
+            return out
+        for entry in entries:
+            if not entry.name.endswith(".pub") or entry.name.startswith("."):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                continue  # a symlink (ELOOP) or gone: not a key the operator placed here
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                data = handle.read(MAX_KEY_FILE + 1)
+            if len(data) <= MAX_KEY_FILE:
+                out[entry.name] = data.decode("utf-8", "replace")
+        return out
