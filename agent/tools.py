@@ -1,5 +1,6 @@
 """Tools the agent runs for the model. File tools are jailed to /workspace (a size-capped tmpfs,
-the only writable place in the box); the others go to host sockets that exist only when granted."""
+the only writable place in the box); the others go to host sockets that exist only when granted
+(``http_fetch`` to egress.sock, ``mcp__<server>__<tool>`` to mcp.sock)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 
 import grpc
 
-from agent import egress
+from agent import egress, mcp
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 WORKSPACE = Path("/workspace")
 MAX_FILE_BYTES = 1024 * 1024
 GATEWAY_SOCKET = Path("/run/ironclaw/gateway.sock")
 EGRESS_SOCKET = Path("/run/ironclaw/egress.sock")
+MCP_SOCKET = Path("/run/ironclaw/mcp.sock")
 
 
 class ToolError(Exception):
@@ -100,6 +102,14 @@ def http_fetch(args: dict[str, object]) -> str:
         raise ToolError(str(exc)) from None
 
 
+def mcp_tool(name: str, arguments_json: str) -> str:
+    """A granted MCP tool (``mcp__<server>__<tool>``), run host-side; mcp.sock exists only when
+    the agent has some granted, and the host checks the grant on every call."""
+    if not MCP_SOCKET.exists():
+        return "error: this agent has no MCP tools granted (ask for them with request_change)"
+    return mcp.call(name, arguments_json, str(MCP_SOCKET))
+
+
 TOOLS = {
     "read_file": read_file,
     "write_file": write_file,
@@ -117,10 +127,12 @@ def _utf8(text: str) -> str:
 
 def run_tool(name: str, arguments_json: str) -> str:
     """Run one tool call; failures come back as text for the model, never as an exception."""
-    tool = TOOLS.get(name)
-    if tool is None:
+    if name not in TOOLS and not name.startswith(mcp.TOOL_PREFIX):
         return f"error: unknown tool {name!r}"
     try:
+        tool = TOOLS.get(name)
+        if tool is None:  # mcp__<server>__<tool>: the host checks the rest
+            return _utf8(mcp_tool(name, arguments_json))
         args = json.loads(arguments_json or "{}")
         if not isinstance(args, dict):
             return "error: arguments must be a JSON object"

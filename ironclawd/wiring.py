@@ -20,7 +20,8 @@ from ironclawd.bundle.writer import BundleDirs
 from ironclawd.config import Config
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
 from ironclawd.domain.checks import CheckResult
-from ironclawd.errors import IronclawError
+from ironclawd.domain.mcp import McpServer, McpToolDef
+from ironclawd.errors import IronclawError, McpServerFailed
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.mounts import HostMounts
@@ -31,10 +32,12 @@ from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
+from ironclawd.ports.mcp import McpCallResult
 from ironclawd.providers.registry import build_providers, default_base_urls
 from ironclawd.services.audit import Audit
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway, GatewayPolicy
+from ironclawd.services.mcp_gateway import McpGateway
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.registry import Registry
@@ -105,6 +108,11 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         clock=clock,
     )  # fmt: skip
     hooks.on_remove(broker.forget)
+    mcp = McpGateway(
+        sessions=service, agents=registry, clients=_NoMcpClients(), credentials=credentials,
+        audit=audit, clock=clock,
+    )  # fmt: skip
+    hooks.on_remove(mcp.forget)
     sandbox_api = SandboxApi(
         paths.INTERNAL_DIR / "sandbox-grpc.sock",
         paths.SESSIONS_RUN_DIR,
@@ -118,6 +126,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         ),
         gateway=gateway,
         egress=broker,
+        mcp=mcp,
         sessions=service,
         hooks=hooks,
         audit=audit,
@@ -256,6 +265,24 @@ def _egress(
             **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
         ),
     )  # fmt: skip
+
+
+class _NoMcpClients:
+    """``McpClients`` until the real adapter (host/mcp.py) is wired: every server fails."""
+
+    async def list_tools(self, agent: str, server: McpServer) -> tuple[McpToolDef, ...]:
+        raise McpServerFailed(f"MCP server {server.name}: no MCP client in this build")
+
+    async def call_tool(
+        self, agent: str, server: McpServer, tool: str, arguments: dict[str, object]
+    ) -> McpCallResult:
+        raise McpServerFailed(f"MCP server {server.name}: no MCP client in this build")
+
+    async def stop(self, agent: str, server: str) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
 
 
 class HostProbeSet:

@@ -1,4 +1,5 @@
-"""The sandbox-facing gRPC services: model proxy and approval gateway (submit/status only).
+"""The sandbox-facing gRPC services: model proxy, approval gateway (submit/status only), and,
+when granted, the egress broker and MCP tools.
 
 Each session gets its own sockets in its socket directory (``model.sock``, ...). The daemon
 accepts on them itself, admits only processes of that session's unit (its cgroup), and splices
@@ -21,11 +22,13 @@ import grpc
 
 from ironclaw.egress.v1 import egress_pb2_grpc
 from ironclaw.gateway.v1 import gateway_pb2_grpc
+from ironclaw.mcp.v1 import mcp_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd import ratelog
 from ironclawd.api.boundary import admit_request, lenient, refuse
 from ironclawd.api.egress import EgressServicer
 from ironclawd.api.limits import TokenBucket
+from ironclawd.api.mcp import McpServicer
 from ironclawd.api.sandbox_gateway import GatewayServicer
 from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer, SessionSockets
 from ironclawd.api.sockets import remove_stale_socket
@@ -35,6 +38,7 @@ from ironclawd.ports import AuditSink, Clock
 from ironclawd.services.audit import Throttled
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway
+from ironclawd.services.mcp_gateway import McpGateway
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.sessions import SessionService
@@ -46,8 +50,10 @@ SERVICE_SOCKET = {
     "ironclaw.model.v1.ModelService": "model",
     "ironclaw.egress.v1.EgressService": "egress",
     "ironclaw.gateway.v1.GatewayService": "gateway",
+    "ironclaw.mcp.v1.McpService": "mcp",
 }
-SOCKETS = ("model", "gateway", "egress")  # egress.sock: only if granted (EgressBroker.has_grants)
+# egress.sock and mcp.sock only if granted (EgressBroker.has_grants, McpGateway.has_grants).
+SOCKETS = ("model", "gateway", "egress", "mcp")
 __all__ = ["SandboxApi", "SandboxPeer"]
 
 _PEER: contextvars.ContextVar[SandboxPeer] = contextvars.ContextVar("ironclaw_sandbox_peer")
@@ -252,6 +258,7 @@ class SandboxApi:
         proxy: ModelProxy,
         gateway: Gateway,
         egress: EgressBroker,
+        mcp: McpGateway,
         sessions: SessionService,
         hooks: SessionHooks,
         audit: AuditSink,
@@ -282,6 +289,10 @@ class SandboxApi:
         self._broker = egress
         servicer = EgressServicer(egress, lambda: _PEER.get().sid, egress.timeout_seconds)
         egress_pb2_grpc.add_EgressServiceServicer_to_server(servicer, self._server)
+        self._mcp = mcp
+        mcp_pb2_grpc.add_McpServiceServicer_to_server(
+            McpServicer(mcp, lambda: _PEER.get().sid), self._server
+        )
         hooks.on_sockets(self.open, self.close)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(gateway, sessions, lambda: _PEER.get().sid), self._server
@@ -303,6 +314,8 @@ class SandboxApi:
         for name in SOCKETS:
             await self._sockets.close(sid, name)
             if name == "egress" and not self._broker.has_grants(sid):
+                continue
+            if name == "mcp" and not self._mcp.has_grants(sid):
                 continue
             await self._sockets.open(sid, name)
 

@@ -1,4 +1,4 @@
-"""Accepting on a session's gRPC sockets (model.sock, gateway.sock, egress.sock).
+"""Accepting on a session's gRPC sockets (model.sock, gateway.sock, egress.sock, mcp.sock).
 
 Each connection is checked (a process of the session's own unit), metered (new connections per
 second), counted against the socket's connection limit (a full socket drops its least recently

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec, effective_tools, find_agent
+from ironclawd.domain.mcp_grants import mcp_tool_defs
 from ironclawd.domain.model import (
     Budget,
     Chunk,
@@ -64,7 +65,7 @@ class ModelProxy:
 
     def profile(self, sid: str) -> Profile:
         agent = self._agent(sid)
-        tools = tool_defs(effective_tools(agent))  # its own and its skills'
+        tools = _host_tools(agent)
         return Profile(agent.name, agent.persona, tools, agent.max_tool_rounds)
 
     def _budget(self, key: str, rpm: int, tpd: int) -> Budget:
@@ -101,7 +102,7 @@ class ModelProxy:
         completion = Completion(
             system=agent.persona,
             messages=check_messages(messages),
-            tools=enabled_tools(tools, tool_defs(effective_tools(agent))),
+            tools=enabled_tools(tools, _host_tools(agent)),
             model=agent.model,
             max_tokens=min(max_tokens or agent.max_tokens, agent.max_tokens),
         )
@@ -131,6 +132,12 @@ class ModelProxy:
                 budget.spend(self._clock.time(), tokens[0] + tokens[1])
             _audit(self._audit, sid, agent=agent, status=status, tokens=tokens,
                    took=self._clock.monotonic() - started)  # fmt: skip
+
+
+def _host_tools(agent: AgentSpec) -> tuple[ToolDef, ...]:
+    """The tools the agent may offer, defined by the host: its own and its skills', and its
+    granted MCP tools with the definitions pinned at approval."""
+    return (*tool_defs(effective_tools(agent)), *mcp_tool_defs(agent))
 
 
 MAX_ERROR_CHARS = 2000

@@ -49,7 +49,7 @@ NO_ROUTE = {"ENETUNREACH", "EHOSTUNREACH"}
 REFUSAL = "refused a control connection from outside its unit"
 # What a session's own sockets directory may hold (docs/architecture.md §8); nothing else of
 # /run/ironclaw may show inside.
-SESSION_SOCKETS = {"control.sock", "model.sock", "egress.sock", "gateway.sock"}
+SESSION_SOCKETS = {"control.sock", "model.sock", "egress.sock", "gateway.sock", "mcp.sock"}
 
 
 @pytest.fixture(autouse=True)
