@@ -23,9 +23,11 @@ from ironclawd.errors import SandboxError
 
 APP_DIR = Path("app/agent")
 AGENT_EXECUTABLE = "agent"
-# Mount targets must exist in a read-only root: runsc cannot create them there.
+# Mount targets must exist in a read-only root: runsc cannot create them there. "skills" is
+# where an agent's skill set is bound (ironclawd/bundle/skills.py); empty for agents without.
 MOUNTPOINTS: tuple[str, ...] = (
     "proc", "dev", "tmp", "run/ironclaw", "workspace", "queue/inbound", "queue/outbound", "mnt",
+    "skills",
 )  # fmt: skip
 # Single-file bind mounts need a file, not a directory, to land on (the session key).
 FILE_MOUNTPOINTS: tuple[str, ...] = ("run/ironclaw-key",)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ironclawd import paths
+from ironclawd.bundle.skills import SKILLS_DIR, skills_grant_problem, skills_spec_problem
 from ironclawd.domain.agents import MOUNT_NAME_RE, AgentMount
 from ironclawd.domain.policy import SID_PATTERN, Mount, SandboxPolicy
 from ironclawd.errors import SandboxError
@@ -117,7 +118,12 @@ def _allowed_mounts(
     own = session_mounts(sid, state_dir)
     allowed = {m.destination: (m.type, m.source, m.read_only) for m in own}
     for mount in granted:
-        _check_grant(mount, sid, state_dir)
+        if mount.destination == SKILLS_DIR:
+            problem = skills_grant_problem(mount, state_dir)
+            if problem:
+                raise _Refusal("mount-skills", problem)
+        else:
+            _check_grant(mount, sid, state_dir)
         allowed[mount.destination] = (mount.type, mount.source, mount.read_only)
     allowed.update(
         {
@@ -273,12 +279,14 @@ def check_spec(
 
     ``granted`` are mounts the caller vouches for beyond the session's own (an agent's approved
     directories, from ``granted_mounts``): each must be this session's frame at /mnt or a bind at
-    /mnt/<name> of a host path that is none of the daemon's; the frame must come first.
+    /mnt/<name> of a host path that is none of the daemon's; the frame must come first. Its
+    skill set (``bundle.skills.skills_mount``) is the only mount allowed at /skills: a read-only
+    bind of a set directory under the state dir, with nosuid, nodev and noexec.
 
     Rules: ``shape``, ``sid``, ``hooks``, ``network``, ``namespaces``, ``user-namespace``,
     ``root-readonly``, ``capabilities``, ``no-new-privileges``, ``user``, ``devices``,
-    ``mount-allowlist``, ``mount-granted``, ``mount-order``, ``mount-readonly``,
-    ``mount-hygiene``, ``mounts-required``.
+    ``mount-allowlist``, ``mount-granted``, ``mount-skills``, ``mount-order``,
+    ``mount-readonly``, ``mount-hygiene``, ``mounts-required``.
     """
     try:
         _check(spec, granted, state_dir)
@@ -367,18 +375,12 @@ def _check_mounts(mounts: object, sid: str, granted: Sequence[Mount], state_dir:
     allowed = _allowed_mounts(sid, granted, state_dir)
     seen: set[str] = set()
     for mount in mounts:
-        destination = mount.get("destination")
+        destination = _place(mount.get("destination"), seen)
         where = f"mount {destination}"
-        if not isinstance(destination, str) or posixpath.normpath(destination) != destination:
-            raise _Refusal("mount-allowlist", f"{where}: expected a normalised absolute path")
-        if destination in seen:
-            raise _Refusal("mount-allowlist", f"{where}: mounted twice")
-        if destination.startswith(GRANTS_DIR + "/") and GRANTS_DIR not in seen:
-            # Without the frame first, runsc would create the mountpoint in the shared rootfs.
-            raise _Refusal("mount-order", f"{where}: expected after the {GRANTS_DIR} frame")
-        seen.add(destination)
         expected = allowed.get(destination)
         actual = (mount.get("type"), mount.get("source"))
+        if destination == SKILLS_DIR and (problem := skills_spec_problem(mount, expected)):
+            raise _Refusal("mount-skills", f"{where}: {problem}")
         if expected is None or actual != expected[:2]:
             raise _Refusal("mount-allowlist", f"{where}: {actual!r} is not allowlisted")
         options = mount.get("options") or []
@@ -400,3 +402,17 @@ def _check_mounts(mounts: object, sid: str, granted: Sequence[Mount], state_dir:
     absent = [destination for destination in REQUIRED_MOUNTS if destination not in seen]
     if absent:
         raise _Refusal("mounts-required", f"mounts: expected {absent} (else runsc adds its own)")
+
+
+def _place(destination: object, seen: set[str]) -> str:
+    """A mount's destination, once, normalised, and after the frame if under /mnt; noted."""
+    where = f"mount {destination}"
+    if not isinstance(destination, str) or posixpath.normpath(destination) != destination:
+        raise _Refusal("mount-allowlist", f"{where}: expected a normalised absolute path")
+    if destination in seen:
+        raise _Refusal("mount-allowlist", f"{where}: mounted twice")
+    if destination.startswith(GRANTS_DIR + "/") and GRANTS_DIR not in seen:
+        # Without the frame first, runsc would create the mountpoint in the shared rootfs.
+        raise _Refusal("mount-order", f"{where}: expected after the {GRANTS_DIR} frame")
+    seen.add(destination)
+    return destination

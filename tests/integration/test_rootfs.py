@@ -107,13 +107,14 @@ def test_rootfs_holds_only_agent_template_libraries_and_mountpoints(rootfs: Path
         "proc",
         "queue",
         "run",
+        "skills",
         "tmp",
         "workspace",
     ]
     assert sorted(os.listdir(rootfs / "queue")) == ["inbound", "outbound"]
     assert (rootfs / "run" / "ironclaw-key").is_file()  # a single-file bind lands on a file
     assert sorted(os.listdir(rootfs / "etc")) == ["group", "hosts", "nsswitch.conf", "passwd"]
-    for mountpoint in ("dev", "proc", "tmp", "workspace", "run/ironclaw", "mnt"):
+    for mountpoint in ("dev", "proc", "tmp", "workspace", "run/ironclaw", "mnt", "skills"):
         assert os.listdir(rootfs / mountpoint) == []
     agent_line = "agent:x:10000:10000:"
     assert any(

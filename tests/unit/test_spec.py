@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
+from ironclawd.bundle import skills as K
 from ironclawd.bundle import spec as S
 from ironclawd.bundle.rootfs import MOUNTPOINTS
 from ironclawd.domain import policy as P
@@ -310,6 +311,18 @@ MUTATIONS: list[tuple[str, str, Mutation]] = [
     ("mount-hygiene", "no-noexec", lambda s: _mount(s, "/workspace")["options"].remove("noexec")),
     ("mount-hygiene", "no-nosuid", lambda s: _mount(s, "/dev")["options"].remove("nosuid")),
     ("mount-hygiene", "exec-after", lambda s: _mount(s, "/proc")["options"].append("exec")),
+    (
+        "mount-skills",
+        "from-elsewhere",
+        lambda s: s["mounts"].append(
+            {
+                "destination": "/skills",
+                "type": "bind",
+                "source": "/srv/skills",
+                "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+            }
+        ),
+    ),
     ("mounts-required", "no-tmp", _drop_mount("/tmp")),
     ("mounts-required", "no-dev", _drop_mount("/dev")),
 ]
@@ -517,3 +530,75 @@ def test_a_configured_state_dir_holds_the_queues_and_frames_and_is_never_granted
     leak = (*granted, P.Mount("/mnt/state", f"{state}/queues"))
     with pytest.raises(SandboxError, match="is never granted"):
         S.build_spec(make_policy(mounts=S.session_mounts(SID, state) + leak), leak, state)
+
+
+# --- the agent's skill set at /skills ---------------------------------------------------------
+
+SET = "ab" * 32
+
+
+def _skills_spec(
+    state: Path = Path("/var/lib/ironclaw"),
+) -> tuple[dict[str, Any], tuple[P.Mount, ...]]:
+    granted = (K.skills_mount(K.skill_sets_dir(state) / SET),)
+    policy = make_policy(mounts=S.session_mounts(SID, state) + granted)
+    return S.build_spec(policy, granted, state), granted
+
+
+def test_the_skill_set_is_bound_read_only_nosuid_nodev_noexec_at_skills() -> None:
+    spec, granted = _skills_spec()
+    S.check_spec(spec, granted)
+    skills = _mount(spec, "/skills")
+    assert skills["type"] == "bind"
+    assert skills["source"] == f"/var/lib/ironclaw/skills/{SET}"
+    assert skills["options"] == ["rbind", "ro", "nosuid", "nodev", "noexec"]
+    assert "skills" in MOUNTPOINTS  # runsc must never create the mountpoint in the rootfs
+    state = Path("/srv/ironclaw-state")
+    spec, granted = _skills_spec(state)
+    assert _mount(spec, "/skills")["source"] == f"{state}/skills/{SET}"
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-skills: .* is not a skill set"):
+        S.check_spec(spec, granted)  # vouched for under another state dir
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda m: m["options"].remove("ro"), "options lack ['ro']"),
+        (lambda m: m["options"].__setitem__(1, "rw"), "options lack ['ro']"),
+        (lambda m: m["options"].remove("noexec"), "options lack ['noexec']"),
+        (lambda m: m["options"].remove("nosuid"), "options lack ['nosuid']"),
+        (lambda m: m["options"].remove("nodev"), "options lack ['nodev']"),
+        (lambda m: m.update(source=f"/var/lib/ironclaw/skills/{'cd' * 32}"), "skill set"),
+        (lambda m: m.update(source="/var/lib/ironclaw"), "skill set"),
+        (lambda m: m.update(type="tmpfs", source="tmpfs"), "skill set"),
+    ],
+)
+def test_a_loosened_or_moved_skills_mount_is_refused(
+    mutate: Callable[[dict[str, Any]], None], needle: str
+) -> None:
+    spec, granted = _skills_spec()
+    mutate(_mount(spec, "/skills"))
+    with pytest.raises(SandboxError, match=f"^refusing spec: mount-skills: .*{re.escape(needle)}"):
+        S.check_spec(spec, granted)
+
+
+@pytest.mark.parametrize(
+    ("mount", "needle"),
+    [
+        (P.Mount("/skills", "/srv/skills"), "is not a skill set"),
+        (P.Mount("/skills", "/var/lib/ironclaw/skills"), "is not a skill set"),
+        (P.Mount("/skills", "/var/lib/ironclaw/skills/ab"), "is not a skill set"),
+        (P.Mount("/skills", f"/var/lib/ironclaw/skills/{SET.upper()}"), "is not a skill set"),
+        (P.Mount("/skills", f"/var/lib/ironclaw/queues/{SET}"), "is not a skill set"),
+        (P.Mount("/skills", f"/var/lib/ironclaw/skills/{SET}", read_only=False), "read-only"),
+        (P.Mount("/skills", "tmpfs", type="tmpfs"), "expected a read-only bind"),
+    ],
+)
+def test_only_a_read_only_bind_of_a_skill_set_may_be_vouched_for(
+    mount: P.Mount, needle: str
+) -> None:
+    spec = S.build_spec(make_policy())
+    with pytest.raises(SandboxError, match=f"^refusing spec: mount-skills: .*{re.escape(needle)}"):
+        S.check_spec(spec, (mount,))
+    with pytest.raises(SandboxError, match=r"^refusing spec: mount-skills: "):
+        S.build_spec(make_policy(mounts=(*S.session_mounts(SID), mount)), (mount,))
