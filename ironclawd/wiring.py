@@ -15,6 +15,7 @@ from ironclawd.api.control import ControlServer
 from ironclawd.api.sandbox import SandboxApi
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.bundle.image import ensure_rootfs
+from ironclawd.bundle.skills import skill_sets_dir
 from ironclawd.bundle.spec import QUEUES_DIR
 from ironclawd.bundle.writer import BundleDirs
 from ironclawd.config import Config
@@ -28,6 +29,7 @@ from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.skill_keys import TrustedKeyDir
+from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
@@ -176,6 +178,10 @@ def _lifecycle(
     """A session's host resources: systemd, runsc, the netns adapter and the sockets."""
     bundles = config.daemon.state_dir / "bundles"
     ensure_private_dir(bundles, 0o700)
+    # Skill sets no bundle names (no session, running or adoptable, uses them) go at start.
+    removed = collect_skill_sets(skill_sets_dir(config.daemon.state_dir), bundles)
+    if removed:
+        log.info("removed %d unused skill set(s)", len(removed))
     layout = SandboxLayout(
         bundles_dir=bundles,
         rootfs=_rootfs(config),

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ironclawd.domain.skills import AgentSkill
 from ironclawd.errors import PolicyDenied
+from ironclawd.host.skills import materialise_skill_set
 
 FRAME_MODE = 0o555  # root-owned, read-only to everyone else; bound read-only anyway
 
@@ -73,3 +75,6 @@ class HostMounts:
 
     def remove_frame(self, frame: Path) -> None:
         remove_frame(frame)
+
+    def skill_set(self, skills: Sequence[AgentSkill], root: Path) -> Path:
+        return materialise_skill_set(skills, root)

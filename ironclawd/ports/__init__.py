@@ -25,6 +25,7 @@ from ironclawd.domain.checks import CheckResult
 from ironclawd.domain.model import Chunk, Completion
 from ironclawd.domain.policy import Mount
 from ironclawd.domain.session import Session
+from ironclawd.domain.skills import AgentSkill
 from ironclawd.ports.records import (
     AgentRecords,
     AuditHead,
@@ -92,6 +93,10 @@ class MountSources(Protocol):
 
     def make_frame(self, frame: Path, names: Iterable[str]) -> None: ...
     def remove_frame(self, frame: Path) -> None: ...
+    def skill_set(self, skills: Sequence[AgentSkill], root: Path) -> Path:
+        """The immutable directory under ``root`` holding ``skills``' files, written if absent;
+        SandboxError if a file does not match its hash."""
+        ...
 
 
 class TrustedKeys(Protocol):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ironclawd import paths
+from ironclawd.bundle.skills import skill_sets_dir, skills_mount
 from ironclawd.bundle.spec import (
     SOCKETS_DIR,
     build_spec,
@@ -160,13 +161,18 @@ class SandboxLifecycle:
 
     def _grant_mounts(self, sid: str, agent: AgentSpec) -> tuple[Mount, ...]:
         """The agent's approved mounts, each source checked again against the allowlist (it may
-        have been shrunk, or a path turned into a symlink, since approval); the frame made."""
+        have been shrunk, or a path turned into a symlink, since approval); the frame made; and
+        its installed skills written (once per distinct set) and bound read-only at /skills."""
         for grant in agent.mounts:
             self.mounts.resolve(grant.source, self.layout.mount_allowlist)
+        skills: tuple[Mount, ...] = ()
+        if agent.skills:  # before the frame: a refused set leaves nothing to undo
+            root = skill_sets_dir(self.layout.state_dir)
+            skills = (skills_mount(self.mounts.skill_set(agent.skills, root)),)
         if agent.mounts:
             frame = frame_dir(sid, self.layout.state_dir)
             self.mounts.make_frame(frame, [g.name for g in agent.mounts])
-        return granted_mounts(sid, agent.mounts, self.layout.state_dir)
+        return granted_mounts(sid, agent.mounts, self.layout.state_dir) + skills
 
     def _policy(
         self, session: Session, agent: AgentSpec, netns: Path, granted: tuple[Mount, ...] = ()

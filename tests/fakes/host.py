@@ -11,7 +11,9 @@ from typing import Any
 
 from ironclawd.bundle.spec import check_spec
 from ironclawd.domain.policy import Mount
+from ironclawd.domain.skills import AgentSkill
 from ironclawd.errors import DiskFull, HostError, NotFound, PolicyDenied
+from ironclawd.host.skills import skill_set_digest
 from ironclawd.ports import AgentHello, ControlListener, RawRow, UnitSpec, UnitState
 
 Calls = list[tuple[Any, ...]]
@@ -198,6 +200,10 @@ class FakeMounts(_Recording):
     def remove_frame(self, frame: Path) -> None:
         self._call("mounts.remove_frame", frame)
         self.frames.discard(frame)
+
+    def skill_set(self, skills: Sequence[AgentSkill], root: Path) -> Path:
+        self._call("mounts.skill_set", tuple(s.name for s in skills))
+        return root / skill_set_digest(skills)
 
 
 class FakeBundles(_Recording):

@@ -6,6 +6,7 @@ recorded failed; an idle session stops by itself."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ import pytest
 
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.session import Session, State
+from ironclawd.domain.skills import AgentSkill, SkillFile
 from ironclawd.errors import HostError, SandboxError
+from ironclawd.host.skills import skill_set_digest
 from ironclawd.ports import UnitSpec
 from ironclawd.services.reconcile import reconcile
 from ironclawd.services.session_hooks import SessionHooks
@@ -40,6 +43,7 @@ STATE_DIR = Path("/var/lib/ironclaw")
 @dataclass
 class World:
     idle_timeout: float = 0.0
+    agent: AgentSpec = field(default_factory=lambda: AgentSpec("demo"))
     log: list[tuple[Any, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -68,7 +72,7 @@ class World:
             sockets=self.hooks,
         )  # fmt: skip
         self.service = SessionService(
-            store=self.store, lifecycle=lifecycle, agents={"demo": AgentSpec("demo")},
+            store=self.store, lifecycle=lifecycle, agents={"demo": self.agent},
             hooks=self.hooks, audit=self.audit, clock=self.clock,
         )  # fmt: skip
 
@@ -152,6 +156,25 @@ def _left_running(world: World) -> Session:
 
 def _spec(name: str) -> UnitSpec:
     return UnitSpec(name=name, argv=["x"], description="", netns_path=None)
+
+
+def test_an_agents_skills_are_written_once_and_bound_read_only_at_skills() -> None:
+    files = (SkillFile("SKILL.md", hashlib.sha256(b"body").hexdigest(), "body"),)
+    skill = AgentSkill("notes", "1.0", "Takes notes.", "0" * 16, "0" * 64, files)
+    world = World(agent=AgentSpec("demo", skills=(skill,)))
+    _run(world, world.service.create("demo", SID))
+    # Written before the frame and the bundle: a refused set leaves nothing behind.
+    assert world.effects()[:4] == ["control.open", "netns.create", "data.prepare",
+                                   "mounts.skill_set"]  # fmt: skip
+    (spec,) = world.bundles.specs.values()
+    (mount,) = [m for m in spec["mounts"] if m["destination"] == "/skills"]
+    assert mount["source"] == str(STATE_DIR / "skills" / skill_set_digest((skill,)))
+    assert mount["options"] == ["rbind", "ro", "nosuid", "nodev", "noexec"]
+    plain = World()
+    _run(plain, plain.service.create("demo", SID))
+    (spec,) = plain.bundles.specs.values()
+    assert "/skills" not in [m["destination"] for m in spec["mounts"]]
+    assert "mounts.skill_set" not in plain.effects()
 
 
 def test_reconcile_adopts_a_running_sandbox_whose_agent_reconnects(world: World) -> None:
