@@ -1,6 +1,7 @@
 """Tools the agent runs for the model. File tools are jailed to /workspace (a size-capped tmpfs,
-the only writable place in the box); the others go to host sockets that exist only when granted
-(``http_fetch`` to egress.sock, ``mcp__<server>__<tool>`` to mcp.sock)."""
+the only writable place in the box); read_file and list_files also read the installed skills
+(read-only) under a path starting with ``/skills/``. The others go to host sockets that exist
+only when granted (``http_fetch`` to egress.sock, ``mcp__<server>__<tool>`` to mcp.sock)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from agent import egress, mcp
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 WORKSPACE = Path("/workspace")
+SKILLS = Path("/skills")  # the agent's skill set, bound read-only (and noexec) by the host
 MAX_FILE_BYTES = 1024 * 1024
 GATEWAY_SOCKET = Path("/run/ironclaw/gateway.sock")
 EGRESS_SOCKET = Path("/run/ironclaw/egress.sock")
@@ -25,22 +27,37 @@ class ToolError(Exception):
     pass
 
 
-def _jail(relative: str, root: Path = WORKSPACE) -> Path:
+def _jail(relative: str, root: Path = WORKSPACE, where: str = "the workspace") -> Path:
     """``relative`` inside ``root``, refusing absolute paths, '..', NUL and symlink escapes."""
     if not isinstance(relative, str) or "\0" in relative:
         raise ToolError("path: expected a relative path without NUL")
     candidate = os.path.normpath(relative or ".")
     if os.path.isabs(candidate) or candidate == ".." or candidate.startswith("../"):
-        raise ToolError(f"path {relative!r}: must stay inside the workspace")
+        raise ToolError(f"path {relative!r}: must stay inside {where}")
     path = root / candidate
     real = Path(os.path.realpath(path))
     if real != root and root not in real.parents:
-        raise ToolError(f"path {relative!r}: resolves outside the workspace")
+        raise ToolError(f"path {relative!r}: resolves outside {where}")
     return path
 
 
-def read_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
-    path = _jail(str(args.get("path", "")), root)
+def _skills_path(path: str) -> str | None:
+    """The part after ``/skills/`` of a path naming the skills, else None."""
+    if path == str(SKILLS) or path.startswith(f"{SKILLS}/"):
+        return path[len(str(SKILLS)) :].lstrip("/")
+    return None
+
+
+def _readable(path: str, root: Path, skills: Path) -> Path:
+    """A path for reading: under /skills (same jail rules) or else in the workspace."""
+    inside = _skills_path(path)
+    if inside is None:
+        return _jail(path, root)
+    return _jail(inside, skills, str(SKILLS))
+
+
+def read_file(args: dict[str, object], root: Path = WORKSPACE, skills: Path = SKILLS) -> str:
+    path = _readable(str(args.get("path", "")), root, skills)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -54,6 +71,8 @@ def read_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
 
 
 def write_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
+    if _skills_path(str(args.get("path", ""))) is not None:
+        raise ToolError(f"path {args.get('path')!r}: {SKILLS} is read-only")
     path = _jail(str(args.get("path", "")), root)
     content = str(args.get("content", ""))
     data = content.encode("utf-8")
@@ -68,8 +87,8 @@ def write_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
     return f"wrote {len(data)} bytes to {args.get('path')}"
 
 
-def list_files(args: dict[str, object], root: Path = WORKSPACE) -> str:
-    path = _jail(str(args.get("path", "") or "."), root)
+def list_files(args: dict[str, object], root: Path = WORKSPACE, skills: Path = SKILLS) -> str:
+    path = _readable(str(args.get("path", "") or "."), root, skills)
     return json.dumps(sorted(entry.name + ("/" if entry.is_dir() else "")
                              for entry in os.scandir(path)))  # fmt: skip
 
