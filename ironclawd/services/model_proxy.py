@@ -22,6 +22,7 @@ from ironclawd.domain.model import (
     check_messages,
     enabled_tools,
 )
+from ironclawd.domain.skill_prompt import system_prompt
 from ironclawd.domain.tools import tool_defs
 from ironclawd.errors import BudgetExceeded, IronclawError, NotFound, ProviderError
 from ironclawd.ports import AuditSink, Clock, Credentials, Provider, SessionLookup
@@ -66,7 +67,8 @@ class ModelProxy:
     def profile(self, sid: str) -> Profile:
         agent = self._agent(sid)
         tools = _host_tools(agent)
-        return Profile(agent.name, agent.persona, tools, agent.max_tool_rounds)
+        persona = system_prompt(agent.persona, agent.skills)
+        return Profile(agent.name, persona, tools, agent.max_tool_rounds)
 
     def _budget(self, key: str, rpm: int, tpd: int) -> Budget:
         return self._budgets.setdefault(key, Budget(rpm, tpd))
@@ -100,7 +102,9 @@ class ModelProxy:
         key = self._credentials.get(agent.credential) if agent.credential else ""
         redactor = Redactor([key, *self._credentials.all_values()])
         completion = Completion(
-            system=agent.persona,
+            # The persona and a host-written list of the installed skills (their descriptions
+            # cleaned and quoted: an author's words, never the host's instructions).
+            system=system_prompt(agent.persona, agent.skills),
             messages=check_messages(messages),
             tools=enabled_tools(tools, _host_tools(agent)),
             model=agent.model,
