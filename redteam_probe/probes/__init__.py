@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from redteam_probe.probes import exhaust, fs, kernel, net, queues, secrets, sockets
+from redteam_probe.probes import exhaust, fs, kernel, net, queues, secrets, skills, sockets
 from redteam_probe.probes.base import JSON, Attack, attempt
 
 CATEGORIES: dict[str, dict[str, Attack]] = {
@@ -21,6 +21,7 @@ CATEGORIES: dict[str, dict[str, Attack]] = {
     "sockets": sockets.ATTACKS,
     "exhaustion": exhaust.ATTACKS,
     "secrets": secrets.ATTACKS,
+    "skills": skills.ATTACKS,
 }
 
 
