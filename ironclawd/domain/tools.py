@@ -20,7 +20,8 @@ CATALOG: dict[str, ToolDef] = {
     for t in (
         ToolDef(
             "read_file",
-            "Read a text file from your workspace.",
+            "Read a text file from your workspace (a relative path) or, read-only, from an "
+            "installed skill (/skills/<name>/...).",
             _schema({"path": {"type": "string"}}, ["path"]),
         ),
         ToolDef(
@@ -32,7 +33,7 @@ CATALOG: dict[str, ToolDef] = {
         ),
         ToolDef(
             "list_files",
-            "List the files in a directory of your workspace.",
+            "List the files in a directory of your workspace, or of /skills (installed skills).",
             _schema({"path": {"type": "string"}}, []),
         ),
         ToolDef(

@@ -514,7 +514,10 @@ def test_a_caller_in_the_unit_cannot_set_the_persona_or_tools(env: Env) -> None:
     assert request.body["system"] == env.personas[agent]
     (tool,) = request.body["tools"]
     assert tool["name"] == "read_file"
-    assert tool["description"] == "Read a text file from your workspace."
+    assert tool["description"] == (
+        "Read a text file from your workspace (a relative path) or, read-only, from an "
+        "installed skill (/skills/<name>/...)."
+    )
 
 
 # -- 2 and 3. the key never reaches the box, even when the upstream echoes it -----------------
