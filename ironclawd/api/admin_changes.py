@@ -10,7 +10,7 @@ import grpc
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.agents import AgentSpec, find_agent
-from ironclawd.domain.changes import Change, diff_lines
+from ironclawd.domain.changes import Change, agent_view, canonical, diff_lines
 from ironclawd.errors import InvalidArgument
 from ironclawd.services.audit import Audit
 from ironclawd.services.gateway import Gateway
@@ -112,4 +112,5 @@ def agent_to_proto(a: AgentSpec) -> admin_pb2.Agent:
         name=a.name, persona=a.persona, provider=a.provider, model=a.model,
         base_url=a.base_url, credential=a.credential, tools=list(a.tools),
         memory_bytes=a.memory_bytes, tasks_max=a.tasks_max, cpu_percent=a.cpu_percent,
+        view_json=canonical(agent_view(a)),
     )  # fmt: skip

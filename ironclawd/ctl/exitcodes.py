@@ -19,6 +19,7 @@ TIMEOUT = 8
 INTERNAL = 9  # in the daemon, or in ironctl itself
 # ironctl containment verify (no daemon involved):
 BAD_SIGNATURE = 10  # signature missing, malformed, by another key, or not matching the report
+# (also ironctl skill verify/add: a skill's files do not match its signature)
 MALFORMED_REPORT = 11  # the report is missing, not JSON, or not ironclaw-containment-report/1
 ESCAPED = 12  # a validly signed report in which an attack escaped
 INCONCLUSIVE = 13  # an attack errored, or the negative control saw no escape

@@ -23,6 +23,7 @@ from ironclawd.ctl import (
     exitcodes,
     render,
     sessions,
+    skills,
 )
 from ironclawd.ctl.common import (
     CtlError,
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     agents.register(sub)
     audit.register(sub)
     containment.register(sub)
+    skills.register(sub)
     return parser
 
 

@@ -349,9 +349,10 @@ def verify_manifest(name: str, body: bytes, signature: str, trusted: Mapping[str
         if key.key_id == sig.key_id:
             try:
                 minisign.verify(key, body, sig, allow_legacy=False)
-            except SignatureMismatch as exc:
+            except SignatureMismatch:
                 raise SignatureMismatch(
-                    f"skill {name}: {exc} (a file added, removed or changed after signing)"
+                    f"skill {name}: the files do not match the signature by key {wanted} (a "
+                    "file added, removed or changed after signing, or another manifest signed)"
                 ) from None
             return wanted
     skipped = f"; unreadable key files skipped: {'; '.join(unreadable)}" if unreadable else ""

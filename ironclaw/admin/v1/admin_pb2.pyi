@@ -364,6 +364,7 @@ class Agent(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     TASKS_MAX_FIELD_NUMBER: _builtins.int
     CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    VIEW_JSON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     persona: _builtins.str
     provider: _builtins.str
@@ -373,6 +374,10 @@ class Agent(_message.Message):
     memory_bytes: _builtins.int
     tasks_max: _builtins.int
     cpu_percent: _builtins.int
+    view_json: _builtins.str
+    """The agent as changes show and diff it (canonical JSON): egress rules, mounts, installed
+    skills with their files' hashes and grants, ... (ironctl skill list/show read it).
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -388,10 +393,11 @@ class Agent(_message.Message):
         memory_bytes: _builtins.int = ...,
         tasks_max: _builtins.int = ...,
         cpu_percent: _builtins.int = ...,
+        view_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "cpu_percent", b"cpu_percent", "credential", b"credential", "memory_bytes", b"memory_bytes", "model", b"model", "name", b"name", "persona", b"persona", "provider", b"provider", "tasks_max", b"tasks_max", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "cpu_percent", b"cpu_percent", "credential", b"credential", "memory_bytes", b"memory_bytes", "model", b"model", "name", b"name", "persona", b"persona", "provider", b"provider", "tasks_max", b"tasks_max", "tools", b"tools", "view_json", b"view_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

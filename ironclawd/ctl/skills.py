@@ -1,0 +1,291 @@
+"""``ironctl skill ...``: install, list, show and remove an agent's skills; sign one.
+
+``add`` reads the folder here (formats/skill_folder.py) and checks its form before sending the
+whole skill as a ``skills`` change; the daemon checks it again, verifies the signature against
+its trusted keys, and holds it for a human. ``sign``, ``manifest`` and ``verify`` work offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl.changes import show_change
+from ironclawd.ctl.common import CtlError, Stub, add_command
+from ironclawd.errors import IronclawError, PolicyDenied, SignatureMismatch
+from ironclawd.formats import minisign
+from ironclawd.formats import skill as skill_format
+from ironclawd.formats.skill_folder import read_folder
+
+PREFIX = "skills."
+
+
+def _local(exc: IronclawError | OSError) -> CtlError:
+    """A refusal found here, before anything reached the daemon."""
+    if isinstance(exc, SignatureMismatch):
+        return CtlError("BAD_SIGNATURE", exitcodes.BAD_SIGNATURE, str(exc))
+    if isinstance(exc, PolicyDenied):
+        return CtlError("PERMISSION_DENIED", exitcodes.PERMISSION, str(exc))
+    if isinstance(exc, OSError):
+        return CtlError("INVALID_ARGUMENT", exitcodes.INVALID, f"{exc.filename}: {exc.strerror}")
+    return CtlError("INVALID_ARGUMENT", exitcodes.INVALID, str(exc))
+
+
+def _folder(path: str) -> tuple[str, dict[str, bytes], str | None]:
+    try:
+        name, files, signature = read_folder(Path(path))
+        skill_format.check_files(name, files)
+    except (IronclawError, OSError) as exc:
+        raise _local(exc) from None
+    return name, files, signature
+
+
+def _signed(path: str) -> skill_format.Skill:
+    try:
+        return skill_format.load(*_folder(path))
+    except IronclawError as exc:
+        raise _local(exc) from None
+
+
+def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what: str) -> int:
+    request = admin_pb2.SubmitChangeRequest(
+        kind="skills",
+        agent=args.agent,
+        payload_json=json.dumps(payload),
+        reason=args.reason or "",
+    )
+    change = stub.SubmitChange(request, timeout=args.timeout).change
+    if not args.json:
+        print(f"{what}: skills change {change.id} is pending a human decision")
+    show_change(args, change)
+    return exitcodes.OK
+
+
+def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
+    skill = _signed(args.path)
+    payload = {
+        "op": "add",
+        "name": skill.name,
+        "files": [{"path": f.path, "text": f.text} for f in skill.files],
+        "signature": skill.signature,
+    }
+    return _submit(args, stub, payload, f"skill {skill.name} {skill.version}")
+
+
+def cmd_remove(args: argparse.Namespace, stub: Stub) -> int:
+    payload = {"op": "remove", "name": args.name}
+    return _submit(args, stub, payload, f"removing skill {render.visible(args.name)}")
+
+
+def installed(agent: admin_pb2.Agent) -> list[dict[str, Any]]:
+    """The agent's skills from its view: each with name, agent and grants."""
+    view = json.loads(agent.view_json or "{}")
+    out = []
+    for key, value in sorted(view.items()):
+        name = key.removeprefix(PREFIX)
+        if key.startswith(PREFIX) and not key.endswith(".grants"):
+            grants = view.get(f"{key}.grants", {})
+            out.append({"agent": agent.name, "name": name, **value, "grants": grants})
+    return out
+
+
+def _grants(grants: dict[str, Any]) -> list[str]:
+    lines = [f"tool {t}" for t in grants.get("tools", [])]
+    for rule in grants.get("egress", []):
+        port = f":{rule['port']}" if rule.get("port") else ""
+        lines.append(
+            f"egress {','.join(rule['methods'])} {rule['scheme']}://{rule['host']}"
+            f"{port} {','.join(rule['path_prefixes'])}"
+        )
+    lines += [
+        f"mcp {g['server']}/{g['tool']} (pinned {g['digest'][:12]})"
+        for g in grants.get("mcp_tools", [])
+    ]
+    return lines
+
+
+def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
+    if args.agent:
+        agents = [
+            stub.GetAgent(admin_pb2.GetAgentRequest(name=args.agent), timeout=args.timeout).agent
+        ]
+    else:
+        agents = list(stub.ListAgents(admin_pb2.ListAgentsRequest(), timeout=args.timeout).agents)
+    skills = [s for a in agents for s in installed(a)]
+    if args.json:
+        print(json.dumps({"skills": skills}, indent=2))
+        return exitcodes.OK
+    table = Table()
+    for column in ("AGENT", "SKILL", "VERSION", "SIGNER", "FILES", "GRANTS"):
+        table.add_column(column, overflow="fold")
+    for s in skills:
+        table.add_row(
+            s["agent"],
+            s["name"],
+            escape(s["version"]),
+            s["signer"],
+            str(len(s["files"])),
+            escape("\n".join(_grants(s["grants"])) or "-"),
+        )
+    render.console().print(table)
+    return exitcodes.OK
+
+
+def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
+    agent = stub.GetAgent(admin_pb2.GetAgentRequest(name=args.agent), timeout=args.timeout).agent
+    found = next((s for s in installed(agent) if s["name"] == args.name), None)
+    if found is None:
+        raise CtlError(
+            "NOT_FOUND",
+            exitcodes.NOT_FOUND,
+            f"agent {args.agent} has no skill {render.visible(args.name)}",
+        )
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return exitcodes.OK
+    console = render.console()
+    table = Table(show_header=False, box=None)
+    for key in ("agent", "name", "version", "signer", "manifest_sha256"):
+        table.add_row(key, escape(str(found[key])))
+    table.add_row("description", escape(render.visible(found["description"], newlines=True)))
+    table.add_row("grants", escape("\n".join(_grants(found["grants"])) or "none"))
+    console.print(table)
+    files = Table("PATH", "BYTES", "SHA256")
+    for f in found["files"]:
+        files.add_row(escape(f["path"]), str(f["size"]), f["sha256"])
+    console.print(files)
+    return exitcodes.OK
+
+
+def cmd_manifest(args: argparse.Namespace, _stub: Stub) -> int:
+    name, files, _ = _folder(args.path)
+    body = skill_format.manifest(
+        (f.path, f.sha256) for f in skill_format.check_files(name, files)
+    ).decode()
+    if args.json:
+        print(json.dumps({"name": name, "manifest": body}))
+    else:
+        print(body, end="")
+    return exitcodes.OK
+
+
+def cmd_sign(args: argparse.Namespace, _stub: Stub) -> int:
+    name, files, _ = _folder(args.path)
+    try:
+        key = minisign.parse_secret_key(Path(args.key).read_text())
+    except (IronclawError, OSError, UnicodeDecodeError) as exc:
+        raise CtlError("INVALID_ARGUMENT", exitcodes.INVALID, f"--key {args.key}: {exc}") from None
+    comment = args.comment or f"timestamp:{int(time.time())}\tfile:{name}\thashed"
+    try:
+        text = skill_format.sign(name, files, key, comment)
+    except IronclawError as exc:
+        raise _local(exc) from None
+    target = Path(args.path) / skill_format.SIGNATURE_FILE
+    target.write_text(text)
+    if args.json:
+        print(
+            json.dumps({"name": name, "signature": str(target), "key_id": key.public_key().id_hex})
+        )
+    else:
+        print(f"signed skill {name} with key {key.public_key().id_hex}: wrote {target}")
+    return exitcodes.OK
+
+
+def cmd_verify(args: argparse.Namespace, _stub: Stub) -> int:
+    skill = _signed(args.path)
+    try:
+        trusted = {args.pubkey: Path(args.pubkey).read_text(errors="replace")}
+        signer = skill_format.verify(skill, trusted)
+    except (IronclawError, OSError) as exc:
+        raise _local(exc) from None
+    if args.json:
+        print(json.dumps({"name": skill.name, "signer": signer, "valid": True}))
+    else:
+        print(f"skill {skill.name} {skill.version}: signature by {signer} verified")
+    return exitcodes.OK
+
+
+def register(sub: Any) -> None:
+    group = sub.add_parser(
+        "skill",
+        help="skills of an agent: signed folders of text, installed only once approved",
+        description="Install, list, show and remove an agent's skills (docs/skills.md); sign, "
+        "verify and print the manifest of a skill folder offline.",
+        epilog=exitcodes.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbs = group.add_subparsers(dest="verb", metavar="VERB", required=True)
+    add = add_command(
+        verbs,
+        "add",
+        "submit a skills change installing a signed skill folder",
+        "ironctl skill add ./weather --agent demo --reason 'forecasts'",
+        cmd_add,
+    )
+    add.add_argument("path", metavar="PATH", help="the skill's folder (named as the skill)")
+    remove = add_command(
+        verbs,
+        "remove",
+        "submit a skills change removing a skill and its grants",
+        "ironctl skill remove weather --agent demo",
+        cmd_remove,
+    )
+    remove.add_argument("name", metavar="NAME")
+    for cmd in (add, remove):
+        cmd.add_argument("--agent", required=True, help="target agent")
+        cmd.add_argument("--reason", help="why (shown to the approver)")
+    listing = add_command(
+        verbs,
+        "list",
+        "list installed skills and what each grants",
+        "ironctl skill list --agent demo",
+        cmd_list,
+    )
+    listing.add_argument("--agent", help="only this agent's skills")
+    show = add_command(
+        verbs,
+        "show",
+        "show one installed skill: files, hashes, signer, grants",
+        "ironctl skill show weather --agent demo",
+        cmd_show,
+    )
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--agent", required=True)
+    sign = add_command(
+        verbs,
+        "sign",
+        f"sign a skill folder (writes {skill_format.SIGNATURE_FILE})",
+        "ironctl skill sign ./weather --key ~/.minisign/skills.key\n"
+        "  (an unencrypted minisign key: minisign -G -W; minisign -V checks the "
+        "result)",
+        cmd_sign,
+    )
+    sign.add_argument("path", metavar="PATH")
+    sign.add_argument("--key", required=True, help="minisign secret key file (unencrypted)")
+    sign.add_argument("--comment", help="trusted comment (default: timestamp and name)")
+    manifest = add_command(
+        verbs,
+        "manifest",
+        "print the manifest a skill's signature covers",
+        "ironctl skill manifest ./weather > m && minisign -S -s KEY -m m && "
+        "mv m.minisig ./weather/SKILL.minisig",
+        cmd_manifest,
+    )
+    manifest.add_argument("path", metavar="PATH")
+    verify = add_command(
+        verbs,
+        "verify",
+        "check a skill folder's form and signature offline",
+        "ironctl skill verify ./weather --pubkey skills.pub",
+        cmd_verify,
+    )
+    verify.add_argument("path", metavar="PATH")
+    verify.add_argument("--pubkey", required=True, help="a minisign public key file to trust")

@@ -1,0 +1,92 @@
+"""``ironctl skill`` offline (sign, manifest, verify) and the refusals ``skill add`` makes before
+anything reaches the daemon. The daemon side is tests/integration/test_skills.py; the real
+minisign's view of ``skill sign`` is tests/integration/test_skills_minisign.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ironclawd.api.admin_changes import agent_to_proto
+from ironclawd.ctl import exitcodes
+from ironclawd.ctl.main import main
+from ironclawd.ctl.skills import installed
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.changes import agent_view, canonical
+from ironclawd.domain.kinds.skills import KIND
+from tests.unit import skill_samples as s
+
+NO_DAEMON = ["--socket", "/nonexistent/admin.sock", "--json"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object]]:
+    code = main([*args, *NO_DAEMON])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    secret, public = tmp_path / "k.key", tmp_path / "k.pub"
+    secret.write_text(s.KEY.to_file())
+    public.write_text(s.KEY.public_key().to_file())
+    return secret, public
+
+
+def test_sign_then_verify_then_tamper(
+    tmp_path: Path, keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = s.write_folder(tmp_path, signature=None)
+    code, doc = run(capsys, "skill", "sign", str(folder), "--key", str(keys[0]))
+    assert code == exitcodes.OK, doc
+    assert doc["key_id"] == s.KEY.public_key().id_hex
+    assert (folder / "SKILL.minisig").exists()
+    code, doc = run(capsys, "skill", "verify", str(folder), "--pubkey", str(keys[1]))
+    assert (code, doc["signer"]) == (exitcodes.OK, s.KEY.public_key().id_hex)
+    (folder / "reference" / "more.md").write_text("added after signing\n")
+    code, doc = run(capsys, "skill", "verify", str(folder), "--pubkey", str(keys[1]))
+    assert code == exitcodes.BAD_SIGNATURE
+    assert "changed after signing" in str(doc["error"])
+
+
+def test_manifest_is_what_the_signature_covers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = s.write_folder(tmp_path)
+    code, doc = run(capsys, "skill", "manifest", str(folder))
+    assert code == exitcodes.OK
+    assert str(doc["manifest"]).startswith("ironclaw-skill-manifest v1\n")
+    assert "SKILL.minisig" not in str(doc["manifest"])
+
+
+@pytest.mark.parametrize(
+    ("spoil", "needle"),
+    [
+        (lambda f: (f / "SKILL.minisig").unlink(), "unsigned"),
+        (lambda f: (f / "x.md").symlink_to("/etc/shadow"), "a symlink"),
+        (lambda f: (f / "run.sh").write_text("id\n"), "not an allowed type"),
+        (lambda f: (f / "SKILL.md").chmod(0o755), "executable"),
+    ],
+)
+def test_add_refuses_locally_without_asking_the_daemon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spoil: object, needle: str
+) -> None:
+    folder = s.write_folder(tmp_path)
+    spoil(folder)  # type: ignore[operator]
+    code, doc = run(capsys, "skill", "add", str(folder), "--agent", "demo")
+    assert code == exitcodes.INVALID, doc
+    assert doc["error"]["code"] == "INVALID_ARGUMENT"  # type: ignore[index]
+    assert needle in doc["error"]["message"]  # type: ignore[index]
+
+
+def test_installed_reads_skills_from_the_agent_view() -> None:
+    spec = KIND.apply(
+        AgentSpec("demo"), KIND.parse(s.payload("weather", s.files(ironclaw=s.EVIL_GRANTS)))
+    )
+    proto = agent_to_proto(spec)
+    assert proto.view_json == canonical(agent_view(spec))
+    (skill,) = installed(proto)
+    assert (skill["agent"], skill["name"], skill["version"]) == ("demo", "weather", "1.2.0")
+    assert skill["grants"]["egress"][0]["host"] == "evil.example"
+    assert [f["path"] for f in skill["files"]] == ["SKILL.md", "reference/cities.csv"]
