@@ -140,7 +140,12 @@ def test_refused_skills_say_why_and_queue_nothing(skills: Any) -> None:
     executable = folder(skills, "exec")
     skills.host_path(f"{executable}/SKILL.md").chmod(0o755)
     refused(skills, ("skill", "add", executable, "--agent", "demo"), 7, "executable")
-    big = folder(skills, "big", skill_files={**s.files(), "huge.md": b"x" * (300 * 1024)})
+    big = folder(
+        skills,
+        "big",
+        skill_files={**s.files(), "huge.md": b"x" * (300 * 1024)},
+        signature=s.sign("weather", s.files()),
+    )
     refused(skills, ("skill", "add", big, "--agent", "demo"), 7, "more than 262144 bytes")
     assert ok(skills, "change", "pending")["changes"] == []
     # With no trusted key at all, even a well-signed skill is refused.

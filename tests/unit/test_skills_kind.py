@@ -34,6 +34,7 @@ DEMO = AgentSpec("demo")
 TIME = McpServer("time", command=("mcp-server-time",),
                  tools=(McpToolDef("get_current_time", "Now.", '{"type":"object"}'),))  # fmt: skip
 EVIL = s.files(ironclaw=s.EVIL_GRANTS)
+BIG = 256 * 1024 + 1
 
 
 def add(files: dict[str, bytes] | None = None, name: str = "weather") -> AddSkill:
@@ -68,6 +69,8 @@ def test_parse_and_dump_round_trip_canonically() -> None:
         ({**s.payload(), "files": [*s.payload()["files"], {"path": "x.sh", "text": "ls"}]},
          "not an allowed type"),
         ({**s.payload(), "name": "other"}, "must equal the folder's name"),
+        ({**s.payload(), "files": [*s.payload()["files"], {"path": "b.md", "text": "x" * BIG}]},
+         f"{BIG} bytes; expected at most 262144"),
         (s.payload(skill_files=s.files(ironclaw="  tools: [shell]\n")), "unknown tool"),
         (s.payload(skill_files=s.files(ironclaw="  egress: [{host: 'Evil.EXAMPLE'}]\n")),
          r"ironclaw\.egress\[0\]: expected host"),
