@@ -59,7 +59,7 @@ def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what:
     request = admin_pb2.SubmitChangeRequest(
         kind="skills",
         agent=args.agent,
-        payload_json=json.dumps(payload),
+        payload_json=json.dumps(payload, ensure_ascii=False),
         reason=args.reason or "",
     )
     change = stub.SubmitChange(request, timeout=args.timeout).change

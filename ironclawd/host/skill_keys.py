@@ -29,16 +29,26 @@ class TrustedKeyDir:
         except FileNotFoundError:
             return out
         for entry in entries:
-            if not entry.name.endswith(".pub") or entry.name.startswith("."):
-                continue
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-            except OSError:
-                continue  # a symlink (ELOOP) or gone: not a key the operator placed here
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue
-                data = handle.read(MAX_KEY_FILE + 1)
-            if len(data) <= MAX_KEY_FILE:
-                out[entry.name] = data.decode("utf-8", "replace")
+            if entry.name.endswith(".pub") and not entry.name.startswith("."):
+                data = _read_key(entry.path)
+                if data is not None:
+                    out[entry.name] = data.decode("utf-8", "replace")
         return out
+
+
+def _read_key(path: str) -> bytes | None:
+    """The file's bytes if it is a regular file (not through a symlink) of at most
+    MAX_KEY_FILE bytes; else None: not a key the operator placed here."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None  # a symlink (ELOOP), or gone
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a directory or a FIFO named *.pub
+        data = os.read(fd, MAX_KEY_FILE + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= MAX_KEY_FILE else None

@@ -22,6 +22,7 @@ from tests.fakes.records import (
     MemorySessions,
     StaticSessions,
 )
+from tests.fakes.skills import FakeTrustedKeys
 
 __all__ = [
     "FakeBundles",
@@ -32,6 +33,7 @@ __all__ = [
     "FakeNetns",
     "FakeRuntime",
     "FakeSessionData",
+    "FakeTrustedKeys",
     "FakeUnits",
     "MemoryAgents",
     "MemoryAuditHead",

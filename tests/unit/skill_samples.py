@@ -8,6 +8,7 @@ from typing import Any
 
 from ironclawd.formats import minisign
 from ironclawd.formats import skill as skill_format
+from tests.fakes import FakeTrustedKeys
 
 # Fixed keys: known answers, and the same key id in every run.
 KEY = minisign.generate_key(seed=bytes(range(32)), key_id=b"skill-ok")
@@ -78,11 +79,8 @@ def write_folder(
     return folder
 
 
-class Keys:
-    """ports.TrustedKeys over a dict."""
+class Keys(FakeTrustedKeys):
+    """The fake trusting the tests' key unless told otherwise."""
 
     def __init__(self, keys: Mapping[str, str] = TRUSTED) -> None:
-        self.keys = dict(keys)
-
-    def read(self) -> Mapping[str, str]:
-        return self.keys
+        super().__init__(keys)
