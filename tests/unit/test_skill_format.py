@@ -46,6 +46,14 @@ def test_version_defaults_to_0_and_an_integer_version_is_text() -> None:
     assert skill_format.load("notes", files, s.sign("notes", files)).version == "3"
 
 
+def test_a_folded_description_is_one_line() -> None:
+    md = "---\nname: notes\ndescription: >\n  Notes kept\n  short.\n---\nbody\n"
+    files = {"SKILL.md": md.encode()}
+    assert skill_format.load("notes", files, s.sign("notes", files)).description == (
+        "Notes kept short."
+    )
+
+
 def test_unsigned_is_refused() -> None:
     with pytest.raises(InvalidArgument, match=r"unsigned: no SKILL\.minisig"):
         load_and_verify("weather", s.files(), None)
