@@ -20,6 +20,7 @@ import tomli
 
 from ironclawd import paths
 from ironclawd.config_keys import (
+    MCP_KEYS,
     _abs_path,
     _choice,
     _cidrs,
@@ -38,6 +39,7 @@ from ironclawd.config_keys import (
 )
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.egress import EgressLimits
+from ironclawd.domain.mcp import McpLimits
 from ironclawd.domain.messages import QueueLimits
 from ironclawd.domain.providers import PROVIDERS
 from ironclawd.errors import ConfigError
@@ -109,6 +111,7 @@ class Config:
     gateway: GatewayConfig = GatewayConfig()
     queues: QueueLimits = QueueLimits()  # noqa: RUF009
     sockets: SocketsConfig = SocketsConfig()
+    mcp: McpLimits = McpLimits()  # noqa: RUF009
     agents: tuple[AgentSpec, ...] = ()
     source: str = "(defaults)"
 
@@ -237,6 +240,7 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "max_connections_total": _Key(_int(1, 65536), "Requests in flight, all sessions."),
         },
     ),
+    "mcp": (McpLimits, MCP_KEYS),
     "queues": (
         QueueLimits,
         {

@@ -133,3 +133,29 @@ def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
         return tuple(rule_from_mapping(r) for r in v)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"a list of egress rules: {exc}") from None
+
+
+# The [mcp] table (domain/mcp.py McpLimits; docs/mcp.md "Time-outs, caps and back-off").
+MCP_KEYS: dict[str, _Key] = {
+    "connect_timeout_seconds": _Key(
+        _float(1.0, 600.0), "Starting a server's unit and the SDK's initialize, together."
+    ),
+    "list_timeout_seconds": _Key(_float(0.5, 600.0), "One tools/list."),
+    "call_timeout_seconds": _Key(
+        _float(0.5, 3600.0), "One tool call; past it the server is stopped and restarted."
+    ),
+    "max_output_bytes": _Key(
+        _int(1024, 64 * 1024 * 1024), "A tool's text is cut (and marked truncated) here."
+    ),
+    "max_message_bytes": _Key(
+        _int(64 * 1024, 256 * 1024 * 1024),
+        "Longest message a server may send; a longer one stops the server (restarted later).",
+    ),
+    "backoff_initial_seconds": _Key(
+        _float(0.1, 3600.0), "Restart hold-off after a first failure; doubles each time."
+    ),
+    "backoff_max_seconds": _Key(_float(0.1, 86400.0), "Longest restart hold-off."),
+    "memory_max_bytes": _Key(_int(16 * 1024 * 1024, 64 * 1024**3), "Each server unit's memory."),
+    "tasks_max": _Key(_int(4, 65536), "Each server unit's tasks (processes and threads)."),
+    "cpu_quota_percent": _Key(_int(1, 100 * 1024), "Each server unit's CPU (100 = one core)."),
+}

@@ -70,6 +70,7 @@ class Daemon:
         sessions, control = wired.sessions, wired.control
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)
         await wired.sandbox_api.start()
+        await wired.mcp.close()  # MCP server units an earlier run left behind
         _notify(status="reconciling sandboxes left by an earlier run")
         report = await reconcile(sessions)
         await wired.gateway.resume()
@@ -103,6 +104,7 @@ class Daemon:
         log.info("stopping: SIGTERM received; sandboxes keep running and are adopted on start")
         await self._admin.stop(grace=2.0)
         await sessions.close()
+        await wired.mcp.close()
         await control.close_all_listeners()
         await wired.sandbox_api.stop()
         await wired.http.aclose()

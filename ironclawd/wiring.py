@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -21,10 +23,10 @@ from ironclawd.bundle.writer import BundleDirs
 from ironclawd.config import Config
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
 from ironclawd.domain.checks import CheckResult
-from ironclawd.domain.mcp import McpServer, McpToolDef
-from ironclawd.errors import IronclawError, McpServerFailed
+from ironclawd.errors import IronclawError
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
+from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
@@ -34,12 +36,12 @@ from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
-from ironclawd.ports.mcp import McpCallResult
 from ironclawd.providers.registry import build_providers, default_base_urls
 from ironclawd.services.audit import Audit
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.mcp_gateway import McpGateway
+from ironclawd.services.mcp_servers import McpSupervisor
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.registry import Registry
@@ -70,6 +72,7 @@ class Wired:
     gateway: Gateway
     registry: Registry
     audit: Audit
+    mcp: McpSupervisor  # the real McpClients: one hardened unit per (agent, MCP server)
 
 
 def wire(config: Config, netns: NetnsAdapter) -> Wired:
@@ -102,8 +105,17 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )  # fmt: skip
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
     credentials = CredentialStore(config.daemon.master_key_file.parent)
+    mcp_clients = McpSupervisor(SystemdMcpLauncher(credentials, config.mcp), config.mcp)
+
+    async def restart_and_reap(agent: str) -> list[str]:
+        # After an approved change: an unregistered (or re-registered) MCP server stops now.
+        restarted = await service.restart_agent_sessions(agent)
+        spec = registry.get(agent)
+        await mcp_clients.forget_unregistered(agent, spec.mcp_servers if spec is not None else ())
+        return restarted
+
     gateway = _gateway(
-        config, store=store, registry=registry, audit=audit, sessions=service, clock=clock
+        config, store=store, registry=registry, audit=audit, restart=restart_and_reap, clock=clock
     )
     broker = _egress(
         config, registry=registry, audit=audit, sessions=service, credentials=credentials,
@@ -111,7 +123,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )  # fmt: skip
     hooks.on_remove(broker.forget)
     mcp = McpGateway(
-        sessions=service, agents=registry, clients=_NoMcpClients(), credentials=credentials,
+        sessions=service, agents=registry, clients=mcp_clients, credentials=credentials,
         audit=audit, clock=clock,
     )  # fmt: skip
     hooks.on_remove(mcp.forget)
@@ -137,6 +149,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )
     return Wired(
         master, store, service, control, messages, sandbox_api, http, gateway, registry, audit,
+        mcp_clients,
     )  # fmt: skip
 
 
@@ -229,7 +242,7 @@ def _gateway(
     store: StateStore,
     registry: Registry,
     audit: Audit,
-    sessions: SessionService,
+    restart: Callable[[str], Coroutine[Any, Any, list[str]]],
     clock: SystemClock,
 ) -> Gateway:
     return Gateway(
@@ -242,7 +255,7 @@ def _gateway(
             submissions_per_hour=config.gateway.submissions_per_hour,
             mount_allowlist=config.gateway.mount_allowlist,
         ),
-        restart_agent_sessions=sessions.restart_agent_sessions,
+        restart_agent_sessions=restart,
         mounts=HostMounts(),
         clock=clock,
         skill_keys=TrustedKeyDir(),
@@ -271,24 +284,6 @@ def _egress(
             **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
         ),
     )  # fmt: skip
-
-
-class _NoMcpClients:
-    """``McpClients`` until the real adapter (host/mcp.py) is wired: every server fails."""
-
-    async def list_tools(self, agent: str, server: McpServer) -> tuple[McpToolDef, ...]:
-        raise McpServerFailed(f"MCP server {server.name}: no MCP client in this build")
-
-    async def call_tool(
-        self, agent: str, server: McpServer, tool: str, arguments: dict[str, object]
-    ) -> McpCallResult:
-        raise McpServerFailed(f"MCP server {server.name}: no MCP client in this build")
-
-    async def stop(self, agent: str, server: str) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 class HostProbeSet:

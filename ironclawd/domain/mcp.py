@@ -81,3 +81,20 @@ def split_model_tool_name(name: str) -> tuple[str, str] | None:
     if not sep or not tool or SERVER_NAME_RE.fullmatch(server) is None:
         return None
     return server, tool
+
+
+@dataclass(frozen=True)
+class McpLimits:
+    """The daemon-wide ``[mcp]`` table: time-outs, caps, back-off and each server unit's limits
+    (docs/mcp.md "Time-outs, caps and back-off")."""
+
+    connect_timeout_seconds: float = 30.0  # unit start + the SDK's initialize
+    list_timeout_seconds: float = 15.0
+    call_timeout_seconds: float = 60.0
+    max_output_bytes: int = 256 * 1024  # a tool's text reaches the caller cut to this
+    max_message_bytes: int = 4 * 1024 * 1024  # one message from a server; past it, restarted
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+    memory_max_bytes: int = 512 * 1024 * 1024
+    tasks_max: int = 64
+    cpu_quota_percent: int = 50

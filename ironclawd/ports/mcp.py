@@ -7,8 +7,12 @@ own hardened transient unit and talks to it with the official SDK; the unit tier
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
+
+from mcp.client._transport import ReadStream, WriteStream
+from mcp.shared.message import SessionMessage
 
 from ironclawd.domain.mcp import McpServer, McpToolDef
 
@@ -43,4 +47,39 @@ class McpClients(Protocol):
 
     async def close(self) -> None:
         """Stop every server (daemon shut-down)."""
+        ...
+
+
+@dataclass
+class McpTransport:
+    """A running server's two ends, as the SDK's ``ClientSession`` takes them."""
+
+    read: ReadStream[SessionMessage | Exception]
+    write: WriteStream[SessionMessage]
+
+    def why(self) -> str:
+        """Why the server stopped answering, as far as the launcher knows ("" if it does not)."""
+        return ""
+
+    def ended(self) -> bool:
+        """Whether the server's output has ended (it exited, or its transport was cut)."""
+        return False
+
+
+class McpLauncher(Protocol):
+    """Starts one server of one agent where it runs (real: ``host/mcp.py``, a hardened
+    transient unit per (agent, server)); the supervisor (``services/mcp_servers.py``) speaks MCP
+    over what it yields."""
+
+    def open(self, agent: str, server: McpServer) -> AbstractAsyncContextManager[McpTransport]:
+        """The server started; leaving the context stops it (its whole unit). McpServerFailed
+        if it cannot be started."""
+        ...
+
+    async def stop(self, agent: str, server: str) -> None:
+        """Stop the server's unit if one is running (also one left by an earlier daemon)."""
+        ...
+
+    async def stop_all(self) -> None:
+        """Stop every server unit (daemon start and shut-down)."""
         ...

@@ -1,5 +1,6 @@
 """The contract tests of the ports whose real adapters need root and a systemd of their own
-(tests/contract/test_host.py: UnitManager over pystemd, NetnsManager over pyroute2), run inside
+(tests/contract/test_host.py: UnitManager over pystemd, NetnsManager over pyroute2;
+tests/contract/test_mcp.py: McpClients over hardened units and mcp-server-time), run inside
 the private systemd with ``--real-host``: the real adapters must do what their fakes do."""
 
 from __future__ import annotations
@@ -9,12 +10,16 @@ from typing import Any
 
 import pytest
 
+from tests.harness.mcp_venv import mcp_venv
+
 pytestmark = pytest.mark.integration
 
-REAL_HOST_CONTRACTS = 2  # the tests of tests/contract/test_host.py, each once for real
+# The tests of tests/contract/test_host.py (2) and test_mcp.py (2), each once for real.
+REAL_HOST_CONTRACTS = 4
 
 
 def test_real_host_adapters_pass_the_contracts_of_their_fakes(private_systemd: Any) -> None:
+    mcp_venv()  # built on the host (network, cache under build/), then used inside
     proc = private_systemd.run(
         [".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/contract",
          "--real-host", "-m", "real_host"],

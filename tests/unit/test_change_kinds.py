@@ -50,10 +50,11 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "mounts": {"mounts": [{"source": "/srv/data", "name": "data", "read_only": False}]},
     "create_agent": {"persona": "You help.", "tools": ["read_file"], "provider": "anthropic"},
     "skills": skill_samples.payload(),
+    "mcp": {"op": "register", "server": {"name": "time", "command": ["/usr/bin/mcp-time"]}},
 }
 # The view keys each kind may change when applied (create_agent makes the whole agent).
 OWNS = {"persona": {"persona"}, "tools": {"tools"}, "egress": {"egress"}, "mounts": {"mounts"},
-        "skills": {"skills.weather", "skills.weather.grants"}}  # fmt: skip
+        "skills": {"skills.weather", "skills.weather.grants"}, "mcp": {"mcp_servers"}}  # fmt: skip
 # The AgentSpec fields each kind may change, where they are not its view keys.
 FIELDS = {**OWNS, "skills": {"skills"}}
 

@@ -1,0 +1,271 @@
+"""The real ``McpClients``: one live SDK ``ClientSession`` per (agent, server), supervised
+(docs/mcp.md "Time-outs, caps and back-off").
+
+Each server runs in a task of its own that holds the launcher's context (its unit) and the
+session; callers only send requests over that session, each under a time-out, so a server that
+hangs holds up its own callers for at most that long and nothing else. A server that fails (did
+not start or initialize in time, crashed, hung past a time-out, sent a message over the cap) is
+stopped, and the next use starts it again once an exponential back-off has passed; until then
+callers get ``McpServerFailed`` at once, naming the failure. A successful answer resets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+from mcp import ClientSession
+from mcp.shared.exceptions import MCPError
+
+from ironclawd.domain.kinds.mcp import tool_def
+from ironclawd.domain.mcp import McpLimits, McpServer, McpToolDef
+from ironclawd.errors import InvalidArgument, McpServerFailed
+from ironclawd.ports.mcp import McpCallResult, McpLauncher, McpTransport
+
+log = logging.getLogger("ironclawd.mcp")
+
+MAX_PAGES = 16  # tools/list pages read from one server
+_Key = tuple[str, str]
+
+
+@dataclass
+class _Live:
+    """One running server: the task that owns its unit and session."""
+
+    server: McpServer
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    session: ClientSession | None = None
+    transport: McpTransport | None = None
+    task: asyncio.Task[None] | None = None
+    error: str = ""
+
+    def why(self) -> str:
+        told = self.transport.why() if self.transport is not None else ""
+        return "; ".join(w for w in (self.error, told) if w) or "it stopped answering"
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    not_before: float = 0.0
+    last: str = ""
+
+
+class McpSupervisor:
+    """``ports.McpClients`` over a ``McpLauncher`` and the official SDK's ``ClientSession``."""
+
+    def __init__(
+        self,
+        launcher: McpLauncher,
+        limits: McpLimits,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._launcher = launcher
+        self._limits = limits
+        self._now = monotonic
+        self._live: dict[_Key, _Live] = {}
+        self._backoff: dict[_Key, _Backoff] = {}
+        self._locks: dict[_Key, asyncio.Lock] = {}
+
+    async def list_tools(self, agent: str, server: McpServer) -> tuple[McpToolDef, ...]:
+        key = (agent, server.name)
+        session = await self._session(key, server)
+        out: list[McpToolDef] = []
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await self._request(
+                key, "listing its tools", self._limits.list_timeout_seconds,
+                session.list_tools(params=params),
+            )  # fmt: skip
+            try:
+                out += [tool_def(t.name, t.description or "", t.input_schema) for t in page.tools]
+            except InvalidArgument as exc:
+                await self._fail(key, f"it offered a tool this ironclawd refuses: {exc}")
+                raise McpServerFailed(f"MCP server {server.name}: {exc}") from None
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        self._succeeded(key)
+        return tuple(sorted(out, key=lambda t: t.name))
+
+    async def call_tool(
+        self, agent: str, server: McpServer, tool: str, arguments: dict[str, object]
+    ) -> McpCallResult:
+        if not isinstance(arguments, dict):
+            raise InvalidArgument("MCP tool arguments: expected a JSON object")
+        key = (agent, server.name)
+        session = await self._session(key, server)
+        try:
+            result = await self._request(
+                key, f"calling {tool}", self._limits.call_timeout_seconds,
+                session.call_tool(tool, arguments),
+            )  # fmt: skip
+        except _Answered as exc:
+            # The server is fine and said no (unknown tool, bad arguments): the caller's error.
+            self._succeeded(key)
+            return McpCallResult(text=f"MCP error from {server.name}: {exc}", is_error=True)
+        self._succeeded(key)
+        return self._cap(_text(result), result.is_error)
+
+    def _cap(self, text: str, is_error: bool) -> McpCallResult:
+        data = text.encode("utf-8")
+        limit = self._limits.max_output_bytes
+        if len(data) <= limit:
+            return McpCallResult(text=text, is_error=is_error)
+        cut = data[:limit].decode("utf-8", "ignore")
+        return McpCallResult(text=cut, is_error=is_error, truncated=True)
+
+    async def stop(self, agent: str, server: str) -> None:
+        key = (agent, server)
+        async with self._lock(key):
+            await self._drop(key)
+            self._backoff.pop(key, None)
+        await self._launcher.stop(agent, server)
+
+    async def close(self) -> None:
+        for key in list(self._live):
+            async with self._lock(key):
+                await self._drop(key)
+        await self._launcher.stop_all()
+
+    async def forget_unregistered(self, agent: str, servers: Iterable[McpServer]) -> None:
+        """Stop the agent's servers that are no longer registered as they run (after a change
+        is applied: an unregistered server's unit goes at once, a re-registered one restarts)."""
+        current = {s.name: s for s in servers}
+        for key, live in list(self._live.items()):
+            if key[0] == agent and current.get(key[1]) != live.server:
+                await self.stop(*key)
+
+    def running(self) -> list[tuple[str, str]]:
+        """(agent, server) of every server with a live session (status, tests)."""
+        return sorted(k for k, v in self._live.items() if v.session is not None)
+
+    # -- the session of one server --------------------------------------------------------------
+
+    def _lock(self, key: _Key) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    async def _session(self, key: _Key, server: McpServer) -> ClientSession:
+        async with self._lock(key):
+            live = self._live.get(key)
+            if live is not None and (live.server != server or _dead(live)):
+                # Re-registered (another command or environment), or it went away.
+                await self._drop(key)
+                live = None
+            if live is not None and live.session is not None:
+                return live.session
+            return await self._start(key, server)
+
+    async def _start(self, key: _Key, server: McpServer) -> ClientSession:
+        agent, name = key
+        backoff = self._backoff.get(key)
+        if backoff is not None and self._now() < backoff.not_before:
+            wait = backoff.not_before - self._now()
+            raise McpServerFailed(
+                f"MCP server {name} of agent {agent} failed {backoff.failures} time(s), last: "
+                f"{backoff.last}; not restarted for another {wait:.1f}s"
+            )
+        live = _Live(server)
+        self._live[key] = live
+        live.task = asyncio.create_task(self._run(agent, live), name=f"mcp {agent}/{name}")
+        timeout = self._limits.connect_timeout_seconds
+        try:
+            await asyncio.wait_for(live.ready.wait(), timeout)
+        except TimeoutError:
+            live.error = f"it did not start and initialize within {timeout:g}s"
+        if live.session is None:
+            why = live.why()
+            await self._fail(key, why)
+            raise McpServerFailed(f"MCP server {name} of agent {agent} did not start: {why}")
+        log.info("MCP server %s of agent %s started", name, agent)
+        return live.session
+
+    async def _run(self, agent: str, live: _Live) -> None:
+        try:
+            async with self._launcher.open(agent, live.server) as transport:
+                live.transport = transport
+                async with ClientSession(transport.read, transport.write) as session:
+                    await session.initialize()
+                    live.session = session
+                    live.ready.set()
+                    await live.stopping.wait()
+        except McpServerFailed as exc:
+            live.error = str(exc)
+        except MCPError as exc:
+            live.error = f"initialize failed: {exc}"
+        except Exception as exc:  # a broken server must not take the daemon down
+            live.error = f"{type(exc).__name__}: {exc}"
+            log.warning("MCP server %s of agent %s: %s", live.server.name, agent, live.error)
+        finally:
+            live.ready.set()
+
+    async def _request(self, key: _Key, what: str, seconds: float, request: Any) -> Any:
+        try:
+            return await asyncio.wait_for(request, seconds)
+        except TimeoutError:
+            why = f"it did not answer {what} within {seconds:g}s"
+        except MCPError as exc:
+            live = self._live.get(key)
+            if exc.code != types.CONNECTION_CLOSED and live is not None and not _dead(live):
+                raise _Answered(str(exc)) from None
+            why = live.why() if live is not None else str(exc)
+        await self._fail(key, why)
+        raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: {why}")
+
+    async def _fail(self, key: _Key, why: str) -> None:
+        """Stop the server and hold off its restart (doubling from backoff_initial_seconds)."""
+        await self._drop(key)
+        backoff = self._backoff.setdefault(key, _Backoff())
+        backoff.failures += 1
+        delay = min(
+            self._limits.backoff_initial_seconds * 2 ** (backoff.failures - 1),
+            self._limits.backoff_max_seconds,
+        )
+        backoff.not_before, backoff.last = self._now() + delay, why
+        log.warning("MCP server %s of agent %s failed (%s); restart held off %.1fs",
+                    key[1], key[0], why, delay)  # fmt: skip
+
+    def _succeeded(self, key: _Key) -> None:
+        self._backoff.pop(key, None)
+
+    async def _drop(self, key: _Key) -> None:
+        live = self._live.pop(key, None)
+        if live is None or live.task is None:
+            return
+        live.stopping.set()
+        # The launcher's exit stops the unit (bounded); a task that still hangs is cancelled.
+        done, _ = await asyncio.wait({live.task}, timeout=30.0)
+        if not done:
+            live.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await live.task
+
+
+class _Answered(Exception):
+    """The server answered the request with a JSON-RPC error (it is alive and well)."""
+
+
+def _dead(live: _Live) -> bool:
+    ended = live.transport is not None and live.transport.ended()
+    return ended or live.task is None or live.task.done()
+
+
+def _text(result: types.CallToolResult) -> str:
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            parts.append(block.text)
+        else:
+            parts.append(f"[{block.type} content omitted]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return "\n".join(parts)
