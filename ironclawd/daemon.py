@@ -86,6 +86,7 @@ class Daemon:
             gateway=wired.gateway,
             registry=wired.registry,
             audit=wired.audit,
+            mcp=wired.mcp,
         )
         self._admin = await start_admin_server(self._config.admin, self._servicer)
         status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"

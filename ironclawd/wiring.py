@@ -105,7 +105,9 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )  # fmt: skip
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
     credentials = CredentialStore(config.daemon.master_key_file.parent)
-    mcp_clients = McpSupervisor(SystemdMcpLauncher(credentials, config.mcp), config.mcp)
+    # The agents' mount sources are hidden from every MCP server (another agent's files).
+    launcher = SystemdMcpLauncher(credentials, config.mcp, config.gateway.mount_allowlist)
+    mcp_clients = McpSupervisor(launcher, config.mcp)
 
     async def restart_and_reap(agent: str) -> list[str]:
         # After an approved change: an unregistered (or re-registered) MCP server stops now.

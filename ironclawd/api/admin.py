@@ -12,6 +12,7 @@ import grpc
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
 from ironclawd.api.admin_changes import ChangesMixin
+from ironclawd.api.admin_mcp import McpMixin, McpProber
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.checks import CheckResult, Status
 from ironclawd.domain.session import Session, State
@@ -35,7 +36,7 @@ _STATUS = {
 }
 
 
-class AdminServicer(ChangesMixin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(ChangesMixin, McpMixin, admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
         *,
@@ -46,6 +47,7 @@ class AdminServicer(ChangesMixin, admin_pb2_grpc.AdminServiceServicer):
         gateway: Gateway,
         registry: Registry,
         audit: Audit,
+        mcp: McpProber,
         config_source: str,
         started: float,
     ) -> None:
@@ -56,6 +58,7 @@ class AdminServicer(ChangesMixin, admin_pb2_grpc.AdminServiceServicer):
         self._gateway = gateway
         self._registry = registry
         self._audit_trail = audit
+        self._mcp = mcp
         self._config_source = config_source
         self._started = started
         self.state = "running"

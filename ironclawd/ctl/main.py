@@ -21,6 +21,7 @@ from ironclawd.ctl import (
     chat,
     containment,
     exitcodes,
+    mcp,
     render,
     sessions,
     skills,
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.register(sub)
     containment.register(sub)
     skills.register(sub)
+    mcp.register(sub)
     return parser
 
 

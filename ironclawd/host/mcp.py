@@ -14,10 +14,14 @@ it exists instead of the SDK's ``stdio_client`` because that one buffers a line 
 (a 50 MB answer would be held, copied and parsed in the daemon), and because stopping a server
 here means stopping its unit, not signalling systemd-run.
 
-Credentials (``--credential ENV=NAME``) never appear in an argv or in ``Environment=``: the value
-goes to a root-only file under /run/ironclaw/mcp-credentials, the unit loads it with
-``LoadCredential=`` (``systemctl show`` shows the path only) and a fixed ``/bin/sh`` shim exports
-it as ``ENV`` before exec'ing the server; the file is deleted as soon as the server first writes.
+Credentials (``--credential ENV=NAME``) never appear in an argv or in ``Environment=``: the
+values go to a root-only (0600) file under /run/ironclaw/mcp-credentials that the unit names in
+``EnvironmentFile=`` (systemd reads it as root when it starts the server; ``systemctl show``
+shows the path only), and the file is deleted as soon as the server first writes. The value ends
+in the server's environment, which root and the server's own dynamic user can read
+(/proc/PID/environ). ``LoadCredential=`` would keep it out of the environment, but systemd 252
+under the private systemd leaves the credentials directory unreadable to a ``DynamicUser=`` unit,
+and the third-party servers read tokens from the environment anyway.
 """
 
 from __future__ import annotations
@@ -55,12 +59,8 @@ UNIT_PREFIX: Final = "ironclaw-mcp-"
 CREDENTIALS_DIR: Final = paths.RUN_DIR / "mcp-credentials"
 SYSTEMD_RUN: Final = "/usr/bin/systemd-run"
 STDERR_TAIL: Final = 2048
-# Exports each loaded credential as the variable its file is named after, then becomes the
-# server. Fixed text: no value of the registration is ever part of it.
-SHIM: Final = (
-    'for f in "$CREDENTIALS_DIRECTORY"/*; do [ -f "$f" ] || continue; '
-    'export "${f##*/}=$(cat "$f")"; done; exec "$@"'
-)
+# A credential value must read back as itself from an EnvironmentFile= line KEY='value'.
+_PLAIN_VALUE = re.compile(r"[\x20-\x7e]{1,8192}")
 # Where a server must never look, even if a permission slips (ProtectSystem=strict already makes
 # everything read-only and ProtectHome=yes hides /home, /root and /run/user).
 HIDDEN: Final = (str(paths.STATE_DIR), str(paths.RUN_DIR), "/etc/ironclaw")
@@ -73,10 +73,14 @@ def unit_name(agent: str, server: str) -> str:
 
 
 def unit_properties(
-    limits: McpLimits, addresses: Sequence[str], credentials: Sequence[tuple[str, Path]]
+    limits: McpLimits,
+    addresses: Sequence[str],
+    env_file: Path | None,
+    hidden: Sequence[str] = (),
 ) -> list[str]:
     """The unit's settings in ``systemd-run -p`` form. ``addresses``: the IPs the server may
-    reach (empty: no network at all); ``credentials``: (ENV, file) pairs to load."""
+    reach (empty: no network at all); ``env_file``: the credentials' file, if any; ``hidden``:
+    more directories to make inaccessible (the agents' mount sources)."""
     props = [
         "Type=exec", "DynamicUser=yes", "ProtectSystem=strict", "ProtectHome=yes",
         "PrivateTmp=yes", "PrivateDevices=yes", "PrivateIPC=yes", "PrivateMounts=yes",
@@ -92,7 +96,7 @@ def unit_properties(
         f"MemoryMax={limits.memory_max_bytes}", "MemorySwapMax=0",
         f"TasksMax={limits.tasks_max}", f"CPUQuota={limits.cpu_quota_percent}%",
         "KillMode=control-group", "TimeoutStopSec=5s", "StandardError=journal",
-        *(f"InaccessiblePaths=-{p}" for p in HIDDEN),
+        *(f"InaccessiblePaths=-{p}" for p in (*HIDDEN, *hidden)),
     ]  # fmt: skip
     if addresses:
         props += [
@@ -102,7 +106,8 @@ def unit_properties(
         ]
     else:
         props += ["RestrictAddressFamilies=AF_UNIX", "PrivateNetwork=yes", "IPAddressDeny=any"]
-    props += [f"LoadCredential={env}:{path}" for env, path in credentials]
+    if env_file is not None:
+        props.append(f"EnvironmentFile={env_file}")
     return props
 
 
@@ -111,19 +116,18 @@ def run_argv(
     server: McpServer,
     limits: McpLimits,
     addresses: Sequence[str],
-    credentials: Sequence[tuple[str, Path]],
+    env_file: Path | None,
+    *,
+    hidden: Sequence[str] = (),
 ) -> list[str]:
     """The systemd-run command line that starts the server in its unit (no secret in it)."""
-    command = list(server.command)
-    if credentials:
-        command = ["/bin/sh", "-c", SHIM, "ironclaw-mcp-shim", *command]
     return [
         SYSTEMD_RUN, "--pipe", "--quiet", "--wait", "--collect",
         f"--unit={unit_name(agent, server.name)}",
         f"--description=IronClaw MCP server {server.name} of agent {agent}",
         *(f"--setenv={k}={v}" for k, v in server.env),
-        *(f"--property={p}" for p in unit_properties(limits, addresses, credentials)),
-        "--", *command,
+        *(f"--property={p}" for p in unit_properties(limits, addresses, env_file, hidden)),
+        "--", *server.command,
     ]  # fmt: skip
 
 
@@ -286,9 +290,12 @@ async def _stop(process: Process, on_close: Callable[[], object] | None) -> None
 class SystemdMcpLauncher:
     """``ports.McpLauncher`` over systemd-run and the host credential store."""
 
-    def __init__(self, credentials: Credentials, limits: McpLimits) -> None:
+    def __init__(
+        self, credentials: Credentials, limits: McpLimits, hidden: Sequence[str] = ()
+    ) -> None:
         self._credentials = credentials
         self._limits = limits
+        self._hidden = tuple(hidden)
         self._units = SystemdUnitManager()
 
     @contextlib.asynccontextmanager
@@ -299,8 +306,8 @@ class SystemdMcpLauncher:
         addresses = await asyncio.to_thread(resolve_allow, server.allow) if server.allow else []
         # A unit left by an earlier run (or a crash) would make systemd-run refuse the name.
         await asyncio.to_thread(self._clear, name)
-        creds = self._write_credentials(name, server)
-        argv = run_argv(agent, server, self._limits, addresses, [(e, p) for e, p in creds])
+        env_file = self._write_credentials(name, server)
+        argv = run_argv(agent, server, self._limits, addresses, env_file, hidden=self._hidden)
         directory = CREDENTIALS_DIR / name
         try:
             async with bounded_stdio(
@@ -313,22 +320,27 @@ class SystemdMcpLauncher:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    def _write_credentials(self, unit: str, server: McpServer) -> list[tuple[str, Path]]:
+    def _write_credentials(self, unit: str, server: McpServer) -> Path | None:
         if not server.credentials:
-            return []
+            return None
+        lines = []
+        for env, name in server.credentials:
+            value = self._credentials.get(name)  # NotFound names the credential, not the value
+            if _PLAIN_VALUE.fullmatch(value) is None or "'" in value or "\\" in value:
+                raise McpServerFailed(
+                    f"credential {name} (for {env}) has characters an environment file cannot "
+                    "carry as they are (quotes, backslashes, newlines or other controls)"
+                )
+            lines.append(f"{env}='{value}'\n")
         directory = CREDENTIALS_DIR / unit
         CREDENTIALS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(mode=0o700)
-        out = []
-        for env, name in server.credentials:
-            value = self._credentials.get(name)  # NotFound names the credential, not the value
-            path = directory / f"{env}.{secrets.token_hex(4)}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out_file:
-                out_file.write(value)
-            out.append((env, path))
-        return out
+        path = directory / f"env.{secrets.token_hex(4)}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("".join(lines))
+        return path
 
     def _clear(self, name: str) -> None:
         self._units.stop(name, 10.0)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -137,6 +139,18 @@ class McpSupervisor:
                 await self._drop(key)
         await self._launcher.stop_all()
 
+    async def probe(self, agent: str, server: McpServer) -> tuple[McpToolDef, ...]:
+        """Start ``server`` once for ``agent`` (its own unit, no network and no credentials:
+        the command has not been approved, and the definitions go back to the caller), list its
+        tools and stop it. Never touches the agent's live server of the same name."""
+        bare = dataclasses.replace(server, credentials=(), allow=(), tools=())
+        key = (f"probe-{secrets.token_hex(4)}", server.name)
+        try:
+            return await self.list_tools(key[0], bare)
+        finally:
+            await self.stop(*key)
+            self._locks.pop(key, None)
+
     async def forget_unregistered(self, agent: str, servers: Iterable[McpServer]) -> None:
         """Stop the agent's servers that are no longer registered as they run (after a change
         is applied: an unregistered server's unit goes at once, a re-registered one restarts)."""
@@ -198,12 +212,14 @@ class McpSupervisor:
                     live.session = session
                     live.ready.set()
                     await live.stopping.wait()
-        except McpServerFailed as exc:
-            live.error = str(exc)
-        except MCPError as exc:
-            live.error = f"initialize failed: {exc}"
         except Exception as exc:  # a broken server must not take the daemon down
-            live.error = f"{type(exc).__name__}: {exc}"
+            leaf = _leaf(exc)
+            if isinstance(leaf, McpServerFailed):
+                live.error = str(leaf)
+            elif isinstance(leaf, MCPError):
+                live.error = f"initialize failed: {leaf}"
+            else:
+                live.error = f"{type(leaf).__name__}: {leaf}"
             log.warning("MCP server %s of agent %s: %s", live.server.name, agent, live.error)
         finally:
             live.ready.set()
@@ -252,6 +268,13 @@ class McpSupervisor:
 
 class _Answered(Exception):
     """The server answered the request with a JSON-RPC error (it is alive and well)."""
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups: what actually went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _dead(live: _Live) -> bool:

@@ -1,7 +1,7 @@
 """A hostile MCP server, written with the official SDK, for the containment tests
 (docs/mcp.md "Which test proves what"). Run as ``python mcp_hostile.py``; it needs only ``mcp``.
 
-Tools: ``echo`` (the well-behaved control), ``big`` (answers ``megabytes`` MB), ``hang`` (never
+Tools: ``echo`` (the well-behaved control), ``big`` (answers ``megabytes`` MB), ``env``, ``write``, ``hang`` (never
 answers), ``crash`` (exits mid-call), ``read`` (tries to read a path), ``connect`` (tries a TCP
 connection). ``HOSTILE_MODE=crash`` exits at start-up, every start (a crash loop);
 ``HOSTILE_DESCRIPTION`` replaces echo's description (a definition changed after approval).
@@ -49,6 +49,21 @@ def read(path: str) -> str:
             return f"READ {len(f.read(4096))} bytes"
     except OSError as exc:
         return f"DENIED {type(exc).__name__}: {exc.strerror}"
+
+
+@server.tool(description="Write a file and return what happened.")
+def write(path: str, text: str) -> str:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return "WROTE"
+    except OSError as exc:
+        return f"DENIED {type(exc).__name__}: {exc.strerror}"
+
+
+@server.tool(description="Return an environment variable.")
+def env(name: str) -> str:
+    return os.environ.get(name, "")
 
 
 @server.tool(description="Open a TCP connection and return what happened.")

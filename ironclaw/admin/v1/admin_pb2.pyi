@@ -478,6 +478,90 @@ class GetAgentResponse(_message.Message):
 Global___GetAgentResponse: _TypeAlias = GetAgentResponse  # noqa: Y015
 
 @_typing.final
+class ProbeMcpServerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    SERVER_JSON_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    server_json: _builtins.str
+    """The server of an `mcp` register payload: {name, command, env, credentials, allow}."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        server_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "server_json", b"server_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeMcpServerRequest: _TypeAlias = ProbeMcpServerRequest  # noqa: Y015
+
+@_typing.final
+class ProbeMcpServerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_JSON_FIELD_NUMBER: _builtins.int
+    tools_json: _builtins.str
+    """[{name, description, input_schema}, ...], sorted by name; input_schema is canonical JSON."""
+    def __init__(
+        self,
+        *,
+        tools_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tools_json", b"tools_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeMcpServerResponse: _TypeAlias = ProbeMcpServerResponse  # noqa: Y015
+
+@_typing.final
+class ListMcpServersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMcpServersRequest: _TypeAlias = ListMcpServersRequest  # noqa: Y015
+
+@_typing.final
+class ListMcpServersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_JSON_FIELD_NUMBER: _builtins.int
+    view_json: _builtins.str
+    """As the approver sees them: {"mcp_servers": [...], "mcp_grants": [...]} (keys left out
+    when empty).
+    """
+    def __init__(
+        self,
+        *,
+        view_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["view_json", b"view_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMcpServersResponse: _TypeAlias = ListMcpServersResponse  # noqa: Y015
+
+@_typing.final
 class ListAuditRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -131,6 +131,16 @@ class AdminServiceStub:
                 request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentRequest.SerializeToString,
                 response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentResponse.FromString,
                 _registered_method=True)
+        self.ProbeMcpServer = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ProbeMcpServer',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ProbeMcpServerRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ProbeMcpServerResponse.FromString,
+                _registered_method=True)
+        self.ListMcpServers = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListMcpServers',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListMcpServersRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListMcpServersResponse.FromString,
+                _registered_method=True)
         self.ListAudit = channel.unary_unary(
                 '/ironclaw.admin.v1.AdminService/ListAudit',
                 request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListAuditRequest.SerializeToString,
@@ -275,6 +285,23 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProbeMcpServer(self, request, context):
+        """ProbeMcpServer starts an MCP server as a `register` change would name it, in its own hardened
+        unit without network and without its credentials, lists its tools, stops it and returns
+        their definitions (what the register change then shows the approver).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMcpServers(self, request, context):
+        """ListMcpServers shows an agent's registered MCP servers and granted tools (credential names
+        only, never values).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAudit(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -385,6 +412,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetAgent,
                     request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentRequest.FromString,
                     response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentResponse.SerializeToString,
+            ),
+            'ProbeMcpServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeMcpServer,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ProbeMcpServerRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ProbeMcpServerResponse.SerializeToString,
+            ),
+            'ListMcpServers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMcpServers,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListMcpServersRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListMcpServersResponse.SerializeToString,
             ),
             'ListAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAudit,
@@ -911,6 +948,60 @@ class AdminService:
             '/ironclaw.admin.v1.AdminService/GetAgent',
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentRequest.SerializeToString,
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeMcpServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ProbeMcpServer',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ProbeMcpServerRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ProbeMcpServerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMcpServers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListMcpServers',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListMcpServersRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListMcpServersResponse.FromString,
             options,
             channel_credentials,
             insecure,

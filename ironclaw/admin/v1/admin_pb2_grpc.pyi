@@ -73,6 +73,15 @@ class AdminServiceStub:
     RejectChange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RejectChangeRequest, _admin_pb2.RejectChangeResponse]
     ListAgents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAgentsRequest, _admin_pb2.ListAgentsResponse]
     GetAgent: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetAgentRequest, _admin_pb2.GetAgentResponse]
+    ProbeMcpServer: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ProbeMcpServerRequest, _admin_pb2.ProbeMcpServerResponse]
+    """ProbeMcpServer starts an MCP server as a `register` change would name it, in its own hardened
+    unit without network and without its credentials, lists its tools, stops it and returns
+    their definitions (what the register change then shows the approver).
+    """
+    ListMcpServers: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListMcpServersRequest, _admin_pb2.ListMcpServersResponse]
+    """ListMcpServers shows an agent's registered MCP servers and granted tools (credential names
+    only, never values).
+    """
     ListAudit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRequest, _admin_pb2.ListAuditResponse]
     VerifyAudit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.VerifyAuditRequest, _admin_pb2.VerifyAuditResponse]
     """VerifyAudit walks the whole audit log and names the first bad record."""
@@ -117,6 +126,15 @@ class AdminServiceAsyncStub(AdminServiceStub):
     RejectChange: _aio.UnaryUnaryMultiCallable[_admin_pb2.RejectChangeRequest, _admin_pb2.RejectChangeResponse]  # type: ignore[assignment]
     ListAgents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAgentsRequest, _admin_pb2.ListAgentsResponse]  # type: ignore[assignment]
     GetAgent: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetAgentRequest, _admin_pb2.GetAgentResponse]  # type: ignore[assignment]
+    ProbeMcpServer: _aio.UnaryUnaryMultiCallable[_admin_pb2.ProbeMcpServerRequest, _admin_pb2.ProbeMcpServerResponse]  # type: ignore[assignment]
+    """ProbeMcpServer starts an MCP server as a `register` change would name it, in its own hardened
+    unit without network and without its credentials, lists its tools, stops it and returns
+    their definitions (what the register change then shows the approver).
+    """
+    ListMcpServers: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListMcpServersRequest, _admin_pb2.ListMcpServersResponse]  # type: ignore[assignment]
+    """ListMcpServers shows an agent's registered MCP servers and granted tools (credential names
+    only, never values).
+    """
     ListAudit: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRequest, _admin_pb2.ListAuditResponse]  # type: ignore[assignment]
     VerifyAudit: _aio.UnaryUnaryMultiCallable[_admin_pb2.VerifyAuditRequest, _admin_pb2.VerifyAuditResponse]  # type: ignore[assignment]
     """VerifyAudit walks the whole audit log and names the first bad record."""
@@ -272,6 +290,27 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetAgentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetAgentResponse, _abc.Awaitable[_admin_pb2.GetAgentResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ProbeMcpServer(
+        self,
+        request: _admin_pb2.ProbeMcpServerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ProbeMcpServerResponse, _abc.Awaitable[_admin_pb2.ProbeMcpServerResponse]]:
+        """ProbeMcpServer starts an MCP server as a `register` change would name it, in its own hardened
+        unit without network and without its credentials, lists its tools, stops it and returns
+        their definitions (what the register change then shows the approver).
+        """
+
+    @_abc_1.abstractmethod
+    def ListMcpServers(
+        self,
+        request: _admin_pb2.ListMcpServersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListMcpServersResponse, _abc.Awaitable[_admin_pb2.ListMcpServersResponse]]:
+        """ListMcpServers shows an agent's registered MCP servers and granted tools (credential names
+        only, never values).
+        """
 
     @_abc_1.abstractmethod
     def ListAudit(

@@ -1,0 +1,163 @@
+"""``ironctl mcp ...``: register MCP servers for an agent, grant their tools, list, show and
+remove them. Registering probes the server first (in its own hardened unit, no network, no
+credentials) so that the change a human approves shows the tools it offers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl.changes import show_change
+from ironclawd.ctl.common import Stub, UsageError, add_command
+
+
+def _pairs(items: list[str] | None, flag: str) -> list[list[str]]:
+    out = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"ironctl: mcp: {flag} expects NAME=VALUE, got {item!r}")
+        out.append([key, value])
+    return out
+
+
+def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what: str) -> int:
+    request = admin_pb2.SubmitChangeRequest(
+        kind="mcp", agent=args.agent, payload_json=json.dumps(payload), reason=args.reason or ""
+    )
+    change = stub.SubmitChange(request, timeout=args.timeout).change
+    if not args.json:
+        print(f"agent {render.visible(args.agent)}: {what}: mcp change {change.id} is pending a "
+              "human decision")  # fmt: skip
+    show_change(args, change)
+    return exitcodes.OK
+
+
+def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
+    if not args.command_argv:
+        raise UsageError("ironctl: mcp add: --command needs the server's executable")
+    server: dict[str, Any] = {
+        "name": args.name, "command": args.command_argv, "env": _pairs(args.env, "--env"),
+        "credentials": _pairs(args.credential, "--credential"), "allow": args.allow or [],
+    }  # fmt: skip
+    probe = admin_pb2.ProbeMcpServerRequest(agent=args.agent, server_json=json.dumps(server))
+    tools = json.loads(stub.ProbeMcpServer(probe, timeout=args.timeout).tools_json)
+    server["tools"] = tools
+    if not args.json:
+        print(f"probed {render.visible(args.name)}: {len(tools)} tool(s): "
+              + render.visible(", ".join(t["name"] for t in tools)))  # fmt: skip
+    return _submit(args, stub, {"op": "register", "server": server}, f"register {args.name}")
+
+
+def cmd_grant(args: argparse.Namespace, stub: Stub) -> int:
+    payload = {"op": "grant", "server": args.name, "tools": args.tools}
+    what = f"grant {', '.join(args.tools)}" if args.tools else f"revoke every tool of {args.name}"
+    return _submit(args, stub, payload, what)
+
+
+def cmd_remove(args: argparse.Namespace, stub: Stub) -> int:
+    payload = {"op": "unregister", "server": args.name}
+    return _submit(args, stub, payload, f"unregister {args.name}")
+
+
+def _view(args: argparse.Namespace, stub: Stub) -> dict[str, Any]:
+    request = admin_pb2.ListMcpServersRequest(agent=args.agent)
+    view: dict[str, Any] = json.loads(stub.ListMcpServers(request, timeout=args.timeout).view_json)
+    return view
+
+
+def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
+    view = _view(args, stub)
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return exitcodes.OK
+    granted: dict[str, list[str]] = {}
+    for g in view.get("mcp_grants", []):
+        granted.setdefault(g["server"], []).append(g["name"])
+    table = Table()
+    for column in ("NAME", "COMMAND", "NETWORK", "TOOLS", "GRANTED"):
+        table.add_column(column, overflow="fold")
+    for s in view.get("mcp_servers", []):
+        network = s["network"] if isinstance(s["network"], str) else ", ".join(s["network"])
+        table.add_row(escape(s["name"]), escape(render.visible(" ".join(s["command"]))),
+                      escape(network), str(len(s["tools"])),
+                      escape(", ".join(granted.get(s["name"], [])) or "-"))  # fmt: skip
+    render.console().print(table)
+    return exitcodes.OK
+
+
+def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
+    view = _view(args, stub)
+    server = next((s for s in view.get("mcp_servers", []) if s["name"] == args.name), None)
+    if server is None:
+        raise UsageError(f"ironctl: mcp show: agent {args.agent} has no MCP server {args.name}")
+    grants = [g for g in view.get("mcp_grants", []) if g["server"] == args.name]
+    if args.json:
+        print(json.dumps({"server": server, "grants": grants}, indent=2))
+        return exitcodes.OK
+    console = render.console()
+    table = Table(show_header=False, box=None)
+    table.add_row("name", escape(server["name"]))
+    table.add_row("command", escape(render.visible(json.dumps(server["command"]))))
+    table.add_row("env", escape(render.visible(json.dumps(server["env"]))))
+    table.add_row("credentials", escape(json.dumps(server["credentials"])))
+    table.add_row("network", escape(json.dumps(server["network"])))
+    table.add_row("granted", escape(", ".join(g["name"] for g in grants) or "-"))
+    console.print(table)
+    for tool in server["tools"]:
+        console.print(f"[bold]{escape(render.visible(tool['name']))}[/]: "
+                      + escape(render.visible(tool["description"], newlines=True)),
+                      soft_wrap=True)  # fmt: skip
+        console.print("  schema: " + escape(render.visible(tool["input_schema"])), soft_wrap=True)
+    return exitcodes.OK
+
+
+def register(sub: Any) -> None:
+    mcp = sub.add_parser("mcp", help="MCP servers of an agent and the tools granted to it",
+                         epilog=exitcodes.HELP,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    verbs = mcp.add_subparsers(dest="verb", metavar="VERB", required=True)
+    add = add_command(
+        verbs, "add", "probe a stdio MCP server, then submit its registration (a human approves)",
+        "ironctl mcp add time --agent demo --command /opt/mcp/bin/mcp-server-time "
+        "--local-timezone UTC\n  ironctl mcp add gh --agent demo --credential GITHUB_TOKEN=gh "
+        "--allow api.github.com:443 --command /opt/mcp/bin/github-mcp\n"
+        "  (--command comes last: every word after it is the server's argv)", cmd_add,
+    )  # fmt: skip
+    add.add_argument("name", metavar="NAME", help="server name, [a-z][a-z0-9-]*")
+    add.add_argument("--agent", required=True)
+    add.add_argument("--env", action="append", metavar="K=V", help="a plain setting (shown)")
+    add.add_argument("--credential", action="append", metavar="ENV=NAME",
+                     help="host credential NAME into ENV (its value is never shown)")  # fmt: skip
+    add.add_argument("--allow", action="append", metavar="HOST:PORT",
+                     help="a destination the server may reach (default: no network)")  # fmt: skip
+    add.add_argument("--reason", help="why (shown to the approver)")
+    add.add_argument("--command", dest="command_argv", nargs=argparse.REMAINDER, required=True,
+                     metavar="CMD [ARG ...]", help="absolute path of the server, then its "
+                     "arguments; must be the last option")  # fmt: skip
+    grant = add_command(
+        verbs, "grant", "submit the tools of a server the agent may call (replaces; none revokes)",
+        "ironctl mcp grant time --agent demo get_current_time convert_time", cmd_grant,
+    )  # fmt: skip
+    grant.add_argument("name", metavar="NAME")
+    grant.add_argument("tools", metavar="TOOL", nargs="*")
+    grant.add_argument("--agent", required=True)
+    grant.add_argument("--reason", help="why (shown to the approver)")
+    listing = add_command(verbs, "list", "list an agent's MCP servers",
+                          "ironctl mcp list --agent demo --json", cmd_list)  # fmt: skip
+    listing.add_argument("--agent", required=True)
+    show = add_command(verbs, "show", "show a server: command, env, network, tools, grants",
+                       "ironctl mcp show time --agent demo", cmd_show)  # fmt: skip
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--agent", required=True)
+    remove = add_command(verbs, "remove", "submit unregistering a server (and its grants)",
+                         "ironctl mcp remove time --agent demo", cmd_remove)  # fmt: skip
+    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--agent", required=True)
+    remove.add_argument("--reason", help="why (shown to the approver)")
