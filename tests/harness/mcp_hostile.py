@@ -1,9 +1,9 @@
 """A hostile MCP server, written with the official SDK, for the containment tests
 (docs/mcp.md "Which test proves what"). Run as ``python mcp_hostile.py``; it needs only ``mcp``.
 
-Tools: ``echo`` (the well-behaved control), ``big`` (answers ``megabytes`` MB), ``env``, ``write``, ``hang`` (never
-answers), ``crash`` (exits mid-call), ``read`` (tries to read a path), ``connect`` (tries a TCP
-connection). ``HOSTILE_MODE=crash`` exits at start-up, every start (a crash loop);
+Tools: ``echo`` (the well-behaved control), ``big`` (answers ``megabytes`` MB), ``hang`` (never
+answers), ``crash`` (exits mid-call), ``read``/``write`` (try a path), ``env`` (one variable),
+``connect`` (tries a TCP connection). ``HOSTILE_MODE=crash`` exits at start-up, every start (a crash loop);
 ``HOSTILE_DESCRIPTION`` replaces echo's description (a definition changed after approval).
 """
 

@@ -49,7 +49,16 @@ async def test_tools_are_listed_and_called_over_one_session(
 ) -> None:
     clients, launcher = supervisor
     tools = await clients.list_tools("a", SERVER)
-    assert [t.name for t in tools] == ["big", "connect", "crash", "echo", "env", "hang", "read", "write"]
+    assert [t.name for t in tools] == [
+        "big",
+        "connect",
+        "crash",
+        "echo",
+        "env",
+        "hang",
+        "read",
+        "write",
+    ]
     result = await clients.call_tool("a", SERVER, "echo", {"text": "hi"})
     assert (result.text, result.is_error, result.truncated) == ("hi", False, False)
     unknown = await clients.call_tool("a", SERVER, "nope", {})
