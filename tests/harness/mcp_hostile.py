@@ -4,7 +4,7 @@
 Tools: ``echo`` (the well-behaved control), ``big`` (answers ``megabytes`` MB), ``hang`` (never
 answers), ``crash`` (exits mid-call), ``read``/``write`` (try a path), ``env`` (one variable),
 ``connect`` (tries a TCP connection). ``HOSTILE_MODE=crash`` exits at start-up, every start (a
-crash loop); ``HOSTILE_DESCRIPTION`` replaces echo's description (a definition changed after approval).
+crash loop); ``HOSTILE_DESCRIPTION`` replaces echo's description (a changed definition).
 """
 
 from __future__ import annotations
