@@ -40,9 +40,8 @@ class McpMixin:
             raw = json.loads(request.server_json)
         except ValueError:
             raise InvalidArgument("server_json: not valid JSON") from None
-        if isinstance(raw, dict):
-            raw = {k: v for k, v in raw.items() if k != "tools"}
-        server = parse_server(raw)
+        # Whatever tools the request lists are replaced by what the server itself says.
+        server = dataclasses.replace(parse_server(raw), tools=())
         who = operator()
         # The probe runs the command now, before any approval: it is audited like a change.
         self._audit_trail.record("mcp.probe", who, agent=request.agent, server=server.name,

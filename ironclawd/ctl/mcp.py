@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from typing import Any
 
 from rich.markup import escape
@@ -27,6 +28,16 @@ def _pairs(items: list[str] | None, flag: str) -> list[list[str]]:
     return out
 
 
+def _command(words: list[str]) -> list[str]:
+    # One word with spaces is a whole command line (how arguments starting with '-' get in).
+    if len(words) == 1 and any(c.isspace() for c in words[0]):
+        try:
+            return shlex.split(words[0])
+        except ValueError as exc:
+            raise UsageError(f"ironctl: mcp add: --command: {exc}") from None
+    return words
+
+
 def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what: str) -> int:
     request = admin_pb2.SubmitChangeRequest(
         kind="mcp", agent=args.agent, payload_json=json.dumps(payload), reason=args.reason or ""
@@ -40,10 +51,8 @@ def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what:
 
 
 def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
-    if not args.command_argv:
-        raise UsageError("ironctl: mcp add: --command needs the server's executable")
     server: dict[str, Any] = {
-        "name": args.name, "command": args.command_argv, "env": _pairs(args.env, "--env"),
+        "name": args.name, "command": _command(args.command_argv), "env": _pairs(args.env, "--env"),
         "credentials": _pairs(args.credential, "--credential"), "allow": args.allow or [],
     }  # fmt: skip
     probe = admin_pb2.ProbeMcpServerRequest(agent=args.agent, server_json=json.dumps(server))
@@ -125,10 +134,11 @@ def register(sub: Any) -> None:
     verbs = mcp.add_subparsers(dest="verb", metavar="VERB", required=True)
     add = add_command(
         verbs, "add", "probe a stdio MCP server, then submit its registration (a human approves)",
-        "ironctl mcp add time --agent demo --command /opt/mcp/bin/mcp-server-time "
-        "--local-timezone UTC\n  ironctl mcp add gh --agent demo --credential GITHUB_TOKEN=gh "
-        "--allow api.github.com:443 --command /opt/mcp/bin/github-mcp\n"
-        "  (--command comes last: every word after it is the server's argv)", cmd_add,
+        "ironctl mcp add time --agent demo --command /opt/mcp/bin/mcp-server-time\n"
+        "  ironctl mcp add time --agent demo --command '/opt/mcp/bin/mcp-server-time "
+        "--local-timezone UTC'\n  ironctl mcp add gh --agent demo --credential GITHUB_TOKEN=gh "
+        "--allow api.github.com:443 --command /opt/mcp/bin/github-mcp stdio\n"
+        "  (arguments that start with '-': quote the whole command line as one word)", cmd_add,
     )  # fmt: skip
     add.add_argument("name", metavar="NAME", help="server name, [a-z][a-z0-9-]*")
     add.add_argument("--agent", required=True)
@@ -138,9 +148,9 @@ def register(sub: Any) -> None:
     add.add_argument("--allow", action="append", metavar="HOST:PORT",
                      help="a destination the server may reach (default: no network)")  # fmt: skip
     add.add_argument("--reason", help="why (shown to the approver)")
-    add.add_argument("--command", dest="command_argv", nargs=argparse.REMAINDER, required=True,
-                     metavar="CMD [ARG ...]", help="absolute path of the server, then its "
-                     "arguments; must be the last option")  # fmt: skip
+    add.add_argument("--command", dest="command_argv", nargs="+", required=True,
+                     metavar="CMD", help="absolute path of the server, then its arguments; or "
+                     "the whole command line as one quoted word")  # fmt: skip
     grant = add_command(
         verbs, "grant", "submit the tools of a server the agent may call (replaces; none revokes)",
         "ironctl mcp grant time --agent demo get_current_time convert_time", cmd_grant,
