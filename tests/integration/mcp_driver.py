@@ -86,6 +86,9 @@ async def hostile(venv: Path, other_agent_dir: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
+    other = socket.create_server(("127.0.0.2", 0))
+    other_port = other.getsockname()[1]
+    allowed = McpServer("allowed", command=(py, str(HOSTILE)), allow=(f"127.0.0.1:{port}",))
     try:
         out["good_first"] = await _call(clients, "agent-b", good, "write",
                                         path="/tmp/secret-b", text="b's")  # fmt: skip
@@ -108,6 +111,12 @@ async def hostile(venv: Path, other_agent_dir: str) -> dict[str, Any]:
                                      port=port)  # fmt: skip
         out["connect_out"] = await _call(clients, "agent-a", evil, "connect", host="1.1.1.1",
                                          port=53)  # fmt: skip
+        # With --allow: the allowed address is reachable, any other is not.
+        out["allowed_connect"] = await _call(clients, "agent-a", allowed, "connect",
+                                             host="127.0.0.1", port=port)  # fmt: skip
+        out["allowed_connect_other"] = await _call(clients, "agent-a", allowed, "connect",
+                                                   host="127.0.0.2", port=other_port)  # fmt: skip
+        await clients.stop("agent-a", "allowed")
         # 50 MB answer: refused at the transport cap; the good server keeps answering.
         out["big"] = await _call(clients, "agent-a", evil, "big", megabytes=50)
         out["good_after_big"] = await _call(clients, "agent-b", good, "echo", text="ok")
@@ -138,6 +147,7 @@ async def hostile(venv: Path, other_agent_dir: str) -> dict[str, Any]:
         return out
     finally:
         listener.close()
+        other.close()
         await clients.close()
         out["units_left"] = (
             await asyncio.to_thread(

@@ -6,7 +6,8 @@
   registers it, a grant pins the definitions the approver saw, and the real McpClients call it.
 - ``mcp-server-git`` reads the repository it is pointed at, and cannot write to it.
 - The hostile server (tests/harness/mcp_hostile.py) is contained: /etc/shadow, the daemon's
-  state, another agent's files and the network stay out of reach; a 50 MB answer, a hang and a
+  state, another agent's files and the network stay out of reach (with ``--allow``, all but the
+  allowed address); a 50 MB answer, a hang and a
   crash loop cost only its own calls while another agent's server keeps answering promptly; its
   credential reaches its environment and nowhere else. ``systemd-analyze security`` is printed.
 """
@@ -69,6 +70,9 @@ def test_hostile_server_is_contained_and_other_servers_stay_healthy(private_syst
     # No network at all: not even the host's loopback.
     for key in ("connect", "connect_out"):
         assert d[key]["text"].startswith("DENIED"), (key, d[key])
+    # A server registered with --allow 127.0.0.1:PORT reaches that address and no other.
+    assert d["allowed_connect"]["text"] == "CONNECTED", d["allowed_connect"]
+    assert d["allowed_connect_other"]["text"].startswith("DENIED"), d["allowed_connect_other"]
     # Its credential is in its environment, and in no argv and no `systemctl show`.
     assert d["credential_in_env"]["text"] == "mcp-secret-value-7f3a9c"
     assert d["secret_in_systemctl_show"] is False
