@@ -15,7 +15,23 @@ from rich.table import Table
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.changes import show_change
-from ironclawd.ctl.common import Stub, UsageError, add_command
+from ironclawd.ctl.common import Parser, Stub, UsageError, add_command
+
+
+class _Intermixed(Parser):
+    """A parser whose positionals may be split by options (``grant NAME --agent A TOOL…``);
+    plain argparse takes NAME and TOOL… at once and then refuses the TOOLs after the option."""
+
+    _inside = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._inside:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
 
 
 def _pairs(items: list[str] | None, flag: str) -> list[list[str]]:
@@ -155,6 +171,7 @@ def register(sub: Any) -> None:
         verbs, "grant", "submit the tools of a server the agent may call (replaces; none revokes)",
         "ironctl mcp grant time --agent demo get_current_time convert_time", cmd_grant,
     )  # fmt: skip
+    grant.__class__ = _Intermixed
     grant.add_argument("name", metavar="NAME")
     grant.add_argument("tools", metavar="TOOL", nargs="*")
     grant.add_argument("--agent", required=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.mcp_venv import mcp_venv
+from tests.harness.mcp_venv import ROOT, mcp_venv
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def test_git_server_reads_the_repository_it_is_given_and_cannot_write_it(
     repo = "/srv/mcp-repo"
     _sh(private_systemd, f"rm -rf {repo} && git init -q {repo} && cd {repo} && echo hi > a.txt "
                          "&& git add a.txt && git -c user.name=t -c user.email=t@t commit -qm "
-                         "'first commit from the test' && chmod -R a+rX {repo}")  # fmt: skip
+                         f"'first commit from the test' && chmod -R a+rX {repo}")  # fmt: skip
     d = _driver(private_systemd, "git", str(venv), repo)
     assert {"git_log", "git_status", "git_diff", "git_commit"} <= set(d["tools"]), d["tools"]
     assert "first commit from the test" in d["log"]["text"], d["log"]
@@ -117,8 +117,10 @@ def test_git_server_reads_the_repository_it_is_given_and_cannot_write_it(
 
 
 def test_operator_registers_probes_grants_and_the_real_clients_call_the_time_server(
-    daemon: Any,
+    daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # ironctl runs this checkout's code (a worktree sharing another checkout's venv, too).
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     venv = mcp_venv()
     exe = str(venv / "bin" / "mcp-server-time")
     change = _ctl(daemon, "mcp", "add", "time", "--agent", "demo", "--env", "TZ=UTC",
