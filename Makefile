@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report
+.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -32,7 +32,7 @@ test-unit: venv
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
 # The e2e tier builds the .deb and installs it on a debootstrapped Debian (~2.5 min cold, ~30 s
 # warm; network to the Debian mirror): IRONCLAW_E2E=0 skips it.
-test: check probe
+test: check probe mcp-venv
 	rm -f results/containment-report.json results/containment-report.json.minisig
 	$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/redteam tests/e2e)
 	@$(MAKE) --no-print-directory verify-report
@@ -63,6 +63,11 @@ agent: venv
 # the shipped agent and the .deb never contain it.
 probe: venv
 	packaging/build-agent --program probe
+
+# The third-party MCP servers the tests run (scripts/mcp-test-venv; cached under build/mcp-venv/
+# by the pins; the tests also build it on first use).
+mcp-venv:
+	scripts/mcp-test-venv >/dev/null
 
 demo: venv
 	scripts/demo
