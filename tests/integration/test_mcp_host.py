@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.mcp_venv import ROOT, mcp_venv
+from tests.harness.mcp_venv import mcp_venv
 
 pytestmark = pytest.mark.integration
 
@@ -117,10 +117,8 @@ def test_git_server_reads_the_repository_it_is_given_and_cannot_write_it(
 
 
 def test_operator_registers_probes_grants_and_the_real_clients_call_the_time_server(
-    daemon: Any, monkeypatch: pytest.MonkeyPatch
+    daemon: Any,
 ) -> None:
-    # ironctl runs this checkout's code (a worktree sharing another checkout's venv, too).
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     venv = mcp_venv()
     exe = str(venv / "bin" / "mcp-server-time")
     change = _ctl(daemon, "mcp", "add", "time", "--agent", "demo", "--env", "TZ=UTC",
