@@ -90,7 +90,11 @@ def skilled(daemon: Any) -> Iterator[Any]:
     remove_sessions(daemon)
     plant = f"mkdir -p {STALE}/old {STATE}/skills/.{'e' * 64}.tmp-x && echo x > {STALE}/old/f"
     key = KEY.public_key().to_file().encode()
-    proc = sh(daemon, f"{plant} && mkdir -p {TRUSTED} && cat > {TRUSTED}/tests.pub", input=key)
+    proc = sh(
+        daemon,
+        f"{plant} && mkdir -p {TRUSTED} && cat > {TRUSTED}/skills-sandbox-tests.pub",
+        input=key,
+    )
     assert proc.returncode == 0, out(proc)
     configure(daemon, AGENTS)  # restarts the daemon: the collector runs
     signature = skill_format.sign("notes", FILES, KEY, "timestamp:1796000000\tfile:notes")
@@ -100,7 +104,7 @@ def skilled(daemon: Any) -> Iterator[Any]:
     yield daemon
     remove_sessions(daemon)
     assert _change(daemon, {"op": "remove", "name": "notes"})["state"] == "applied"
-    sh(daemon, f"rm -f {CONFIG} {TRUSTED}/tests.pub; systemctl restart ironclawd")
+    sh(daemon, f"rm -f {CONFIG} {TRUSTED}/skills-sandbox-tests.pub; systemctl restart ironclawd")
 
 
 @pytest.fixture(scope="module")
