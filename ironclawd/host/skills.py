@@ -80,8 +80,13 @@ def collect_skill_sets(root: Path, bundles_dir: Path) -> list[str]:
         keep.update(Path(s).name for s in sources if Path(s).parent == root)
     removed = []
     for entry in sorted(os.listdir(root)):
-        if entry not in keep:
+        if entry in keep:
+            continue
+        try:
             shutil.rmtree(root / entry)
+        except OSError as exc:  # the daemon starts anyway; the next start tries again
+            log.warning("skill sets: could not remove %s: %s", root / entry, exc)
+        else:
             removed.append(entry)
     return removed
 

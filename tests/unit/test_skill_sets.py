@@ -172,3 +172,18 @@ def test_an_unreadable_bundle_keeps_every_set(tmp_path: Path) -> None:
     (bundles / "s1" / "config.json").write_text("{not json")
     assert collect_skill_sets(root, bundles) == []
     assert os.listdir(root) == [kept.name]
+
+
+def test_a_set_that_cannot_be_removed_is_left_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "skills"
+    stale = materialise_skill_set(SKILLS, root)
+
+    def refuse(path: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("ironclawd.host.skills.shutil.rmtree", refuse)
+    assert collect_skill_sets(root, tmp_path / "bundles") == []
+    assert os.listdir(root) == [stale.name]
+    assert "could not remove" in caplog.text
