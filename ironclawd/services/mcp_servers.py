@@ -85,13 +85,13 @@ class McpSupervisor:
         for _ in range(MAX_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             page = await self._request(
-                key, "listing its tools", self._limits.list_timeout_seconds,
+                key, session, "listing its tools", self._limits.list_timeout_seconds,
                 session.list_tools(params=params),
             )  # fmt: skip
             try:
                 out += [tool_def(t.name, t.description or "", t.input_schema) for t in page.tools]
             except InvalidArgument as exc:
-                await self._fail(key, f"it offered a tool this ironclawd refuses: {exc}")
+                await self._fail(key, session, f"it offered a tool this ironclawd refuses: {exc}")
                 raise McpServerFailed(f"MCP server {server.name}: {exc}") from None
             cursor = page.next_cursor
             if not cursor:
@@ -108,7 +108,7 @@ class McpSupervisor:
         session = await self._session(key, server)
         try:
             result = await self._request(
-                key, f"calling {tool}", self._limits.call_timeout_seconds,
+                key, session, f"calling {tool}", self._limits.call_timeout_seconds,
                 session.call_tool(tool, arguments),
             )  # fmt: skip
         except _Answered as exc:
@@ -198,7 +198,8 @@ class McpSupervisor:
             live.error = f"it did not start and initialize within {timeout:g}s"
         if live.session is None:
             why = live.why()
-            await self._fail(key, why)
+            self._hold_off(key, why)
+            await self._drop(key)  # the lock is held here
             raise McpServerFailed(f"MCP server {name} of agent {agent} did not start: {why}")
         log.info("MCP server %s of agent %s started", name, agent)
         return live.session
@@ -224,7 +225,9 @@ class McpSupervisor:
         finally:
             live.ready.set()
 
-    async def _request(self, key: _Key, what: str, seconds: float, request: Any) -> Any:
+    async def _request(
+        self, key: _Key, session: ClientSession, what: str, seconds: float, request: Any
+    ) -> Any:
         try:
             return await asyncio.wait_for(request, seconds)
         except TimeoutError:
@@ -234,12 +237,22 @@ class McpSupervisor:
             if exc.code != types.CONNECTION_CLOSED and live is not None and not _dead(live):
                 raise _Answered(str(exc)) from None
             why = live.why() if live is not None else str(exc)
-        await self._fail(key, why)
+        await self._fail(key, session, why)
         raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: {why}")
 
-    async def _fail(self, key: _Key, why: str) -> None:
-        """Stop the server and hold off its restart (doubling from backoff_initial_seconds)."""
-        await self._drop(key)
+    async def _fail(self, key: _Key, session: ClientSession, why: str) -> None:
+        """Hold off the server's restart, then stop it, unless another caller already replaced
+        it (the hold-off is set first, under no lock, so no caller starts it meanwhile)."""
+        live = self._live.get(key)
+        if live is None or live.session is not session:
+            return  # someone else saw it fail first and dealt with it
+        self._hold_off(key, why)
+        async with self._lock(key):
+            if self._live.get(key) is live:
+                await self._drop(key)
+
+    def _hold_off(self, key: _Key, why: str) -> None:
+        """Count a failure: the next start waits, doubling from backoff_initial_seconds."""
         backoff = self._backoff.setdefault(key, _Backoff())
         backoff.failures += 1
         delay = min(

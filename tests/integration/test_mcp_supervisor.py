@@ -147,3 +147,19 @@ async def test_a_missing_program_fails_with_the_reason_and_stop_is_idempotent(
         await clients.list_tools("a", missing)
     await clients.stop("a", "gone")
     await clients.stop("a", "never-started")
+
+
+async def test_concurrent_callers_of_a_hung_server_cause_one_restart_not_a_unit_race(
+    supervisor: tuple[McpSupervisor, LocalLauncher],
+) -> None:
+    clients, launcher = supervisor
+    calls = [clients.call_tool("a", SERVER, "hang", {}) for _ in range(3)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, McpServerFailed) for r in results), results
+    # One failure counted (the hold-off is the first step, 0.5 s), one server stopped.
+    with pytest.raises(McpServerFailed, match=r"failed 1 time\(s\)"):
+        await clients.call_tool("a", SERVER, "echo", {"text": "x"})
+    await asyncio.sleep(LIMITS.backoff_initial_seconds)
+    assert (await clients.call_tool("a", SERVER, "echo", {"text": "y"})).text == "y"
+    assert launcher.starts[("a", "hostile")] == 2
+    assert clients.running() == [("a", "hostile")]
