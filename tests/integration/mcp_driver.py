@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -79,16 +80,20 @@ async def git_server(venv: Path, repo: str) -> dict[str, Any]:
 
 async def hostile(venv: Path, other_agent_dir: str) -> dict[str, Any]:
     py = str(venv / "bin/python3")
-    good = McpServer("good", command=(py, str(HOSTILE)))
-    evil = McpServer("evil", command=(py, str(HOSTILE)), credentials=(("TOKEN", "tok"),))
-    looping = McpServer("loop", command=(py, str(HOSTILE)), env=(("HOSTILE_MODE", "crash"),))
+    # Beside the venv: a checkout below /root or /home would be hidden from the units.
+    script = str(venv / "mcp_hostile.py")
+    shutil.copyfile(HOSTILE, script)
+    os.chmod(script, 0o644)
+    good = McpServer("good", command=(py, script))
+    evil = McpServer("evil", command=(py, script), credentials=(("TOKEN", "tok"),))
+    looping = McpServer("loop", command=(py, script), env=(("HOSTILE_MODE", "crash"),))
     clients = _supervisor(hidden=(other_agent_dir,))
     out: dict[str, Any] = {}
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     other = socket.create_server(("127.0.0.2", 0))
     other_port = other.getsockname()[1]
-    allowed = McpServer("allowed", command=(py, str(HOSTILE)), allow=(f"127.0.0.1:{port}",))
+    allowed = McpServer("allowed", command=(py, script), allow=(f"127.0.0.1:{port}",))
     try:
         out["good_first"] = await _call(clients, "agent-b", good, "write",
                                         path="/tmp/secret-b", text="b's")  # fmt: skip
