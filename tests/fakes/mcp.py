@@ -89,11 +89,13 @@ class LocalLauncher:
     max_message_bytes: int = 4 * 1024 * 1024
     env: dict[str, str] = field(default_factory=dict)
     starts: dict[tuple[str, str], int] = field(default_factory=dict)
+    opened: list[tuple[str, McpServer]] = field(default_factory=list)
 
     @contextlib.asynccontextmanager
     async def open(self, agent: str, server: McpServer) -> AsyncIterator[McpTransport]:
         key = (agent, server.name)
         self.starts[key] = self.starts.get(key, 0) + 1
+        self.opened.append((agent, server))
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.env, **dict(server.env)}
         async with bounded_stdio(
             server.command, max_message_bytes=self.max_message_bytes, env=env

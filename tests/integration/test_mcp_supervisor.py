@@ -6,6 +6,7 @@ server's trouble never holds up another's calls or the event loop."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -163,3 +164,34 @@ async def test_concurrent_callers_of_a_hung_server_cause_one_restart_not_a_unit_
     assert (await clients.call_tool("a", SERVER, "echo", {"text": "y"})).text == "y"
     assert launcher.starts[("a", "hostile")] == 2
     assert clients.running() == [("a", "hostile")]
+
+
+async def test_a_probe_runs_without_credentials_or_network_and_leaves_nothing_running(
+    supervisor: tuple[McpSupervisor, LocalLauncher],
+) -> None:
+    clients, launcher = supervisor
+    server = dataclasses.replace(SERVER, credentials=(("TOKEN", "tok"),), allow=("h.example:443",))
+    tools = await clients.probe("a", server)
+    assert "echo" in [t.name for t in tools]
+    ((agent, started),) = launcher.opened
+    assert agent.startswith("probe-")
+    assert (started.credentials, started.allow) == ((), ())
+    assert clients.running() == []
+
+
+async def test_unregistered_and_re_registered_servers_stop_and_restart(
+    supervisor: tuple[McpSupervisor, LocalLauncher],
+) -> None:
+    clients, launcher = supervisor
+    other = dataclasses.replace(SERVER, name="other")
+    await clients.list_tools("a", SERVER)
+    await clients.list_tools("a", other)
+    await clients.list_tools("b", SERVER)
+    await clients.forget_unregistered("a", [other])
+    assert clients.running() == [("a", "other"), ("b", "hostile")]
+    # Another environment is another server: the next use starts it afresh.
+    changed = dataclasses.replace(other, env=(("X", "1"),))
+    await clients.forget_unregistered("a", [changed])
+    assert clients.running() == [("b", "hostile")]
+    assert (await clients.call_tool("a", changed, "env", {"name": "X"})).text == "1"
+    assert launcher.starts[("a", "other")] == 2
