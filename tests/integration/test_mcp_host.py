@@ -131,6 +131,8 @@ def test_operator_registers_probes_grants_and_the_real_clients_call_the_time_ser
         assert needle in diff, (needle, diff)
     assert re.search(r'"network":\s*"none"', diff), diff
     assert re.search(r'"TZ":\s*"UTC"', diff), diff
+    # The probe's unit is gone once it answered.
+    assert _sh(daemon, "systemctl list-units --all --plain --no-legend 'ironclaw-mcp-*'") == ""
     _approve(daemon, change)
     grant = _ctl(daemon, "mcp", "grant", "time", "--agent", "demo", "get_current_time")
     assert "mcp__time__get_current_time" in "\n".join(grant["diff"])
