@@ -72,7 +72,7 @@ mcp-venv:
 demo: venv
 	scripts/demo
 
-bench: venv
+bench: venv mcp-venv
 	$(PY) -m benchmarks.run
 
 docs: venv

@@ -15,6 +15,7 @@ def main() -> int:
         " && .venv/bin/python -m benchmarks.egress"
         " && .venv/bin/python -m benchmarks.model_proxy"
         " && .venv/bin/python -m benchmarks.messages"
+        " && .venv/bin/python -m benchmarks.mcp"
     )
     return subprocess.call([str(ROOT / "scripts/with-systemd"), "bash", "-c", inner], cwd=ROOT)
 
