@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ironclawd import paths
-from ironclawd.bundle.skills import SKILLS_DIR, skills_grant_problem, skills_spec_problem
-from ironclawd.domain.agents import MOUNT_NAME_RE, AgentMount
+from ironclawd.bundle.grants import GRANTS_DIR, grant_refusal
+from ironclawd.bundle.skills import SKILLS_DIR, skills_spec_problem
 from ironclawd.domain.policy import SID_PATTERN, Mount, SandboxPolicy
 from ironclawd.errors import SandboxError
 
@@ -45,22 +45,6 @@ KEY_FILE = "/run/ironclaw-key"
 QUEUE_INBOUND_DIR = "/queue/inbound"
 QUEUE_OUTBOUND_DIR = "/queue/outbound"
 QUEUES_DIR = paths.STATE_DIR / "queues"
-# Granted host directories appear at /mnt/<name>. The shared rootfs has only an empty /mnt; a
-# per-session host directory holding one empty <name>/ per grant (the "frame") is bound read-only
-# over it first, so the mountpoints runsc looks for (and would create) are in the frame, never in
-# the shared rootfs (seen with runsc 20221219: a tmpfs at /mnt does not help, its gofer still
-# created /mnt/<name> in the host rootfs).
-GRANTS_DIR = "/mnt"
-FRAMES_DIR = paths.STATE_DIR / "mount-frames"
-# Host paths a grant may never name, whatever the operator's allowlist says.
-NEVER_GRANTED = (
-    str(paths.STATE_DIR),
-    str(paths.RUN_DIR),
-    str(paths.CONFIG_DIR),
-    "/proc",
-    "/sys",
-    "/dev",
-)
 
 HYGIENE = ("nosuid", "nodev", "noexec")
 CAPABILITY_SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")
@@ -94,23 +78,6 @@ def session_mounts(sid: str, state_dir: Path = paths.STATE_DIR) -> tuple[Mount, 
     )
 
 
-def frame_dir(sid: str, state_dir: Path = paths.STATE_DIR) -> Path:
-    """A session's mount frame under ``daemon.state_dir``."""
-    return state_dir / FRAMES_DIR.name / sid
-
-
-def granted_mounts(
-    sid: str, grants: Sequence[AgentMount], state_dir: Path = paths.STATE_DIR
-) -> tuple[Mount, ...]:
-    """The mounts for an agent's granted directories: the session's frame at /mnt, then one
-    bind per grant at /mnt/<name> (order matters: the frame must be there first)."""
-    if not grants:
-        return ()
-    frame = Mount(GRANTS_DIR, str(frame_dir(sid, state_dir)))
-    binds = tuple(Mount(f"{GRANTS_DIR}/{g.name}", g.source, read_only=g.read_only) for g in grants)
-    return (frame, *binds)
-
-
 def _allowed_mounts(
     sid: str, granted: Sequence[Mount], state_dir: Path
 ) -> dict[str, tuple[str, str, bool]]:
@@ -118,12 +85,9 @@ def _allowed_mounts(
     own = session_mounts(sid, state_dir)
     allowed = {m.destination: (m.type, m.source, m.read_only) for m in own}
     for mount in granted:
-        if mount.destination == SKILLS_DIR:
-            problem = skills_grant_problem(mount, state_dir)
-            if problem:
-                raise _Refusal("mount-skills", problem)
-        else:
-            _check_grant(mount, sid, state_dir)
+        refusal = grant_refusal(mount, sid, state_dir)
+        if refusal is not None:
+            raise _Refusal(*refusal)
         allowed[mount.destination] = (mount.type, mount.source, mount.read_only)
     allowed.update(
         {
@@ -134,26 +98,6 @@ def _allowed_mounts(
         }
     )
     return allowed
-
-
-def _check_grant(mount: Mount, sid: str, state_dir: Path) -> None:
-    """A granted mount the caller vouches for: only /mnt (this session's frame, read-only) and
-    binds of a host directory at /mnt/<name> that is none of the daemon's own places."""
-    where = f"granted mount {mount.destination}"
-    if mount.destination == GRANTS_DIR:
-        frame = ("bind", str(frame_dir(sid, state_dir)), True)
-        if (mount.type, mount.source, mount.read_only) != frame:
-            raise _Refusal("mount-granted", f"{where}: expected this session's read-only frame")
-        return
-    parent, _, name = mount.destination.rpartition("/")
-    if parent != GRANTS_DIR or MOUNT_NAME_RE.fullmatch(name) is None or mount.type != "bind":
-        raise _Refusal("mount-granted", f"{where}: expected a bind at {GRANTS_DIR}/<name>")
-    source = mount.source
-    if source == "/" or any(
-        source == p or source.startswith(p + "/") or p.startswith(source + "/")
-        for p in (*NEVER_GRANTED, str(state_dir))
-    ):
-        raise _Refusal("mount-granted", f"{where}: source {source} is never granted")
 
 
 REQUIRED_MOUNTS = ("/proc", "/dev", "/tmp", WORKSPACE_DIR)
@@ -278,10 +222,11 @@ def check_spec(
     """Refuse (SandboxError naming the rule) a spec that lacks any sandbox wall.
 
     ``granted`` are mounts the caller vouches for beyond the session's own (an agent's approved
-    directories, from ``granted_mounts``): each must be this session's frame at /mnt or a bind at
-    /mnt/<name> of a host path that is none of the daemon's; the frame must come first. Its
-    skill set (``bundle.skills.skills_mount``) is the only mount allowed at /skills: a read-only
-    bind of a set directory under the state dir, with nosuid, nodev and noexec.
+    directories, from ``bundle.grants.granted_mounts``): each must be this session's frame at
+    /mnt or a bind at /mnt/<name> of a host path that is none of the daemon's
+    (``bundle.grants.grant_refusal``); the frame must come first. Its skill set
+    (``bundle.skills.skills_mount``) is the only mount allowed at /skills: a read-only bind of a
+    set directory under the state dir, with nosuid, nodev and noexec.
 
     Rules: ``shape``, ``sid``, ``hooks``, ``network``, ``namespaces``, ``user-namespace``,
     ``root-readonly``, ``capabilities``, ``no-new-privileges``, ``user``, ``devices``,

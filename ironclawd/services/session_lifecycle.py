@@ -11,14 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ironclawd import paths
+from ironclawd.bundle.grants import frame_dir, granted_mounts
 from ironclawd.bundle.skills import skill_sets_dir, skills_mount
-from ironclawd.bundle.spec import (
-    SOCKETS_DIR,
-    build_spec,
-    frame_dir,
-    granted_mounts,
-    session_mounts,
-)
+from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, session_mounts
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.policy import Mount, SandboxPolicy
 from ironclawd.domain.session import Session

@@ -1,4 +1,5 @@
-"""bundle/spec.py: goldens, OCI schema validity, one test per refusal rule, and properties.
+"""bundle/spec.py and bundle/grants.py: goldens, OCI schema validity, one test per refusal rule,
+and properties.
 
 Regenerate the goldens in oci-bundles/golden/ with ``IRONCLAW_UPDATE_GOLDENS=1 pytest
 tests/unit/test_spec.py`` and review the diff.
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
+from ironclawd.bundle import grants as G
 from ironclawd.bundle import skills as K
 from ironclawd.bundle import spec as S
 from ironclawd.bundle.rootfs import MOUNTPOINTS
@@ -442,7 +444,7 @@ GRANTS = (AgentMount("data", "/srv/share/data"), AgentMount("out", "/srv/share/o
 
 
 def _granted_spec() -> tuple[dict[str, Any], tuple[P.Mount, ...]]:
-    granted = S.granted_mounts(SID, GRANTS)
+    granted = G.granted_mounts(SID, GRANTS)
     policy = make_policy(mounts=S.session_mounts(SID) + granted)
     return S.build_spec(policy, granted), granted
 
@@ -452,11 +454,11 @@ def test_granted_mounts_sit_on_the_sessions_frame_after_it() -> None:
     S.check_spec(spec, granted)
     destinations = [m["destination"] for m in spec["mounts"]]
     assert destinations.index("/mnt") < destinations.index("/mnt/data")
-    assert _mount(spec, "/mnt")["source"] == str(S.FRAMES_DIR / SID)
+    assert _mount(spec, "/mnt")["source"] == str(G.FRAMES_DIR / SID)
     assert _mount(spec, "/mnt")["options"][:2] == ["rbind", "ro"]
     assert "ro" in _mount(spec, "/mnt/data")["options"]
     assert {"rw", "nosuid", "nodev", "noexec"} <= set(_mount(spec, "/mnt/out")["options"])
-    assert S.granted_mounts(SID, ()) == ()
+    assert G.granted_mounts(SID, ()) == ()
 
 
 def test_granted_mounts_are_refused_unless_the_caller_vouches_for_them() -> None:
@@ -471,8 +473,8 @@ def test_granted_mounts_are_refused_unless_the_caller_vouches_for_them() -> None
     ("grant", "needle"),
     [
         (P.Mount("/mnt", "/srv/elsewhere"), "expected this session's read-only frame"),
-        (P.Mount("/mnt", str(S.FRAMES_DIR / "other123")), "read-only frame"),
-        (P.Mount("/mnt", str(S.FRAMES_DIR / SID), read_only=False), "read-only frame"),
+        (P.Mount("/mnt", str(G.FRAMES_DIR / "other123")), "read-only frame"),
+        (P.Mount("/mnt", str(G.FRAMES_DIR / SID), read_only=False), "read-only frame"),
         (P.Mount("/etc/x", "/srv/x"), "expected a bind at /mnt/<name>"),
         (P.Mount("/mnt/a/b", "/srv/x"), "expected a bind at /mnt/<name>"),
         (P.Mount("/mnt/UP", "/srv/x"), "expected a bind at /mnt/<name>"),
@@ -518,12 +520,12 @@ def test_the_shared_rootfs_has_an_empty_mnt_for_the_frame() -> None:
 def test_a_configured_state_dir_holds_the_queues_and_frames_and_is_never_granted() -> None:
     """``daemon.state_dir`` is honoured by the sandbox's mounts, not only by the host side."""
     state = Path("/srv/ironclaw-state")
-    granted = S.granted_mounts(SID, GRANTS, state)
+    granted = G.granted_mounts(SID, GRANTS, state)
     policy = make_policy(mounts=S.session_mounts(SID, state) + granted)
     spec = S.build_spec(policy, granted, state)
     S.check_spec(spec, granted, state)
     assert _mount(spec, "/queue/outbound")["source"] == f"{state}/queues/{SID}/outbound"
-    assert _mount(spec, "/mnt")["source"] == str(S.frame_dir(SID, state))
+    assert _mount(spec, "/mnt")["source"] == str(G.frame_dir(SID, state))
     own = S.build_spec(make_policy(mounts=S.session_mounts(SID, state)), state_dir=state)
     with pytest.raises(SandboxError, match="mount-allowlist: mount /queue/inbound"):
         S.check_spec(own)  # the default state dir's queues are another place
