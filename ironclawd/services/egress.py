@@ -10,19 +10,18 @@ refuses any other content coding; the reason phrase is always the standard one. 
 injects a credential, the request may not carry it (or a header of its name), and the answer is
 read whole (it is capped) and refused if it carries the credential in any form
 (domain/egress_secrets.py), masked besides. Caps: body sizes, one deadline for the whole
-exchange, requests per minute and connections per session, connections in total. Every
-decision is audited.
+exchange, requests per minute and connections per session, connections in total (the last
+three counted by services/egress_budget.py). Every decision is audited.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ironclawd import ratelog
 from ironclawd.domain.addresses import IPAddress, refusal_reason
@@ -44,7 +43,6 @@ from ironclawd.domain.egress_secrets import (
     secret_variants,
 )
 from ironclawd.errors import (
-    BudgetExceeded,
     InvalidArgument,
     IronclawError,
     PolicyDenied,
@@ -60,6 +58,7 @@ from ironclawd.ports import (
     UpstreamRequest,
     UpstreamResponse,
 )
+from ironclawd.services.egress_budget import EgressBudget
 
 log = logging.getLogger("ironclawd.egress")
 CHUNK_BYTES = 64 * 1024
@@ -83,12 +82,6 @@ class End:
 FetchEvent = Head | bytes | End
 
 
-@dataclass
-class _SessionUse:
-    requests: collections.deque[float] = field(default_factory=collections.deque)
-    connections: int = 0
-
-
 class EgressBroker:
     def __init__(
         self,
@@ -110,8 +103,7 @@ class EgressBroker:
         self._limits = limits
         self._record = record
         self._clock = clock
-        self._use: dict[str, _SessionUse] = {}
-        self._connections = 0
+        self._budget = EgressBudget(limits, clock)
 
     @property
     def timeout_seconds(self) -> float:
@@ -128,7 +120,7 @@ class EgressBroker:
             return False
 
     def forget(self, sid: str) -> None:
-        self._use.pop(sid, None)
+        self._budget.forget(sid)
 
     async def fetch(
         self,
@@ -147,7 +139,7 @@ class EgressBroker:
             request, detector = await self._admit(sid, method, url, headers, body=body,
                                                   audit=audit)  # fmt: skip
             audit.allowed()
-            async with self._slot(sid):
+            async with self._budget.slot(sid):
                 async for event in self._exchange(request, detector, deadline, audit):
                     yield event
         except ResponseRefused as exc:
@@ -198,7 +190,7 @@ class EgressBroker:
                 f"egress: request body of {len(body)} bytes exceeds the cap of "
                 f"{self._limits.max_request_bytes}"
             )
-        self._admit_rate(sid)
+        self._budget.admit_request(sid)
         injected = None
         detector = SecretDetector(())
         if rule.credential:
@@ -226,18 +218,6 @@ class EgressBroker:
         )
         return request, detector
 
-    def _admit_rate(self, sid: str) -> None:
-        use = self._use.setdefault(sid, _SessionUse())
-        now = self._clock.monotonic()
-        while use.requests and use.requests[0] <= now - 60:
-            use.requests.popleft()
-        if len(use.requests) >= self._limits.requests_per_minute:
-            raise BudgetExceeded(
-                f"egress: session {sid}: rate limit of {self._limits.requests_per_minute} "
-                "requests per minute reached"
-            )
-        use.requests.append(now)
-
     async def _resolve_checked(self, target: Target) -> IPAddress:
         """The one address to connect to; PolicyDenied if any answer may not be reached."""
         if target.address is not None:
@@ -262,24 +242,6 @@ class EgressBroker:
                     f"egress: {target.host} resolves to {answer}, a {reason}; refused"
                 )
         return answers[0]
-
-    @contextlib.asynccontextmanager
-    async def _slot(self, sid: str) -> AsyncIterator[None]:
-        use = self._use.setdefault(sid, _SessionUse())
-        if use.connections >= self._limits.max_connections_per_session:
-            raise BudgetExceeded(
-                f"egress: session {sid}: {self._limits.max_connections_per_session} requests "
-                "already in flight"
-            )
-        if self._connections >= self._limits.max_connections_total:
-            raise BudgetExceeded("egress: the broker is at its connection cap; try again")
-        use.connections += 1
-        self._connections += 1
-        try:
-            yield
-        finally:
-            use.connections -= 1
-            self._connections -= 1
 
     async def _exchange(
         self, request: UpstreamRequest, detector: SecretDetector, deadline: float, audit: _Audit
