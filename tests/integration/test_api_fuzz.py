@@ -28,8 +28,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from ironclaw.admin.v1 import admin_pb2
 from ironclaw.egress.v1 import egress_pb2
 from ironclaw.gateway.v1 import gateway_pb2
+from ironclaw.mcp.v1 import mcp_pb2
 from ironclaw.model.v1 import model_pb2
 from tests.harness.box_scripts import JOIN_UNIT
+from tests.harness.mcp_venv import mcp_venv
 from tests.harness.private_systemd import SystemdHarness
 from tests.integration.protofuzz import AGENT, requests_for
 
@@ -54,6 +56,7 @@ SANDBOX: dict[str, ServiceDescriptor] = {
     "model": model_pb2.DESCRIPTOR.services_by_name["ModelService"],
     "gateway": gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"],
     "egress": egress_pb2.DESCRIPTOR.services_by_name["EgressService"],
+    "mcp": mcp_pb2.DESCRIPTOR.services_by_name["McpService"],
 }
 SANDBOX_METHODS = [(sock, m) for sock, svc in SANDBOX.items() for m in svc.methods]
 # Calls whose effects outlast the call (a sandbox per session) are kept to names no agent has.
@@ -167,12 +170,21 @@ def _cursor(sysd: SystemdHarness) -> str:
 
 @pytest.fixture(scope="module")
 def fuzzed(daemon: SystemdHarness) -> Iterator[tuple[SystemdHarness, str, str]]:
-    """The daemon with an egress-granted agent and one session of it; the journal cursor from
-    before the fuzzing. At the end: the audit log verifies, no call failed unexpectedly."""
+    """The daemon with an egress-granted agent, an MCP tool granted to it (mcp-server-time, so
+    that mcp.sock exists), and one session of it; the journal cursor from before the fuzzing.
+    At the end: the audit log verifies, no call failed unexpectedly."""
     sysd = daemon
     proc = sysd.run(["bash", "-c", f"cat > {CONFIG} <<'EOF'\n{FUZZ_CONFIG}EOF\n"
                      "systemctl restart ironclawd"])  # fmt: skip
     assert proc.returncode == 0, _out(proc)
+    command = f"{mcp_venv()}/bin/mcp-server-time"
+    for change in (("add", "time", "--agent", AGENT, "--command", command),
+                   ("grant", "time", "get_current_time", "--agent", AGENT)):  # fmt: skip
+        proc = sysd.run(["ironctl", "--json", "mcp", *change], timeout=120)
+        assert proc.returncode == 0, _out(proc)
+        change_id = json.loads(proc.stdout)["id"]
+        proc = sysd.run(["ironctl", "change", "approve", change_id, "--yes"], timeout=120)
+        assert proc.returncode == 0, _out(proc)
     sid = "fuzzsess01"
     proc = sysd.run(["ironctl", "session", "create", "--agent", AGENT, "--sid", sid], timeout=120)
     assert proc.returncode == 0, _out(proc)
