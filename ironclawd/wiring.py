@@ -27,13 +27,14 @@ from ironclawd.errors import IronclawError
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.mcp import SystemdMcpLauncher
+from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
 from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.skill_keys import TrustedKeyDir
 from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
-from ironclawd.net.http import PinnedHttpClient
+from ironclawd.net.http import PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
 from ironclawd.providers.registry import build_providers, default_base_urls
@@ -106,7 +107,13 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
     credentials = CredentialStore(config.daemon.master_key_file.parent)
     # The agents' mount sources are hidden from every MCP server (another agent's files).
-    launcher = SystemdMcpLauncher(credentials, config.mcp, config.gateway.mount_allowlist)
+    remote = RemoteMcpLauncher(
+        credentials, config.mcp, config.egress, SystemResolver(), audit.record_soon,
+        tls_context(Path(config.egress.ca_file) if config.egress.ca_file else None),
+    )  # fmt: skip
+    launcher = McpLaunchers(
+        SystemdMcpLauncher(credentials, config.mcp, config.gateway.mount_allowlist), remote
+    )
     mcp_clients = McpSupervisor(launcher, config.mcp)
 
     async def restart_and_reap(agent: str) -> list[str]:

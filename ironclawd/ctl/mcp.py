@@ -67,10 +67,16 @@ def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what:
 
 
 def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
+    if bool(args.command_argv) == bool(args.url):
+        raise UsageError("ironctl: mcp add: give exactly one of --command and --url")
     server: dict[str, Any] = {
-        "name": args.name, "command": _command(args.command_argv), "env": _pairs(args.env, "--env"),
+        "name": args.name, "env": _pairs(args.env, "--env"),
         "credentials": _pairs(args.credential, "--credential"), "allow": args.allow or [],
     }  # fmt: skip
+    if args.url:
+        server["url"] = args.url
+    else:
+        server["command"] = _command(args.command_argv)
     probe = admin_pb2.ProbeMcpServerRequest(agent=args.agent, server_json=json.dumps(server))
     tools = json.loads(stub.ProbeMcpServer(probe, timeout=args.timeout).tools_json)
     server["tools"] = tools
@@ -110,7 +116,8 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
         table.add_column(column, overflow="fold")
     for s in view.get("mcp_servers", []):
         network = s["network"] if isinstance(s["network"], str) else ", ".join(s["network"])
-        table.add_row(escape(s["name"]), escape(render.visible(" ".join(s["command"]))),
+        command = s.get("url") or " ".join(s["command"])
+        table.add_row(escape(s["name"]), escape(render.visible(command)),
                       escape(network), str(len(s["tools"])),
                       escape(", ".join(granted.get(s["name"], [])) or "-"))  # fmt: skip
     render.console().print(table)
@@ -129,7 +136,10 @@ def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
     console = render.console()
     table = Table(show_header=False, box=None)
     table.add_row("name", escape(server["name"]))
-    table.add_row("command", escape(render.visible(json.dumps(server["command"]))))
+    if server.get("url"):
+        table.add_row("url", escape(render.visible(server["url"])))
+    else:
+        table.add_row("command", escape(render.visible(json.dumps(server["command"]))))
     table.add_row("env", escape(render.visible(json.dumps(server["env"]))))
     table.add_row("credentials", escape(json.dumps(server["credentials"])))
     table.add_row("network", escape(json.dumps(server["network"])))
@@ -164,7 +174,14 @@ def register(sub: Any) -> None:
     add.add_argument("--allow", action="append", metavar="HOST:PORT",
                      help="a destination the server may reach (default: no network)")  # fmt: skip
     add.add_argument("--reason", help="why (shown to the approver)")
-    add.add_argument("--command", dest="command_argv", nargs="+", required=True,
+    add.add_argument(
+        "--url",
+        metavar="URL",
+        help="a remote server, https://HOST[:PORT]/PATH, "
+        "reached under the egress broker's rules; --credential HEADER=NAME sends a "
+        "host credential in that request header",
+    )
+    add.add_argument("--command", dest="command_argv", nargs="+",
                      metavar="CMD", help="absolute path of the server, then its arguments; or "
                      "the whole command line as one quoted word")  # fmt: skip
     grant = add_command(

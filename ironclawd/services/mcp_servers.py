@@ -143,7 +143,10 @@ class McpSupervisor:
         """Start ``server`` once for ``agent`` (its own unit, no network and no credentials:
         the command has not been approved, and the definitions go back to the caller), list its
         tools and stop it. Never touches the agent's live server of the same name."""
-        bare = dataclasses.replace(server, credentials=(), allow=(), tools=())
+        # A remote server keeps its header credentials: the operator named both it and them, and
+        # nothing runs host-side (its network is its URL, under the egress broker's rules).
+        kept = server.credentials if server.url else ()
+        bare = dataclasses.replace(server, credentials=kept, allow=(), tools=())
         key = (f"probe-{secrets.token_hex(4)}", server.name)
         try:
             return await self.list_tools(key[0], bare)

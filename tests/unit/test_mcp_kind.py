@@ -65,7 +65,7 @@ def test_register_round_trips_and_the_view_shows_command_env_network_tools_not_s
         ({"credentials": {"TOKEN": "Not A Name"}}, "expected a host credential name"),
         ({"allow": ["example.com"]}, "expected HOST:PORT"),
         ({"allow": ["example.com:0"]}, "expected HOST:PORT"),
-        ({"url": "https://mcp.example.com/"}, "not supported by this ironclawd yet"),
+        ({"url": "https://mcp.example.com/"}, r"a remote server \(url\) has no command"),
         ({"name": "Bad_Name"}, "expected a server name"),
         ({"tools": [{"name": "a b", "description": "", "input_schema": {}}]}, "MCP tool name"),
         ({"shell": True}, r"unexpected key\(s\) shell"),

@@ -32,6 +32,7 @@ from ironclawd.domain.mcp import (
     canonical_schema,
     model_tool_name,
 )
+from ironclawd.domain.mcp_url import parse_url
 from ironclawd.errors import Conflict, InvalidArgument, PolicyDenied
 
 MAX_ARGS = 64
@@ -52,11 +53,14 @@ HOST_PORT_RE = re.compile(
 # Environment a registration may not set: the dynamic loader's and the interpreter's hooks would
 # run code the approver did not see in the command line.
 FORBIDDEN_ENV = re.compile(r"LD_.*|PYTHON(STARTUP|PATH|HOME|INSPECT)|BASH_ENV|ENV|NODE_OPTIONS")
-URL_REFUSAL = (
-    "payload.server.url: remote MCP servers are not supported by this ironclawd yet (they would "
-    "have to go through the egress broker's rules and SSRF defence, which they do not yet); "
-    "register a stdio server with a command instead"
-)
+# A remote server's credential goes in a request header; these the transport owns (framing,
+# the pinned Host, the SDK's session and protocol headers).
+HEADER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+FORBIDDEN_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
+    "keep-alive", "proxy-authorization", "accept", "content-type", "mcp-session-id",
+    "mcp-protocol-version", "last-event-id",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,19 @@ class McpChange:
 
 def server_view(server: McpServer) -> dict[str, Any]:
     """A registered server as the approver reads it: credential names, never values."""
+    remote = {"url": server.url} if server.url else {}
+    if server.url:
+        endpoint = parse_url(server.url)
+        network: list[str] | str = [f"{endpoint.authority} (remote, via the egress broker's rules)"]
+    else:
+        network = list(server.allow) or "none"
     return {
         "name": server.name,
         "command": list(server.command),
+        **remote,
         "env": {k: v for k, v in server.env},
         "credentials": {k: f"<host credential {name}>" for k, name in server.credentials},
-        "network": list(server.allow) or "none",
+        "network": network,
         "tools": [
             {"name": t.name, "description": t.description, "input_schema": t.input_schema}
             for t in server.tools
@@ -87,6 +98,7 @@ def server_to_mapping(server: McpServer) -> dict[str, Any]:
     return {
         "name": server.name,
         "command": list(server.command),
+        **({"url": server.url} if server.url else {}),
         "env": [list(kv) for kv in server.env],
         "credentials": [list(kv) for kv in server.credentials],
         "allow": list(server.allow),
@@ -191,9 +203,9 @@ def parse_server(raw: object) -> McpServer:
     if not isinstance(raw, dict):
         raise InvalidArgument("payload.server: expected an object with name, command, tools, ...")
     only(raw, "mcp", {"name", "command", "url", "env", "credentials", "allow", "tools"})
-    if raw.get("url"):
-        raise InvalidArgument(URL_REFUSAL)
     name = _server_name(raw.get("name"))
+    if raw.get("url") is not None:
+        return _remote_server(name, raw)
     return McpServer(
         name=name,
         command=parse_command(raw.get("command")),
@@ -202,6 +214,40 @@ def parse_server(raw: object) -> McpServer:
         allow=parse_allow(raw.get("allow", [])),
         tools=_tools(raw.get("tools", [])),
     )
+
+
+def _remote_server(name: str, raw: dict[str, Any]) -> McpServer:
+    """A remote server: a URL and header credentials; nothing the host runs, and its network is
+    the URL's host alone (through the egress broker's rules, not an ``allow`` list)."""
+    where = "payload.server"
+    for field in ("command", "env", "allow"):
+        if raw.get(field):
+            raise InvalidArgument(
+                f"{where}.{field}: a remote server (url) has no {field}; it is only reached at "
+                "its URL"
+            )
+    url = raw.get("url")
+    parse_url(url)
+    assert isinstance(url, str)
+    return McpServer(
+        name=name,
+        url=url,
+        credentials=_pairs(
+            raw.get("credentials", []),
+            "credentials",
+            _credential_name,
+            key_re=HEADER_RE,
+            key_check=_header_name,
+        ),
+        tools=_tools(raw.get("tools", [])),
+    )
+
+
+def _header_name(key: str) -> None:
+    if key.lower() in FORBIDDEN_HEADERS:
+        raise InvalidArgument(
+            f"payload.server.credentials: {key} may not carry a credential (the transport sets it)"
+        )
 
 
 def parse_command(raw: object) -> tuple[str, ...]:
@@ -251,7 +297,13 @@ def _credential_name(key: str, value: object) -> str:
     return value
 
 
-def _pairs(raw: object, field: str, check: Any) -> tuple[tuple[str, str], ...]:
+def _pairs(
+    raw: object,
+    field: str,
+    check: Any,
+    key_re: re.Pattern[str] = ENV_RE,
+    key_check: Any = lambda key: None,
+) -> tuple[tuple[str, str], ...]:
     items = list(raw.items()) if isinstance(raw, dict) else raw
     where = f"payload.server.{field}"
     if not isinstance(items, list) or len(items) > MAX_ENV:
@@ -261,11 +313,11 @@ def _pairs(raw: object, field: str, check: Any) -> tuple[tuple[str, str], ...]:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
             raise InvalidArgument(f"{where}: expected [NAME, value] pairs, got {item!r}")
         key, value = item
-        if not isinstance(key, str) or ENV_RE.fullmatch(key) is None:
-            raise InvalidArgument(
-                f"{where}: expected an environment name [A-Z_][A-Z0-9_]*, got {key!r}"
-            )
-        if key in out:
+        if not isinstance(key, str) or key_re.fullmatch(key) is None:
+            what = "a header name" if key_re is HEADER_RE else "an environment name"
+            raise InvalidArgument(f"{where}: expected {what} {key_re.pattern}, got {key!r}")
+        key_check(key)
+        if key.lower() in {k.lower() for k in out}:
             raise InvalidArgument(f"{where}: {key} given twice")
         out[key] = check(key, value)
     return tuple(sorted(out.items()))

@@ -1,0 +1,215 @@
+"""Remote MCP servers (``url``), reached only under the egress broker's rules (docs/mcp.md
+"Remote servers"): the ``McpLauncher`` for them, and the one dispatching between it and the
+stdio launcher.
+
+The SDK's own streamable HTTP client speaks MCP; what it is handed is an ``httpx2`` client whose
+transport (``PinnedTransport``) is the only way out, and it:
+- resolves the registered host once, host-side, when the server is opened, and refuses it if any
+  answer is one the broker may not reach (domain/addresses.py: loopback, link-local, metadata,
+  private unless ``[egress] internal_cidrs`` opens it), before any connection;
+- connects to that checked address only (the IP literal; nothing resolves the name again), with
+  TLS verified for the registered name (SNI) against the system store or ``[egress] ca_file``;
+- refuses any request to another scheme, host or port than the registered one, so a redirect
+  elsewhere (the SDK follows only same-origin ones) or anything else cannot leave;
+- cuts a response body at ``[mcp] max_message_bytes``, and audits every request (``mcp.remote``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+from mcp.client.streamable_http import streamable_http_client
+
+from ironclawd.domain.addresses import IPAddress, refusal_reason
+from ironclawd.domain.egress import EgressLimits
+from ironclawd.domain.mcp import McpLimits, McpServer
+from ironclawd.domain.mcp_url import McpEndpoint, parse_url
+from ironclawd.errors import IronclawError, McpServerFailed
+from ironclawd.ports import Credentials, Resolver
+from ironclawd.ports.mcp import McpLauncher, McpTransport
+
+Record = Callable[..., None]  # (event, actor, **fields): the audit trail
+
+
+async def resolve_checked(
+    endpoint: McpEndpoint, resolver: Resolver, limits: EgressLimits
+) -> IPAddress:
+    """The one address to connect to; McpServerFailed naming the reason if any answer may not be
+    reached (the broker's rule: one bad answer spoils the name)."""
+    if endpoint.address is not None:
+        answers: list[IPAddress] = [endpoint.address]
+    else:
+        try:
+            raw = await resolver.resolve(endpoint.host, endpoint.port)
+            answers = [ipaddress.ip_address(a.split("%", 1)[0]) for a in raw]
+        except (IronclawError, ValueError) as exc:
+            raise McpServerFailed(f"resolving {endpoint.host}: {exc}") from None
+        if not answers:
+            raise McpServerFailed(f"resolving {endpoint.host}: no addresses")
+    for answer in answers:
+        reason = refusal_reason(answer, limits.internal_cidrs)
+        if reason is not None:
+            raise McpServerFailed(
+                f"egress: {endpoint.host} resolves to {answer}, a {reason}; refused"
+            )
+    return answers[0]
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, limit: int, on_close: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._seen = 0
+        self._on_close = on_close
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._seen += len(chunk)
+            if self._seen > self._limit:
+                raise httpx2.ReadError(
+                    f"the server sent a response over {self._limit} bytes ([mcp] max_message_bytes)"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._on_close(self._seen)
+
+
+class PinnedTransport(httpx2.AsyncBaseTransport):
+    """Every request of one remote server's client: to the checked address only."""
+
+    def __init__(
+        self,
+        endpoint: McpEndpoint,
+        address: IPAddress,
+        context: ssl.SSLContext,
+        max_bytes: int,
+        audit: Callable[..., None],
+    ) -> None:
+        self._endpoint = endpoint
+        self._address = address
+        self._max_bytes = max_bytes
+        self._audit = audit
+        self._inner = httpx2.AsyncHTTPTransport(
+            verify=context, trust_env=False, http1=True, http2=False, retries=0,
+            limits=httpx2.Limits(max_connections=4, max_keepalive_connections=2),
+        )  # fmt: skip
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        url = request.url
+        port = url.port or (443 if url.scheme == "https" else 80)
+        if (url.scheme, url.host, port) != ("https", self._endpoint.host, self._endpoint.port):
+            self._audit(method=request.method, url=str(url), refused="not the registered server")
+            raise httpx2.ConnectError(
+                f"refused: {url.scheme}://{url.host}:{port} is not the registered server "
+                f"{self._endpoint.authority}", request=request,
+            )  # fmt: skip
+        request.url = url.copy_with(host=str(self._address))
+        if self._endpoint.address is None:
+            request.extensions = {**request.extensions, "sni_hostname": self._endpoint.host}
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx2.HTTPError as exc:
+            self._audit(method=request.method, error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            request.url = url
+
+        def done(size: int) -> None:
+            self._audit(method=request.method, status=response.status_code, bytes_in=size)
+
+        response.stream = _CappedStream(response.stream, self._max_bytes, done)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass
+class RemoteTransport(McpTransport):
+    """A remote server's SDK streams (nothing runs host-side, so nothing to say why it ended)."""
+
+
+class RemoteMcpLauncher:
+    """``ports.McpLauncher`` for ``url`` servers (nothing to start or stop host-side)."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        credentials: Credentials,
+        limits: McpLimits,
+        egress: EgressLimits,
+        resolver: Resolver,
+        record: Record,
+        context: ssl.SSLContext,
+    ) -> None:
+        self._credentials = credentials
+        self._limits = limits
+        self._egress = egress
+        self._resolver = resolver
+        self._record = record
+        self._context = context
+
+    @contextlib.asynccontextmanager
+    async def open(self, agent: str, server: McpServer) -> AsyncIterator[McpTransport]:
+        endpoint = parse_url(server.url)
+        actor = f"agent:{agent}"
+        base = {"server": server.name, "host": endpoint.host, "port": endpoint.port}
+        try:
+            address = await resolve_checked(endpoint, self._resolver, self._egress)
+        except McpServerFailed as exc:
+            self._record("mcp.remote", actor, **base, refused=str(exc))
+            raise
+        headers = {header: self._credentials.get(name) for header, name in server.credentials}
+
+        def audit(**fields: Any) -> None:
+            self._record("mcp.remote", actor, **base, address=str(address), **fields)
+
+        transport = PinnedTransport(
+            endpoint, address, self._context, self._limits.max_message_bytes, audit
+        )
+        wait = max(self._limits.call_timeout_seconds, self._limits.list_timeout_seconds)
+        client = httpx2.AsyncClient(
+            transport=transport, headers=headers, follow_redirects=False, trust_env=False,
+            timeout=httpx2.Timeout(wait, connect=self._egress.connect_timeout_seconds),
+        )  # fmt: skip
+        async with (
+            client,
+            streamable_http_client(
+                server.url, http_client=client, max_sse_event_size=self._limits.max_message_bytes
+            ) as (read, write),
+        ):
+            yield RemoteTransport(read=read, write=write)
+
+    async def stop(self, agent: str, server: str) -> None:
+        return None
+
+    async def stop_all(self) -> None:
+        return None
+
+
+class McpLaunchers:
+    """``ports.McpLauncher`` that sends each server to the launcher of its kind."""
+
+    def __init__(self, stdio: McpLauncher, remote: McpLauncher) -> None:
+        self._stdio = stdio
+        self._remote = remote
+
+    def open(
+        self, agent: str, server: McpServer
+    ) -> contextlib.AbstractAsyncContextManager[McpTransport]:
+        return (self._remote if server.url else self._stdio).open(agent, server)
+
+    async def stop(self, agent: str, server: str) -> None:
+        await self._stdio.stop(agent, server)
+
+    async def stop_all(self) -> None:
+        await self._stdio.stop_all()
