@@ -92,7 +92,9 @@ def test_a_remote_registration_round_trips_shows_its_network_and_is_operator_onl
     change.authorize("uid:0")
     again = parse_change("mcp", "demo", json.dumps(change.to_json()))
     assert again.to_json() == change.to_json()
-    view = agent_view(change.apply(AgentSpec(name="demo")))["mcp_servers"][0]
+    shown = agent_view(change.apply(AgentSpec(name="demo")))
+    assert shown is not None
+    view = shown["mcp_servers"][0]
     assert view["url"] == "https://mcp.example.com:8443/mcp"
     assert view["credentials"] == {"Authorization": "<host credential docs-token>"}
     assert view["network"] == ["mcp.example.com:8443 (remote, via the egress broker's rules)"]
