@@ -62,19 +62,24 @@ async def resolve_checked(
 
 
 class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: Any, limit: int, on_close: Callable[[int], None]) -> None:
+    def __init__(
+        self, inner: Any, limit: int, on_close: Callable[[int], None], on_cut: Callable[[str], None]
+    ) -> None:
         self._inner = inner
         self._limit = limit
         self._seen = 0
         self._on_close = on_close
+        self._on_cut = on_cut
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
             self._seen += len(chunk)
             if self._seen > self._limit:
-                raise httpx2.ReadError(
+                why = (
                     f"the server sent a response over {self._limit} bytes ([mcp] max_message_bytes)"
                 )
+                self._on_cut(why)
+                raise httpx2.ReadError(why)
             yield chunk
 
     async def aclose(self) -> None:
@@ -99,6 +104,7 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         self._address = address
         self._max_bytes = max_bytes
         self._audit = audit
+        self.reason = ""  # why the last response was cut, for the supervisor's message
         self._inner = httpx2.AsyncHTTPTransport(
             verify=context, trust_env=False, http1=True, http2=False, retries=0,
             limits=httpx2.Limits(max_connections=4, max_keepalive_connections=2),
@@ -127,7 +133,10 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         def done(size: int) -> None:
             self._audit(method=request.method, status=response.status_code, bytes_in=size)
 
-        response.stream = _CappedStream(response.stream, self._max_bytes, done)
+        def cut(why: str) -> None:
+            self.reason = why
+
+        response.stream = _CappedStream(response.stream, self._max_bytes, done, cut)
         return response
 
     async def aclose(self) -> None:
@@ -136,7 +145,12 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
 
 @dataclass
 class RemoteTransport(McpTransport):
-    """A remote server's SDK streams (nothing runs host-side, so nothing to say why it ended)."""
+    """A remote server's SDK streams, and why its HTTP transport last gave up."""
+
+    pinned: PinnedTransport | None = None
+
+    def why(self) -> str:
+        return self.pinned.reason if self.pinned is not None else ""
 
 
 class RemoteMcpLauncher:
@@ -187,7 +201,7 @@ class RemoteMcpLauncher:
                 server.url, http_client=client, max_sse_event_size=self._limits.max_message_bytes
             ) as (read, write),
         ):
-            yield RemoteTransport(read=read, write=write)
+            yield RemoteTransport(read=read, write=write, pinned=transport)
 
     async def stop(self, agent: str, server: str) -> None:
         return None

@@ -4,9 +4,9 @@
     python mcp_remote_server.py --host H --port P --log FILE [--cert PEM --key PEM]
         [--redirect-to URL]
 
-Serves MCP at ``/mcp`` (tools ``echo``, ``big`` and ``add``). Any request to ``/redirect`` is answered
-``307`` to ``--redirect-to`` (where a followed redirect would land). Every request is appended to
-``--log`` as one JSON line (method, path, whether an Authorization header came and its value's
+Serves MCP at ``/mcp`` (tools ``echo``, ``big`` and ``add``). Any request to ``/redirect`` is
+answered ``307`` to ``--redirect-to`` (where a followed redirect would land). Every request is
+appended to ``--log`` as one JSON line (method, path, whether an Authorization header came and its value's
 SHA-256, never the value); a line ``{"ready": true}`` when it listens.
 """
 
