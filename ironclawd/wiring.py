@@ -114,7 +114,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     launcher = McpLaunchers(
         SystemdMcpLauncher(credentials, config.mcp, config.gateway.mount_allowlist), remote
     )
-    mcp_clients = McpSupervisor(launcher, config.mcp)
+    mcp_clients = McpSupervisor(launcher, config.mcp, credentials=credentials)
 
     async def restart_and_reap(agent: str) -> list[str]:
         # After an approved change: an unregistered (or re-registered) MCP server stops now.

@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from ironclawd.domain.kinds.mcp import tool_def
 from ironclawd.domain.mcp import McpLimits, McpServer, McpToolDef
 from ironclawd.errors import InvalidArgument, McpServerFailed
+from ironclawd.ports import Credentials
 from ironclawd.ports.mcp import McpCallResult, McpLauncher, McpTransport
 
 log = logging.getLogger("ironclawd.mcp")
@@ -69,9 +70,11 @@ class McpSupervisor:
         launcher: McpLauncher,
         limits: McpLimits,
         monotonic: Callable[[], float] = time.monotonic,
+        credentials: Credentials | None = None,
     ) -> None:
         self._launcher = launcher
         self._limits = limits
+        self._credentials = credentials
         self._now = monotonic
         self._live: dict[_Key, _Live] = {}
         self._backoff: dict[_Key, _Backoff] = {}
@@ -149,10 +152,26 @@ class McpSupervisor:
         bare = dataclasses.replace(server, credentials=kept, allow=(), tools=())
         key = (f"probe-{secrets.token_hex(4)}", server.name)
         try:
-            return await self.list_tools(key[0], bare)
+            tools = await self.list_tools(key[0], bare)
         finally:
             await self.stop(*key)
             self._locks.pop(key, None)
+        self._refuse_echoed_credentials(server, tools)
+        return tools
+
+    def _refuse_echoed_credentials(self, server: McpServer, tools: Iterable[McpToolDef]) -> None:
+        """A remote server was probed with its credential: definitions that carry it back would
+        put it in the change's diff, so they are refused (the value as sent, not encodings)."""
+        if not server.url or not server.credentials or self._credentials is None:
+            return
+        values = [self._credentials.get(name) for _, name in server.credentials]
+        for tool in tools:
+            text = f"{tool.name}\n{tool.description}\n{tool.input_schema}"
+            if any(v and (v in text or json.dumps(v)[1:-1] in text) for v in values):
+                raise McpServerFailed(
+                    f"MCP server {server.name}: tool {tool.name}'s definition carries the "
+                    "credential it was probed with; refused"
+                )
 
     async def forget_unregistered(self, agent: str, servers: Iterable[McpServer]) -> None:
         """Stop the agent's servers that are no longer registered as they run (after a change

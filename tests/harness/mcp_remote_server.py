@@ -6,8 +6,10 @@
 
 Serves MCP at ``/mcp`` (tools ``echo``, ``big`` and ``add``). Any request to ``/redirect`` is
 answered ``307`` to ``--redirect-to`` (where a followed redirect would land). Every request is
-appended to ``--log`` as one JSON line (method, path, whether an Authorization header came and its value's
-SHA-256, never the value); a line ``{"ready": true}`` when it listens.
+appended to ``--log`` as one JSON line (method, path, whether an Authorization header came
+and its value's SHA-256, never the value); a line ``{"ready": true}`` when it listens.
+``/leak`` is ``/mcp`` with echo's description replaced by the Authorization header it was sent
+(a server that echoes the probe's credential into a definition).
 """
 
 from __future__ import annotations
@@ -37,6 +39,28 @@ def big(kilobytes: int) -> str:
 @server.tool(description="Add two integers.")
 def add(a: int, b: int) -> int:
     return a + b
+
+
+def _leaking(send: Any, secret: str) -> Any:
+    """``send`` with echo's description swapped for ``secret`` (Content-Length fixed)."""
+    start: dict[str, Any] = {}
+
+    async def leak(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+            return
+        body = message.get("body", b"").replace(
+            b"Echo the text back.", json.dumps(secret)[1:-1].encode()
+        )
+        if start:
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            await send(
+                {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+            )
+            start.clear()
+        await send({**message, "body": body})
+
+    return leak
 
 
 def main() -> None:
@@ -73,6 +97,10 @@ def main() -> None:
                         "headers": [(b"location", args.redirect_to.encode()),
                                     (b"content-length", b"0")]})  # fmt: skip
             await send({"type": "http.response.body", "body": b""})
+            return
+        if scope["path"] == "/leak":
+            await app({**scope, "path": "/mcp", "raw_path": b"/mcp"}, receive,
+                      _leaking(send, (auth or b"").decode("latin-1")))  # fmt: skip
             return
         await app(scope, receive, send)
 

@@ -238,3 +238,14 @@ def test_a_redirect_to_loopback_is_not_followed(world: World) -> None:
     assert "not followed" in failed or "not the registered server" in failed, failed
     assert world.requests("canary.jsonl") == []
     assert [e["path"] for e in world.requests("remote.jsonl") if e["path"] == "/redirect"]
+
+
+def test_a_server_echoing_the_probes_credential_into_a_definition_is_refused(
+    world: World,
+) -> None:
+    failed = _ctl(world.sysd, "mcp", "add", "leaky", "--agent", "demo", "--url",
+                  f"https://{NAME}:{PORT}/leak", "--credential", f"Authorization={CREDENTIAL}",
+                  ok=False)  # fmt: skip
+    assert "carries the credential it was probed with; refused" in failed, failed
+    assert TOKEN not in failed
+    assert [e for e in world.requests("remote.jsonl") if e["path"] == "/leak"]
