@@ -67,8 +67,9 @@ def _submit(args: argparse.Namespace, stub: Stub, payload: dict[str, Any], what:
 
 
 def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
-    if bool(args.command_argv) == bool(args.url):
-        raise UsageError("ironctl: mcp add: give exactly one of --command and --url")
+    # Neither: the daemon's refusal says what a registration needs (payload.server.command).
+    if args.command_argv and args.url:
+        raise UsageError("ironctl: mcp add: give --command or --url, not both")
     server: dict[str, Any] = {
         "name": args.name, "env": _pairs(args.env, "--env"),
         "credentials": _pairs(args.credential, "--credential"), "allow": args.allow or [],
@@ -76,7 +77,7 @@ def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
     if args.url:
         server["url"] = args.url
     else:
-        server["command"] = _command(args.command_argv)
+        server["command"] = _command(args.command_argv or [])
     probe = admin_pb2.ProbeMcpServerRequest(agent=args.agent, server_json=json.dumps(server))
     tools = json.loads(stub.ProbeMcpServer(probe, timeout=args.timeout).tools_json)
     server["tools"] = tools
