@@ -156,6 +156,11 @@ def daemon(private_systemd: SystemdHarness) -> Iterator[SystemdHarness]:
         # Let them reach the checkout's virtualenv: directory modes are changed in the overlay
         # only (the checkout itself is a bind mount and is left as it is).
         d=$PWD; while [ "$d" != / ]; do d=$(dirname "$d"); chmod o+x "$d" 2>/dev/null || true; done
+        # ...and its interpreter, which a venv made by pyenv's python finds under /root (0700).
+        # ironctl is a wrapper script (scripts/install-dev): its shell's exec of the venv's
+        # entry point needs every directory up to the real interpreter searchable.
+        d=$(readlink -f .venv/bin/python3)
+        while [ "$d" != / ]; do d=$(dirname "$d"); chmod o+x "$d" 2>/dev/null || true; done
     """
     proc = private_systemd.run(["bash", "-c", script])
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
