@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.harness.mcp_venv import mcp_venv
+
+CONFIG = "/etc/ironclaw/ironclawd.toml"
 
 pytestmark = pytest.mark.integration
 
@@ -116,9 +119,21 @@ def test_git_server_reads_the_repository_it_is_given_and_cannot_write_it(
     assert head == "1"
 
 
+@pytest.fixture
+def operator(daemon: Any) -> Iterator[Any]:
+    """The daemon with room for this test's submissions: the gateway counts an hour of root's
+    changes in its store, across modules and restarts, and a whole run submits far more than
+    the default 20."""
+    _sh(daemon, f"printf '[gateway]\\nsubmissions_per_hour = 1000\\n' > {CONFIG}; "
+                "systemctl restart ironclawd")  # fmt: skip
+    yield daemon
+    _sh(daemon, f"rm -f {CONFIG}; systemctl restart ironclawd")
+
+
 def test_operator_registers_probes_grants_and_the_real_clients_call_the_time_server(
-    daemon: Any,
+    operator: Any,
 ) -> None:
+    daemon = operator
     venv = mcp_venv()
     exe = str(venv / "bin" / "mcp-server-time")
     change = _ctl(daemon, "mcp", "add", "time", "--agent", "demo", "--env", "TZ=UTC",

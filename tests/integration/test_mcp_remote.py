@@ -151,7 +151,8 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
         install -m 0644 {logs}/ca.pem {CA_FILE}
         mkdir -p /etc/ironclaw/credentials
         (umask 077; printf %s '{TOKEN}' > /etc/ironclaw/credentials/{CREDENTIAL})
-        printf '[egress]\\ninternal_cidrs = ["203.0.113.0/24"]\\nca_file = "{CA_FILE}"\\n' > {CONFIG}
+        # submissions_per_hour: the gateway counts an hour of root's changes across the run.
+        printf '[gateway]\\nsubmissions_per_hour = 1000\\n[egress]\\ninternal_cidrs = ["203.0.113.0/24"]\\nca_file = "{CA_FILE}"\\n' > {CONFIG}
         systemctl restart ironclawd.service
     """  # noqa: E501
     teardown = f"""
