@@ -19,7 +19,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +68,12 @@ def sh(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
     return sysd.run(["bash", "-c", script], **kwargs)
 
 
-def make_certs(directory: Path) -> None:
-    """A throwaway CA and a server certificate for api/keyed/plain.egress.test (not wrong.*)."""
+EGRESS_NAMES = ("api.egress.test", "keyed.egress.test", "plain.egress.test", "x.svc.egress.test")
+
+
+def make_certs(directory: Path, names: Sequence[str] = EGRESS_NAMES) -> None:
+    """A throwaway CA and a server certificate for ``names`` (by default
+    api/keyed/plain.egress.test, not wrong.*)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ironclaw egress test CA")])
@@ -82,7 +86,6 @@ def make_certs(directory: Path) -> None:
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     key = ec.generate_private_key(ec.SECP256R1())
-    names = ["api.egress.test", "keyed.egress.test", "plain.egress.test", "x.svc.egress.test"]
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))

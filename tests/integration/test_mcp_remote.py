@@ -12,7 +12,6 @@ opens that range and ``ca_file`` names the CA, as the egress test does; the priv
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import secrets
@@ -23,15 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.harness.fixtures import RESULTS, ROOT
 from tests.harness.mcp_venv import mcp_venv
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
+from tests.integration.test_egress import make_certs
 
 pytestmark = pytest.mark.integration
 
@@ -60,38 +56,6 @@ def _ctl(sysd: SystemdHarness, *args: str, ok: bool = True) -> Any:
     proc = sysd.run(["ironctl", "--json", *args], timeout=300)
     assert (proc.returncode == 0) == ok, (args, _out(proc))
     return json.loads(proc.stdout.decode()) if ok else _out(proc)
-
-
-def make_certs(directory: Path, names: list[str]) -> None:
-    """A throwaway CA and a server certificate for ``names``."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ironclaw mcp remote test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    pem = serialization.Encoding.PEM
-    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (directory / "server.pem").write_bytes(cert.public_bytes(pem))
-    (directory / "server.key").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
 
 
 @dataclass
