@@ -1,0 +1,1 @@
+"""Builders of test inputs shared by several tiers (stdlib only)."""
