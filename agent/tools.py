@@ -1,7 +1,8 @@
 """Tools the agent runs for the model. File tools are jailed to /workspace (a size-capped tmpfs,
 the only writable place in the box); read_file and list_files also read the installed skills
-(read-only) under a path starting with ``/skills/``. The others go to host sockets that exist
-only when granted (``http_fetch`` to egress.sock, ``mcp__<server>__<tool>`` to mcp.sock)."""
+(read-only) under a path starting with ``/skills/``. ``run`` executes a program of the agent's
+approved packages (agent/programs.py). The others go to host sockets that exist only when
+granted (``http_fetch`` to egress.sock, ``mcp__<server>__<tool>`` to mcp.sock)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from agent import egress, mcp
+from agent import egress, mcp, programs
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 WORKSPACE = Path("/workspace")
@@ -129,12 +130,26 @@ def mcp_tool(name: str, arguments_json: str) -> str:
     return mcp.call(name, arguments_json, str(MCP_SOCKET))
 
 
+def run(
+    args: dict[str, object],
+    programs_file: Path = programs.PROGRAMS_FILE,
+    root: Path = WORKSPACE,
+) -> str:
+    """A program from the agent's approved packages; the list is in the image, written by the
+    host when it built the image from the approved packages."""
+    try:
+        return programs.run(args, programs_file, root)
+    except programs.ProgramError as exc:
+        raise ToolError(str(exc)) from None
+
+
 TOOLS = {
     "read_file": read_file,
     "write_file": write_file,
     "list_files": list_files,
     "request_change": request_change,
     "http_fetch": http_fetch,
+    "run": run,
 }
 
 

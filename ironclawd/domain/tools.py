@@ -8,7 +8,7 @@ import json
 from ironclawd.domain.model import ToolDef
 
 
-def _schema(properties: dict[str, dict[str, str]], required: list[str]) -> str:
+def _schema(properties: dict[str, dict[str, object]], required: list[str]) -> str:
     return json.dumps(
         {"type": "object", "properties": properties, "required": required,
          "additionalProperties": False}, sort_keys=True
@@ -60,6 +60,22 @@ CATALOG: dict[str, ToolDef] = {
                     "body": {"type": "string"},
                 },
                 ["url"],
+            ),
+        ),
+        ToolDef(
+            "run",
+            "Run a program from one of your approved packages (by name, e.g. jq) in your "
+            "workspace, with an argument list (no shell: each argument is passed as it is). "
+            "Returns its exit code, stdout and stderr (each capped at 64 KiB). Optional: stdin "
+            "(text), timeout_seconds (1-120, default 30).",
+            _schema(
+                {
+                    "program": {"type": "string"},
+                    "args": {"type": "array", "items": {"type": "string"}},
+                    "stdin": {"type": "string"},
+                    "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": 120},
+                },
+                ["program"],
             ),
         ),
     )
