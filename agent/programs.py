@@ -201,7 +201,9 @@ def run(
         return NO_PACKAGES
     unexpected = sorted(set(args) - ARGUMENTS)
     if unexpected:
-        raise ProgramError(f"unexpected argument {unexpected[0]!r} (expected {sorted(ARGUMENTS)})")
+        raise ProgramError(
+            f"unexpected argument {unexpected[0]!r} (expected {', '.join(sorted(ARGUMENTS))})"
+        )
     path = resolve(args.get("program"), programs)
     argv = [path, *check_args(args.get("args"))]
     data = check_stdin(args.get("stdin"))
