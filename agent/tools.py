@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from agent import egress, mcp, programs
+from agent import egress, mcp, programs, runner
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 WORKSPACE = Path("/workspace")
@@ -139,7 +139,7 @@ def run(
     host when it built the image from the approved packages."""
     try:
         return programs.run(args, programs_file, root)
-    except programs.ProgramError as exc:
+    except runner.ProgramError as exc:
         raise ToolError(str(exc)) from None
 
 

@@ -1,7 +1,7 @@
 """The agent's ``run`` tool with real programs (the host's coreutils, findutils and util-linux,
 listed in a temporary programs.json the way the image builder lists a package's programs): exit
 codes and signals are reported, stdin, environment, working directory and file descriptors are
-what agent/programs.py promises, the limits are set and bite (memory, file size), a timeout kills
+what agent/runner.py promises, the limits are set and bite (memory, file size), a timeout kills
 the whole process group, and a program flooding both output streams neither deadlocks the agent
 nor floods the model. The same code in the box: the lead's end-to-end packages test (jq).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import programs
+from agent import runner
 from agent.tools import ToolError, run
 
 pytestmark = pytest.mark.integration
@@ -136,7 +136,7 @@ def test_memory_beyond_the_cap_fails_and_below_it_works(image: Path, workspace: 
 def test_a_file_larger_than_the_cap_cannot_be_written(image: Path, workspace: Path) -> None:
     result = call(image, workspace, "dd", "if=/dev/zero", "of=big", "bs=1M", "count=17")
     assert result.startswith("killed by signal 25 (SIGXFSZ)\n")
-    assert (workspace / "big").stat().st_size == programs.FILE_SIZE_LIMIT
+    assert (workspace / "big").stat().st_size == runner.FILE_SIZE_LIMIT
 
 
 def _processes() -> Iterator[tuple[int, list[bytes], str, int]]:
@@ -171,7 +171,7 @@ def test_a_timeout_kills_the_whole_process_group(image: Path, workspace: Path) -
     elapsed = time.monotonic() - started
     watcher.join(timeout=5)
     assert result == "timed out after 2 s\n--- stdout ---\n--- stderr ---\n"
-    assert 2 <= elapsed < 2 + programs.DRAIN_AFTER_KILL, elapsed  # killed, not drained to the end
+    assert 2 <= elapsed < 2 + runner.DRAIN_AFTER_KILL, elapsed  # killed, not drained to the end
     assert len(seen) == 1, "sleep never ran: the test would prove nothing"
     sleeper, group = seen[0]
     assert group != sleeper  # it was not a group leader of its own: xargs's group
@@ -194,14 +194,14 @@ def test_a_flood_on_both_streams_neither_deadlocks_nor_floods_the_model(
     assert "--- stdout (truncated: 1048576 bytes in all) ---\n" in result
     assert stdout == "0123456789abcde\n" * 4096  # the first 64 KiB
     assert "--- stderr (truncated: " in result
-    assert len(stderr) == programs.OUTPUT_CAP + 1  # plus the newline the format adds
+    assert len(stderr) == runner.OUTPUT_CAP + 1  # plus the newline the format adds
     assert stderr.startswith("/usr/bin/cat: xxxx")
 
 
 def test_endless_output_until_the_timeout(image: Path, workspace: Path) -> None:
     result = call(image, workspace, "yes", timeout_seconds=1)
     assert result.startswith("timed out after 1 s\n--- stdout (truncated: ")
-    assert len(result) < programs.OUTPUT_CAP + 200
+    assert len(result) < runner.OUTPUT_CAP + 200
 
 
 def _broken_copy(tmp_path: Path, name: str, content: bytes) -> str:

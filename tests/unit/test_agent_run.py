@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import programs
-from agent.programs import OUTPUT_CAP, Outcome, ProgramError, describe
+from agent import programs, runner
+from agent.runner import OUTPUT_CAP, Outcome, ProgramError, describe
 from agent.tools import TOOLS, run, run_tool
 from ironclawd.domain.tools import CATALOG
 
@@ -240,7 +240,7 @@ def test_stdin_and_timeout_defaults() -> None:
 
 
 def test_the_environment_is_fixed(tmp_path: Path) -> None:
-    assert programs.environment(tmp_path) == {
+    assert runner.environment(tmp_path) == {
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
         "LANG": "C.UTF-8",
