@@ -6,7 +6,8 @@ dynamic user: the standard library and the apt CLI only, nothing of the daemon.
 packages, so apt names exactly what a layer would add; ``apt-cache show`` then gives each
 package's SHA-256 and size from the archive's signed index, and what the policy needs (Essential,
 Priority, Depends). `download` fetches one ``.deb`` by ``apt-get download NAME=VERSION``: apt
-checks the archive's signature and the file's hash; the daemon re-checks the hash afterwards.
+checks the file against the hash in the index whose signature (InRelease, the host's keyrings)
+``apt-get update`` verified; the daemon re-checks the hash it approved afterwards.
 
 Nothing here is installed, and apt never runs as root: without root, apt neither locks nor writes
 the host's state, and downloads as the calling user.
@@ -236,8 +237,8 @@ def resolve(names: Sequence[str], status_text: str, workdir: Path) -> list[dict[
 
 def download(name: str, version: str, workdir: Path) -> Path:
     """Download ``name`` at ``version`` from the host's archives into a new directory under
-    ``workdir`` and return the ``.deb``'s path. apt checks the archive's signature and the
-    file's hash against the signed index; the caller re-checks the hash it approved."""
+    ``workdir`` and return the ``.deb``'s path. apt checks the file's hash against the signed
+    index; the caller re-checks the hash it approved. AptError if apt cannot fetch it."""
     _check_names([name])
     if len(version) > 128 or VERSION_RE.fullmatch(version) is None:
         raise AptError(f"package {name}: {version[:100]!r} is not a Debian version")

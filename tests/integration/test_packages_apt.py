@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,8 @@ def _missing() -> str | None:
     for tool in ("setpriv", "apt-get", "apt-cache", "dpkg-query"):
         if shutil.which(tool) is None:
             return f"needs {tool}"
+    if not any(Path("/var/lib/apt/lists").glob("*_Packages*")):
+        return "needs apt's package lists of a Debian archive (apt-get update has not run)"
     if not os.access(PYTHON, os.X_OK):
         return f"needs Debian's {PYTHON} (nobody cannot run the venv's interpreter under /root)"
     return None
@@ -114,17 +117,27 @@ def status_text() -> str:
     )
 
 
+# Every name the module resolves: each once, two at a time (apt spends seconds of CPU per
+# resolution building its cache in memory; the machine has two cores).
+NAMES = ("jq", "python3-yaml", "bash", "busybox-static", "ironclaw-no-such-package", "libjq.")
+OFFLINE = "download jq offline"  # apt retries for seconds: it waits beside the resolutions
+
+
 @pytest.fixture(scope="module")
-def resolved(helper: Helper, status_text: str) -> Callable[[str], dict[str, object]]:
-    """Each name resolved once for the module (apt takes seconds to build its cache)."""
-    cache: dict[str, dict[str, object]] = {}
+def resolved(helper: Helper, status_text: str) -> Iterator[Callable[[str], dict[str, object]]]:
+    """The helper's answer for each of NAMES (and OFFLINE), each computed once for the module."""
 
-    def get(name: str) -> dict[str, object]:
-        if name not in cache:
-            cache[name] = helper({"op": "resolve", "names": [name], "status": status_text})
-        return cache[name]
+    def offline() -> dict[str, object]:
+        (jq,) = [c for c in candidates(futures["jq"].result()) if c.name == "jq"]
+        return helper({"op": "download", "name": "jq", "version": jq.version}, offline=True)
 
-    return get
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {
+            name: pool.submit(helper, {"op": "resolve", "names": [name], "status": status_text})
+            for name in NAMES
+        }
+        futures[OFFLINE] = pool.submit(offline)
+        yield lambda name: futures[name].result()
 
 
 def candidates(answer: dict[str, object]) -> list[Candidate]:
@@ -237,12 +250,12 @@ def test_download_gives_the_deb_with_the_resolved_hash(
 
 
 def test_an_unreachable_archive_is_recognised_as_such(
-    helper: Helper, resolved: Callable[[str], dict[str, object]]
+    resolved: Callable[[str], dict[str, object]],
 ) -> None:
     """The control for the skip above: without a network, apt's error is one UNREACHABLE names
     (so that test skips, or fails under CI, rather than passing or failing on the wrong cause)."""
     (jq,) = [c for c in candidates(resolved("jq")) if c.name == "jq"]
-    answer = helper({"op": "download", "name": "jq", "version": jq.version}, offline=True)
+    answer = resolved(OFFLINE)
     error = str(answer.get("error", ""))
     assert error.startswith(f"apt-get download jq={jq.version}: "), answer
     assert any(word in error for word in UNREACHABLE), error
