@@ -37,6 +37,7 @@ INTERPRETER_NAME = re.compile(
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SPECIAL_BITS = 0o7000
 _SETID_BITS = 0o6000
+_SPECIAL_NAMES = ((0o4000, "setuid"), (0o2000, "setgid"), (0o1000, "sticky"))
 _TYPE_NAMES = {
     tarfile.LNKTYPE: "a hard link",
     tarfile.CHRTYPE: "a character device",
@@ -59,11 +60,11 @@ def check_member(info: tarfile.TarInfo) -> str:
         if not info.isdir():
             raise PolicyDenied(f"{where}: the layer root must be a directory")
         return path
-    if info.isdir():
-        if info.mode & _SETID_BITS:
-            raise PolicyDenied(f"{where}: is a setuid/setgid directory (mode {info.mode:04o})")
-    elif info.mode & _SPECIAL_BITS and not info.issym():
-        raise PolicyDenied(f"{where}: is setuid, setgid or sticky (mode {info.mode:04o})")
+    # A directory's sticky bit is harmless (modes are reduced to 0755 anyway); nothing else is.
+    special = info.mode & (_SETID_BITS if info.isdir() else _SPECIAL_BITS)
+    if special and not info.issym():
+        bits = " and ".join(name for bit, name in _SPECIAL_NAMES if special & bit)
+        raise PolicyDenied(f"{where}: is {bits} (mode {info.mode:04o}); nothing may be")
     forbidden = _forbidden_prefix(path)
     if forbidden is not None:
         raise PolicyDenied(f"{where}: lies under /{forbidden}, which a package may not provide")

@@ -38,33 +38,52 @@ def unpack(deb: Path, out: BinaryIO) -> None:
     with tempfile.TemporaryFile() as errors, tempfile.TemporaryFile() as layer:
         # stderr goes to a file: a pipe nobody reads while we stream stdout could fill and
         # stall dpkg-deb.
-        process = subprocess.Popen(
-            [DPKG_DEB, "--fsys-tarfile", str(deb)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
-        )
-        assert process.stdout is not None
         try:
-            _copy_checked(process.stdout, layer, where)
-            _drain(process.stdout, where)
-        except (tarfile.TarError, PolicyDenied, OSError) as exc:
-            # Closing our end stops dpkg-deb (EPIPE) if it is still writing.
-            process.stdout.close()
-            returncode = process.wait()
-            if returncode != 0 and not isinstance(exc, PolicyDenied):
-                raise _dpkg_failed(where, returncode, errors) from exc
-            if isinstance(exc, PolicyDenied):
-                raise
-            raise PolicyDenied(f"{where}: data.tar is not a tar archive we read: {exc}") from exc
-        process.stdout.close()
-        returncode = process.wait()
-        if returncode != 0:
-            raise _dpkg_failed(where, returncode, errors)
+            process = subprocess.Popen(
+                [DPKG_DEB, "--fsys-tarfile", str(deb)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+            )
+        except OSError as exc:
+            raise HostError(f"{where}: starting {DPKG_DEB}: {exc}") from exc
+        try:
+            _read_layer(process, layer, where, errors)
+        finally:
+            _stop(process)
         layer.seek(0)
         shutil.copyfileobj(layer, out, _CHUNK)
         out.flush()
+
+
+def _read_layer(
+    process: subprocess.Popen[bytes], layer: IO[bytes], where: str, errors: IO[bytes]
+) -> None:
+    """Copy dpkg-deb's checked output to ``layer``; raise if a member or dpkg-deb fails."""
+    assert process.stdout is not None
+    try:
+        _copy_checked(process.stdout, layer, where)
+        _drain(process.stdout, where)
+    except tarfile.TarError as exc:
+        # A tar that breaks off is, most often, dpkg-deb failing half-way: say so if it did.
+        returncode = _stop(process)
+        if returncode != 0:
+            raise _dpkg_failed(where, returncode, errors) from exc
+        raise PolicyDenied(f"{where}: data.tar is not a tar archive we read: {exc}") from exc
+    except OSError as exc:
+        raise HostError(f"{where}: {exc}") from exc
+    returncode = _stop(process)
+    if returncode != 0:
+        raise _dpkg_failed(where, returncode, errors)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> int:
+    """Wait for dpkg-deb after closing our end of its stdout (so it stops on EPIPE if it was
+    still writing: a refusal need not read the rest); its exit status."""
+    if process.stdout is not None:
+        process.stdout.close()
+    return process.wait()
 
 
 def _copy_checked(source: IO[bytes], layer: IO[bytes], where: str) -> None:

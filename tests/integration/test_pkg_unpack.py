@@ -130,6 +130,13 @@ def test_something_dpkg_deb_cannot_read_fails_with_its_words(tmp_path: Path) -> 
     assert out.getvalue() == b""
 
 
+def test_a_data_member_that_is_no_tar_is_refused(tmp_path: Path) -> None:
+    deb = debs.not_a_tar(tmp_path)
+    assert raw_data_tar(deb).startswith(b"this is not a tar")  # dpkg-deb is content with it
+    with pytest.raises(PolicyDenied, match=r"data\.tar is not a tar archive we read"):
+        helper_output(deb)
+
+
 def test_the_helper_bounds_members_and_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ comes from our checks, not from dpkg. Stdlib only.
 from __future__ import annotations
 
 import io
+import lzma
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,8 +68,10 @@ def build_deb(
     package: str = "hello",
     postinst: str | None = None,
     compression: Compression = "xz",
+    data: bytes | None = None,
 ) -> Path:
-    """Write a .deb at ``path`` whose data.tar holds exactly ``members`` (in order)."""
+    """Write a .deb at ``path`` whose data.tar holds exactly ``members`` (in order), or whose
+    compressed data member is ``data`` as given."""
     control = (
         f"Package: {package}\nVersion: 1.0-1\nArchitecture: amd64\n"
         "Maintainer: IronClaw tests <tests@invalid>\nDescription: a package built by the tests\n"
@@ -80,7 +83,7 @@ def build_deb(
     archive = b"!<arch>\n"
     archive += _ar_member("debian-binary", b"2.0\n")
     archive += _ar_member("control.tar.gz", _tar(control_members, "gz"))
-    archive += _ar_member(data_name, _tar(members, compression))
+    archive += _ar_member(data_name, _tar(members, compression) if data is None else data)
     path.write_bytes(archive)
     return path
 
@@ -225,6 +228,13 @@ HOSTILE: dict[str, Hostile] = {
         _one("shell", entry("bin/sh", data=HELLO, mode=0o755)), "./bin/sh", "shell",
     ),
 }  # fmt: skip
+
+
+def not_a_tar(directory_: Path) -> Path:
+    """A package whose data.tar.xz decompresses fine, to something that is not a tar."""
+    garbage = lzma.compress(b"this is not a tar archive\n" * 40)
+    return build_deb(directory_ / "not-a-tar.deb", [], data=garbage)
+
 
 # Accepted by the unpacker (nothing wrong with the package alone), refused by the extractor
 # because the base image already has the path.

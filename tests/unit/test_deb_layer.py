@@ -81,15 +81,26 @@ def test_anything_but_dirs_files_and_symlinks_is_refused(kind: bytes, words: str
     refused(member("./usr/bin/thing", kind, link="usr/bin/jq"), words)
 
 
-@pytest.mark.parametrize("mode", [0o4755, 0o2755, 0o6755, 0o1644, 0o4000])
-def test_setuid_setgid_and_sticky_files_are_refused(mode: int) -> None:
-    refused(member("./usr/bin/jq", mode=mode), f"{mode:04o}")
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        (0o4755, "is setuid (mode 4755)"),
+        (0o2755, "is setgid (mode 2755)"),
+        (0o6755, "is setuid and setgid (mode 6755)"),
+        (0o1644, "is sticky (mode 1644)"),
+        (0o4000, "is setuid (mode 4000)"),
+    ],
+)
+def test_setuid_setgid_and_sticky_files_are_refused(mode: int, words: str) -> None:
+    refused(member("./usr/bin/jq", mode=mode), words)
     assert check_member(member("./usr/bin/jq", mode=mode & 0o777)) == "usr/bin/jq"
 
 
-@pytest.mark.parametrize("mode", [0o4755, 0o2775])
-def test_setid_directories_are_refused(mode: int) -> None:
-    refused(member("./var/mail/", tarfile.DIRTYPE, mode), "setuid/setgid")
+@pytest.mark.parametrize(
+    ("mode", "words"), [(0o4755, "is setuid (mode 4755)"), (0o2775, "is setgid (mode 2775)")]
+)
+def test_setid_directories_are_refused(mode: int, words: str) -> None:
+    refused(member("./var/mail/", tarfile.DIRTYPE, mode), words)
 
 
 @pytest.mark.parametrize(
