@@ -132,6 +132,15 @@ def test_each_hostile_package_is_refused_again_without_the_helper(
     assert refused.startswith("/") or not os.path.lexists(image.staging / refused)
 
 
+def test_no_extended_attribute_or_file_capability_lands(image: Image, tmp_path: Path) -> None:
+    # The raw data, bypassing the helper (which drops pax headers): the extractor writes file
+    # contents and its own owner and mode, nothing else of the header.
+    image.extract(raw_data_tar(debs.with_capability(tmp_path)))
+    hello = image.staging / "usr/bin/hello"
+    assert hello.read_bytes() == debs.HELLO
+    assert os.listxattr(hello, follow_symlinks=False) == []
+
+
 @pytest.mark.parametrize(
     ("path", "words"),
     [

@@ -107,6 +107,19 @@ def test_maintainer_scripts_never_reach_the_layer_nor_run(tmp_path: Path) -> Non
     assert not Path("/tmp/ironclaw-postinst-ran").exists()
 
 
+def test_extended_attributes_and_file_capabilities_are_dropped(tmp_path: Path) -> None:
+    deb = debs.with_capability(tmp_path)
+    with tarfile.open(fileobj=io.BytesIO(raw_data_tar(deb)), mode="r:") as tar:
+        carried = tar.getmember("./usr/bin/hello").pax_headers
+    assert "SCHILY.xattr.security.capability" in carried  # the package really carries one
+    with tarfile.open(fileobj=io.BytesIO(helper_output(deb)), mode="r:") as tar:
+        assert {m.name: m.pax_headers for m in tar.getmembers()} == {
+            "usr": {},
+            "usr/bin": {},
+            "usr/bin/hello": {},
+        }
+
+
 def test_a_dotdot_path_writes_nothing_outside(tmp_path: Path) -> None:
     escaped = Path("/tmp/ironclaw-escaped")
     assert not escaped.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import lzma
+import struct
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,11 +92,12 @@ def build_deb(
 def _tar(members: Sequence[Member], compression: Compression) -> bytes:
     buffer = io.BytesIO()
     # GNU format: what dpkg-deb writes; long names still work (tarfile adds ././@LongLink).
-    gnu = tarfile.GNU_FORMAT
+    # GNU format is what dpkg-deb writes; pax only to carry extended attributes.
+    fmt = tarfile.PAX_FORMAT if any(i.pax_headers for i, _ in members) else tarfile.GNU_FORMAT
     with (
-        tarfile.open(fileobj=buffer, mode="w:xz", format=gnu)
+        tarfile.open(fileobj=buffer, mode="w:xz", format=fmt)
         if compression == "xz"
-        else tarfile.open(fileobj=buffer, mode="w:gz", format=gnu)
+        else tarfile.open(fileobj=buffer, mode="w:gz", format=fmt)
     ) as tar:
         for info, data in members:
             tar.addfile(info, io.BytesIO(data) if info.size else None)
@@ -228,6 +230,19 @@ HOSTILE: dict[str, Hostile] = {
         _one("shell", entry("bin/sh", data=HELLO, mode=0o755)), "./bin/sh", "shell",
     ),
 }  # fmt: skip
+
+
+# A file capability, cap_net_raw+ep as setcap(8) writes it: struct vfs_cap_data, revision 2
+# with the effective flag, then permitted/inheritable low and high words (CAP_NET_RAW = 13).
+CAPABILITY = struct.pack("<5I", 0x02000001, 1 << 13, 0, 0, 0)
+
+
+def with_capability(directory_: Path) -> Path:
+    """usr/bin/hello carrying a security.capability extended attribute in a pax header."""
+    hello, data = entry("usr/bin/hello", data=HELLO, mode=0o755)
+    value = CAPABILITY.decode("latin-1")
+    hello.pax_headers = {"SCHILY.xattr.security.capability": value}
+    return build_deb(directory_ / "capability.deb", [*dirs_of("usr/bin/hello"), (hello, data)])
 
 
 def not_a_tar(directory_: Path) -> Path:
