@@ -3,6 +3,7 @@ and handed to the services, one builder per subsystem."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
@@ -17,6 +18,7 @@ from ironclawd.api.control import ControlServer
 from ironclawd.api.sandbox import SandboxApi
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.bundle.image import ensure_rootfs
+from ironclawd.bundle.packages import AptPackageImages, bundle_roots
 from ironclawd.bundle.skills import skill_sets_dir
 from ironclawd.bundle.spec import QUEUES_DIR
 from ironclawd.bundle.writer import BundleDirs
@@ -30,6 +32,7 @@ from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
 from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
+from ironclawd.host.pkg_runner import HelperRunner
 from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.skill_keys import TrustedKeyDir
 from ironclawd.host.skills import collect_skill_sets
@@ -90,16 +93,21 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     registry = Registry(store, [*BUILTIN.values(), *config.agents], clock)
     control = ControlServer(paths.SESSIONS_RUN_DIR, config.sockets)
     data = _session_data(config, store, master)
+    # Package steps run in units that cannot see the agents' mount sources either.
+    images = AptPackageImages(
+        _rootfs(config), state_dir / "images", HelperRunner(hidden=config.gateway.mount_allowlist)
+    )
     # Subscribed to by messaging, the broker and the sandbox API, all built after the service.
     hooks = SessionHooks()
     service = SessionService(
         store=store,
-        lifecycle=_lifecycle(config, netns, control, data, hooks),
+        lifecycle=_lifecycle(config, netns, control, data, hooks, images=images),
         agents=registry,
         hooks=hooks,
         audit=audit,
         clock=clock,
     )
+    _collect_images(images, registry, state_dir / "bundles")
     messages = MessageService(
         store=store, sessions=service, hooks=hooks, data=data, control=control,
         agent_uid=AGENT_UID, agent_gid=AGENT_GID, audit=audit, clock=clock, limits=config.queues,
@@ -121,11 +129,13 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         restarted = await service.restart_agent_sessions(agent)
         spec = registry.get(agent)
         await mcp_clients.forget_unregistered(agent, spec.mcp_servers if spec is not None else ())
+        await asyncio.to_thread(_collect_images, images, registry, state_dir / "bundles")
         return restarted
 
     gateway = _gateway(
-        config, store=store, registry=registry, audit=audit, restart=restart_and_reap, clock=clock
-    )
+        config, store=store, registry=registry, audit=audit, restart=restart_and_reap, clock=clock,
+        images=images,
+    )  # fmt: skip
     broker = _egress(
         config, registry=registry, audit=audit, sessions=service, credentials=credentials,
         clock=clock,
@@ -196,6 +206,8 @@ def _lifecycle(
     control: ControlServer,
     data: SessionDataStore,
     hooks: SessionHooks,
+    *,
+    images: AptPackageImages,
 ) -> SandboxLifecycle:
     """A session's host resources: systemd, runsc, the netns adapter and the sockets."""
     bundles = config.daemon.state_dir / "bundles"
@@ -206,7 +218,7 @@ def _lifecycle(
         log.info("removed %d unused skill set(s)", len(removed))
     layout = SandboxLayout(
         bundles_dir=bundles,
-        rootfs=_rootfs(config),
+        rootfs=images.base,
         start_timeout=config.sandbox.start_timeout_seconds,
         idle_timeout=float(config.sandbox.idle_timeout_seconds),
         mount_allowlist=config.gateway.mount_allowlist,
@@ -222,6 +234,7 @@ def _lifecycle(
         mounts=HostMounts(),
         bundles=BundleDirs(),
         sockets=hooks,
+        images=images,
     )
 
 
@@ -253,6 +266,7 @@ def _gateway(
     audit: Audit,
     restart: Callable[[str], Coroutine[Any, Any, list[str]]],
     clock: SystemClock,
+    images: AptPackageImages,
 ) -> Gateway:
     return Gateway(
         store=store,
@@ -268,7 +282,19 @@ def _gateway(
         mounts=HostMounts(),
         clock=clock,
         skill_keys=TrustedKeyDir(),
+        packages=images,
     )
+
+
+def _collect_images(images: AptPackageImages, registry: Registry, bundles: Path) -> None:
+    """Images no agent's packages and no session's bundle name go (at start, after a change)."""
+    try:
+        removed = images.collect([s.packages for s in registry.values()], bundle_roots(bundles))
+    except (IronclawError, OSError) as exc:
+        log.warning("package images: not collected: %s", exc)
+        return
+    if removed:
+        log.info("removed %d unused package image(s)", len(removed))
 
 
 def _egress(

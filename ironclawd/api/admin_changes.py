@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -33,8 +34,14 @@ class ChangesMixin:
     async def SubmitChange(
         self, request: admin_pb2.SubmitChangeRequest, context: Context
     ) -> admin_pb2.SubmitChangeResponse:
-        change = self._gateway.submit(
-            request.kind, request.agent, request.payload_json, request.reason, operator()
+        # In a thread: resolving packages asks apt for seconds.
+        change = await asyncio.to_thread(
+            self._gateway.submit,
+            request.kind,
+            request.agent,
+            request.payload_json,
+            request.reason,
+            operator(),
         )
         return admin_pb2.SubmitChangeResponse(change=change_to_proto(change))
 

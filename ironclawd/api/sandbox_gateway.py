@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -30,7 +31,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         # Kinds other than those creating an agent target the session's own agent; the gateway
         # refuses (and audits) any other.
         only = None if creates_agent(request.kind) else own
-        change = self._gateway.submit(
+        # In a thread: resolving packages asks apt for seconds.
+        change = await asyncio.to_thread(
+            self._gateway.submit,
             request.kind, request.agent or own, request.payload_json, request.reason,
             f"session:{sid}", only_agent=only,
         )  # fmt: skip

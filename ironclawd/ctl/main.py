@@ -22,6 +22,7 @@ from ironclawd.ctl import (
     containment,
     exitcodes,
     mcp,
+    packages,
     render,
     sessions,
     skills,
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     containment.register(sub)
     skills.register(sub)
     mcp.register(sub)
+    packages.register(sub)
     return parser
 
 

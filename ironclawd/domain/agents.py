@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ironclawd.domain.egress import EgressRule
 from ironclawd.domain.mcp import McpGrant, McpServer
+from ironclawd.domain.packages import AgentPackage
 from ironclawd.domain.providers import DEFAULT_PROVIDER
 from ironclawd.domain.skills import AgentSkill
 from ironclawd.errors import NotFound
@@ -70,6 +71,7 @@ class AgentSpec:
     skills: tuple[AgentSkill, ...] = ()  # installed skills (mounted at /skills/<name>)
     mcp_servers: tuple[McpServer, ...] = ()  # MCP servers registered for this agent
     mcp_grants: tuple[McpGrant, ...] = ()  # MCP tools granted, each pinned to its definition
+    packages: tuple[AgentPackage, ...] = ()  # Debian packages in its image, dependencies included
 
 
 BUILTIN: dict[str, AgentSpec] = {"demo": AgentSpec("demo")}

@@ -107,6 +107,14 @@ class ParsedChange(Generic[P]):
     def host_check(self, host: HostChecks) -> None:
         self.kind.host_check(self.payload, host)
 
+    def resolved(self, host: HostChecks) -> ParsedChange[P]:
+        """At submission: the change with what the host decides filled in (kinds' ``resolve``)."""
+        return ParsedChange(self.kind, self.agent, self.kind.resolve(self.payload, host))
+
+    def prepare(self, host: HostChecks) -> None:
+        """At apply, before the agent changes: the host work the new spec needs."""
+        self.kind.prepare(self.payload, host)
+
 
 def _kind(name: str) -> ChangeKind[Any]:
     kind = KINDS.get(name)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from ironclawd.domain.checks import CheckResult
 from ironclawd.domain.model import Chunk, Completion
+from ironclawd.domain.packages import AgentPackage
 from ironclawd.domain.policy import Mount
 from ironclawd.domain.session import Session
 from ironclawd.domain.skills import AgentSkill
@@ -104,6 +105,31 @@ class TrustedKeys(Protocol):
 
     def read(self) -> Mapping[str, str]:
         """Each key file's name and text, read afresh (a key added or removed counts at once)."""
+        ...
+
+
+class PackageImages(Protocol):
+    """Agents' Debian packages and the images holding them (real: bundle/packages.py)."""
+
+    @property
+    def base(self) -> Path:
+        """The shared base image (never modified)."""
+        ...
+
+    def resolve(self, names: Sequence[str]) -> tuple[AgentPackage, ...]:
+        """What installing ``names`` on the base unpacks, dependencies included; PolicyDenied
+        for a refused package (naming what pulled it in), InvalidArgument for an unknown one."""
+        ...
+
+    def image(self, packages: Sequence[AgentPackage]) -> Path:
+        """The image holding exactly ``packages`` (the base when there are none), built if
+        absent; SignatureMismatch if a ``.deb`` differs from its approved hash (nothing is
+        unpacked then), SandboxError if it cannot be built."""
+        ...
+
+    def collect(self, keep: Iterable[Sequence[AgentPackage]], in_use: Iterable[str]) -> list[str]:
+        """Remove the images that no package set in ``keep`` and no path in ``in_use`` names;
+        the names removed."""
         ...
 
 

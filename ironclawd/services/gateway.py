@@ -29,6 +29,7 @@ from ironclawd.domain.changes import (
     parse_change,
     transition,
 )
+from ironclawd.domain.packages import AgentPackage
 from ironclawd.errors import (
     Conflict,
     InvalidArgument,
@@ -36,9 +37,17 @@ from ironclawd.errors import (
     NotFound,
     PolicyDenied,
     RateLimited,
+    SandboxError,
 )
 from ironclawd.formats import skill as skill_format
-from ironclawd.ports import AuditSink, ChangeRecords, Clock, MountSources, TrustedKeys
+from ironclawd.ports import (
+    AuditSink,
+    ChangeRecords,
+    Clock,
+    MountSources,
+    PackageImages,
+    TrustedKeys,
+)
 from ironclawd.services.audit import Throttled
 from ironclawd.services.registry import Registry
 
@@ -68,6 +77,7 @@ class Gateway:
         mounts: MountSources,
         clock: Clock,
         skill_keys: TrustedKeys | None = None,
+        packages: PackageImages | None = None,
     ) -> None:
         self._store = store
         self._mounts = mounts
@@ -76,7 +86,7 @@ class Gateway:
         self._policy = policy
         self._restart = restart_agent_sessions
         self._clock = clock
-        self._host = _HostChecks(mounts, policy.mount_allowlist, skill_keys)
+        self._host = _HostChecks(mounts, policy.mount_allowlist, skill_keys, packages)
         self._lock = asyncio.Lock()
         self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
@@ -147,6 +157,7 @@ class Gateway:
             )
         parsed = parse_change(kind, agent, payload_json)
         parsed.host_check(self._host)
+        parsed = parsed.resolved(self._host)
         parsed.authorize(submitter)
         if len(reason) > 2000:
             raise InvalidArgument("reason: expected at most 2000 characters")
@@ -234,8 +245,9 @@ class Gateway:
 
     async def _apply(self, change: Change, **fields: object) -> Change:
         try:
-            self._registry.put(self._new_spec(change))
-        except (Conflict, InvalidArgument, PolicyDenied) as exc:
+            # In a thread: preparing may build an image (downloads, unpacking) for seconds.
+            self._registry.put(await asyncio.to_thread(self._new_spec, change))
+        except (Conflict, InvalidArgument, PolicyDenied, SandboxError) as exc:
             failed = transition(change, ChangeState.FAILED, note=str(exc))
             self._store.save_change(failed)
             self._audit.record("change.failed", "ironclawd", change=change.id, reason=str(exc))
@@ -262,7 +274,9 @@ class Gateway:
             )
         parsed = parse_change(change.kind, change.agent, change.payload)
         parsed.host_check(self._host)
-        return parsed.apply(current)
+        after = parsed.apply(current)
+        parsed.prepare(self._host)
+        return after
 
     async def resume(self) -> None:
         """After a restart: finish applying changes approved before the daemon died. A change
@@ -294,11 +308,16 @@ class _HostChecks:
     """What change kinds may ask of the host (ironclawd/domain/kinds/base.py HostChecks)."""
 
     def __init__(
-        self, mounts: MountSources, mount_allowlist: tuple[str, ...], keys: TrustedKeys | None
+        self,
+        mounts: MountSources,
+        mount_allowlist: tuple[str, ...],
+        keys: TrustedKeys | None,
+        packages: PackageImages | None,
     ) -> None:
         self._mounts = mounts
         self._mount_allowlist = mount_allowlist
         self._keys = keys
+        self._packages = packages
 
     def mount_source(self, source: str) -> None:
         """Mount allowlist: the source a real directory below an allowlisted one."""
@@ -308,6 +327,17 @@ class _HostChecks:
         """Skill signature: by a key in the trusted directory (none given: no key is trusted)."""
         trusted = self._keys.read() if self._keys is not None else {}
         return skill_format.verify_manifest(name, manifest, signature, trusted)
+
+    def resolve_packages(self, names: tuple[str, ...]) -> tuple[AgentPackage, ...]:
+        return self._package_images().resolve(names)
+
+    def prepare_packages(self, packages: tuple[AgentPackage, ...]) -> None:
+        self._package_images().image(packages)
+
+    def _package_images(self) -> PackageImages:
+        if self._packages is None:
+            raise PolicyDenied("this ironclawd has no package support (no image builder)")
+        return self._packages
 
 
 def _retrieve(task: asyncio.Task[Change]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.egress import rule_from_mapping
 from ironclawd.domain.mcp import McpGrant, McpServer, McpToolDef
+from ironclawd.domain.packages import AgentPackage
 from ironclawd.domain.skills import AgentSkill, SkillFile, SkillGrants
 from ironclawd.ports import AgentRecords, Clock
 
@@ -31,6 +32,7 @@ def spec_from_json(text: str) -> AgentSpec:
     values["skills"] = tuple(_skill(s) for s in raw.get("skills", ()))
     values["mcp_servers"] = tuple(_server(s) for s in raw.get("mcp_servers", ()))
     values["mcp_grants"] = tuple(McpGrant(**g) for g in raw.get("mcp_grants", ()))
+    values["packages"] = tuple(AgentPackage(**p) for p in raw.get("packages", ()))
     return AgentSpec(**values)
 
 

@@ -17,13 +17,14 @@ from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, session_mounts
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.policy import Mount, SandboxPolicy
 from ironclawd.domain.session import Session
-from ironclawd.errors import IronclawError
+from ironclawd.errors import IronclawError, SandboxError
 from ironclawd.ports import (
     AgentHello,
     Bundles,
     ControlPlane,
     MountSources,
     NetnsManager,
+    PackageImages,
     SandboxRuntime,
     SandboxSockets,
     SessionData,
@@ -63,6 +64,7 @@ class SandboxLifecycle:
         mounts: MountSources,
         bundles: Bundles,
         sockets: SandboxSockets,
+        images: PackageImages | None = None,
     ) -> None:
         self.units = units
         self.netns = netns
@@ -73,6 +75,7 @@ class SandboxLifecycle:
         self.mounts = mounts
         self.bundles = bundles
         self.sockets = sockets
+        self.images = images
 
     @property
     def platform(self) -> str:
@@ -99,7 +102,8 @@ class SandboxLifecycle:
                 frame_dir(sid, self.layout.state_dir),
             )  # fmt: skip
             bundle = self.layout.bundles_dir / sid
-            policy = self._policy(session, agent, netns, granted)
+            rootfs = await asyncio.to_thread(self._rootfs, agent)
+            policy = self._policy(session, agent, netns, granted, rootfs)
             spec = build_spec(policy, granted, self.layout.state_dir)
             await asyncio.to_thread(
                 self.bundles.write, bundle, spec, granted, self.layout.state_dir
@@ -169,8 +173,22 @@ class SandboxLifecycle:
             self.mounts.make_frame(frame, [g.name for g in agent.mounts])
         return granted_mounts(sid, agent.mounts, self.layout.state_dir) + skills
 
+    def _rootfs(self, agent: AgentSpec) -> Path:
+        """The agent's image: the shared base, or the one holding its approved packages (built
+        again if it is gone; each ``.deb`` re-checked against its approved hash)."""
+        if not agent.packages:
+            return self.layout.rootfs
+        if self.images is None:
+            raise SandboxError(f"agent '{agent.name}' has packages but no image builder is wired")
+        return self.images.image(agent.packages)
+
     def _policy(
-        self, session: Session, agent: AgentSpec, netns: Path, granted: tuple[Mount, ...] = ()
+        self,
+        session: Session,
+        agent: AgentSpec,
+        netns: Path,
+        granted: tuple[Mount, ...] = (),
+        rootfs: Path | None = None,
     ) -> SandboxPolicy:
         return SandboxPolicy(
             sid=session.sid,
@@ -179,7 +197,7 @@ class SandboxLifecycle:
             gid=agent.gid,
             host_uid=agent.uid,
             host_gid=agent.gid,
-            rootfs=str(self.layout.rootfs),
+            rootfs=str(rootfs or self.layout.rootfs),
             netns=str(netns),
             argv=AGENT_ARGV,
             env=(("IRONCLAW_CONTROL_SOCKET", f"{SOCKETS_DIR}/control.sock"),

@@ -51,10 +51,33 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "create_agent": {"persona": "You help.", "tools": ["read_file"], "provider": "anthropic"},
     "skills": skill_samples.payload(),
     "mcp": {"op": "register", "server": {"name": "time", "command": ["/usr/bin/mcp-time"]}},
+    # As stored: the names and the set the host resolved at submission.
+    "packages": {
+        "packages": ["jq"],
+        "resolved": [
+            {
+                "name": "jq",
+                "version": "1.6-2.1+deb12u3",
+                "architecture": "amd64",
+                "sha256": "a" * 64,
+                "size": 64432,
+                "requested": True,
+            },
+            {
+                "name": "libjq1",
+                "version": "1.6-2.1+deb12u3",
+                "architecture": "amd64",
+                "sha256": "b" * 64,
+                "size": 135000,
+                "requested": False,
+            },
+        ],
+    },
 }
 # The view keys each kind may change when applied (create_agent makes the whole agent).
 OWNS = {"persona": {"persona"}, "tools": {"tools"}, "egress": {"egress"}, "mounts": {"mounts"},
-        "skills": {"skills.weather", "skills.weather.grants"}, "mcp": {"mcp_servers"}}  # fmt: skip
+        "skills": {"skills.weather", "skills.weather.grants"}, "mcp": {"mcp_servers"},
+        "packages": {"packages"}}  # fmt: skip
 # The AgentSpec fields each kind may change, where they are not its view keys.
 FIELDS = {**OWNS, "skills": {"skills"}}
 

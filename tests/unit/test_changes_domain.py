@@ -373,7 +373,7 @@ def test_verifiers_refuse_no_ops_missing_agents_and_duplicates_before_queueing()
          "would change nothing"),
         (("persona", "ghost", '{"persona": "x"}'), NotFound, "agent 'ghost' not found"),
         (("create_agent", "demo", '{"persona": "x"}'), Conflict, "already exists"),
-        (("packages", "demo", '{"packages": ["jq"]}'), InvalidArgument, "docs/packages.md"),
+        (("packages", "demo", '{"packages": ["jq"]}'), PolicyDenied, "no package support"),
     ]:  # fmt: skip
         with pytest.raises(error, match=needle):
             w.gateway.submit(*args, "", ROOT)

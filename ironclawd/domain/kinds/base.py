@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.packages import AgentPackage
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import InvalidArgument
 
@@ -30,6 +31,15 @@ class HostChecks(Protocol):
         """The signer's key id if ``signature`` (minisign, prehashed) over the skill's
         ``manifest`` verifies under a key the operator trusts; else PolicyDenied (unknown key),
         SignatureMismatch (the files changed) or InvalidArgument (malformed)."""
+
+    def resolve_packages(self, names: tuple[str, ...]) -> tuple[AgentPackage, ...]:
+        """What installing ``names`` on the base image would unpack, dependencies included
+        (apt against the host's archives), refused by policy (PolicyDenied: essential, a shell,
+        an interpreter, naming the package that pulled it in) or InvalidArgument (unknown)."""
+
+    def prepare_packages(self, packages: tuple[AgentPackage, ...]) -> None:
+        """Build the image holding exactly ``packages`` (each ``.deb`` re-checked against its
+        approved hash: SignatureMismatch if it changed); SandboxError if it cannot be built."""
 
 
 class ChangeKind(ABC, Generic[P]):
@@ -64,6 +74,15 @@ class ChangeKind(ABC, Generic[P]):
 
     def host_check(self, payload: P, host: HostChecks) -> None:
         """Checks that need the host (run at submission and again at apply)."""
+
+    def resolve(self, payload: P, host: HostChecks) -> P:
+        """At submission only: the payload with what the host decides filled in (the packages
+        apt resolved), so that the approver sees it and the hash covers it."""
+        return payload
+
+    def prepare(self, payload: P, host: HostChecks) -> None:
+        """At apply only, before the agent changes: host work the new spec needs (the image of
+        its packages). A failure leaves the agent as it was."""
 
 
 class RefusedKind(ChangeKind[None]):

@@ -1,0 +1,133 @@
+"""``ironctl package ...``: list an agent's Debian packages; ask for more, fewer or others.
+
+A ``packages`` change carries the agent's whole list of names; ``add`` and ``remove`` compute it
+from the packages the agent asked for (not the dependencies apt added). The daemon resolves the
+names with apt and holds the change for a human, who sees every ``.deb`` that would be unpacked
+(docs/packages.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl.changes import show_change
+from ironclawd.ctl.common import CtlError, Stub, add_command
+
+
+def packages_of(agent: admin_pb2.Agent) -> list[dict[str, Any]]:
+    """The agent's packages from its view, dependencies included, each with the agent's name."""
+    view = json.loads(agent.view_json or "{}")
+    return [{"agent": agent.name, **p} for p in view.get("packages", [])]
+
+
+def _agent(args: argparse.Namespace, stub: Stub) -> admin_pb2.Agent:
+    request = admin_pb2.GetAgentRequest(name=args.agent)
+    return stub.GetAgent(request, timeout=args.timeout).agent
+
+
+def _submit(args: argparse.Namespace, stub: Stub, names: list[str], what: str) -> int:
+    request = admin_pb2.SubmitChangeRequest(
+        kind="packages",
+        agent=args.agent,
+        payload_json=json.dumps({"packages": names}),
+        reason=args.reason or "",
+    )
+    change = stub.SubmitChange(request, timeout=args.timeout).change
+    if not args.json:
+        print(f"{what}: packages change {change.id} is pending a human decision")
+    show_change(args, change)
+    return exitcodes.OK
+
+
+def _requested(args: argparse.Namespace, stub: Stub) -> list[str]:
+    return [p["name"] for p in packages_of(_agent(args, stub)) if p.get("requested")]
+
+
+def cmd_set(args: argparse.Namespace, stub: Stub) -> int:
+    names = list(dict.fromkeys(args.names))
+    return _submit(args, stub, names, f"packages {' '.join(names) or '(none)'}")
+
+
+def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
+    current = _requested(args, stub)
+    new = [n for n in args.names if n not in current]
+    if not new:
+        raise CtlError(
+            "nothing_to_do", exitcodes.USAGE,
+            f"agent {args.agent} already has {', '.join(args.names)}; nothing to submit",
+        )  # fmt: skip
+    return _submit(args, stub, current + list(dict.fromkeys(new)), f"adding {' '.join(new)}")
+
+
+def cmd_remove(args: argparse.Namespace, stub: Stub) -> int:
+    current = _requested(args, stub)
+    missing = [n for n in args.names if n not in current]
+    if missing:
+        raise CtlError(
+            "not_found", exitcodes.NOT_FOUND,
+            f"agent {args.agent} did not ask for {', '.join(missing)} "
+            f"(it has: {', '.join(current) or 'none'}; dependencies go with what needs them)",
+        )  # fmt: skip
+    kept = [n for n in current if n not in args.names]
+    return _submit(args, stub, kept, f"removing {' '.join(args.names)}")
+
+
+def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
+    if args.agent:
+        agents = [_agent(args, stub)]
+    else:
+        agents = list(stub.ListAgents(admin_pb2.ListAgentsRequest(), timeout=args.timeout).agents)
+    packages = [p for a in agents for p in packages_of(a)]
+    if args.json:
+        print(json.dumps({"packages": packages}, indent=2))
+        return exitcodes.OK
+    table = Table()
+    for column in ("AGENT", "PACKAGE", "VERSION", "ARCH", "SHA256", "SIZE", "WHY"):
+        table.add_column(column, overflow="fold")
+    for p in packages:
+        table.add_row(
+            p["agent"], p["name"], escape(p["version"]), p["architecture"], p["sha256"],
+            str(p["size"]), "requested" if p["requested"] else "dependency",
+        )  # fmt: skip
+    render.console().print(table)
+    return exitcodes.OK
+
+
+def register(sub: Any) -> None:
+    group = sub.add_parser(
+        "package",
+        help="Debian packages of an agent: unpacked into its image only once approved",
+        description="List an agent's Debian packages (with versions and .deb hashes) and submit "
+        "packages changes (docs/packages.md). A change names packages only; the daemon "
+        "resolves them with apt and a human approves the exact set.",
+        epilog=exitcodes.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbs = group.add_subparsers(dest="verb", metavar="VERB", required=True)
+    listing = add_command(
+        verbs, "list", "list an agent's packages, dependencies included, with hashes",
+        "ironctl package list --agent demo", cmd_list,
+    )  # fmt: skip
+    listing.add_argument("--agent", help="only this agent's packages")
+    submitting = []
+    for verb, help_text, example, handler in (
+        ("add", "submit a change adding packages", "ironctl package add jq --agent demo", cmd_add),
+        ("remove", "submit a change removing packages", "ironctl package remove jq --agent demo",
+         cmd_remove),
+        ("set", "submit a change setting the whole list (none: remove all)",
+         "ironctl package set jq ripgrep --agent demo", cmd_set),
+    ):  # fmt: skip
+        cmd = add_command(verbs, verb, help_text, example, handler)
+        cmd.add_argument("names", metavar="NAME", nargs="+" if verb != "set" else "*",
+                         help="Debian package names (no versions, no files)")  # fmt: skip
+        submitting.append(cmd)
+    for cmd in submitting:
+        cmd.add_argument("--agent", required=True, help="target agent")
+        cmd.add_argument("--reason", help="why (shown to the approver)")
