@@ -73,7 +73,7 @@ demo: venv
 	scripts/demo
 
 bench: venv mcp-venv
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH)
 
 docs: venv
 	scripts/gen-config-doc
