@@ -14,7 +14,10 @@ BENCHMARKS = ("sessions", "egress", "model_proxy", "messages", "mcp", "packages"
 def main(names: list[str]) -> int:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
-        print(f"bench: no benchmark {', '.join(unknown)} (one of: {', '.join(BENCHMARKS)})")
+        print(
+            f"bench: no benchmark {', '.join(unknown)} (one of: {', '.join(BENCHMARKS)})",
+            file=sys.stderr,
+        )
         return 2
     runs = " && ".join(f".venv/bin/python -m benchmarks.{n}" for n in names or BENCHMARKS)
     inner = f"scripts/install-dev >/dev/null && {runs}"
