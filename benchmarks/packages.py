@@ -36,7 +36,7 @@ First run (2 shared cores, load ~2, other engineers' tests beside it; median / p
       assemble_and_rest            149.7     151.5
     approve_jq (once)             5.92 s
     session_start_jq_image        1045.0    1103.8
-    session_start_base_image      1022.3    1102.7   (the jq image adds ~23 ms: noise)
+    session_start_base_image      1022.3    1102.7   (+23 ms; -28 ms in a second run: noise)
     tool_run_jq                    257.6    277.58
     tool_list_files                59.96     72.84   (so ~198 ms to start jq in gVisor)
     no_tool                        43.03     56.34
