@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from redteam_probe.probes import exhaust, fs, kernel, net, queues, secrets, skills, sockets
+from redteam_probe.probes import (
+    exhaust,
+    fs,
+    kernel,
+    net,
+    packages,
+    queues,
+    secrets,
+    skills,
+    sockets,
+)
 from redteam_probe.probes.base import JSON, Attack, attempt
 
 CATEGORIES: dict[str, dict[str, Attack]] = {
@@ -22,6 +32,7 @@ CATEGORIES: dict[str, dict[str, Attack]] = {
     "exhaustion": exhaust.ATTACKS,
     "secrets": secrets.ATTACKS,
     "skills": skills.ATTACKS,
+    "packages": packages.ATTACKS,
 }
 
 

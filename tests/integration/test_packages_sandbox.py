@@ -29,6 +29,7 @@ from tests.integration.test_gateway import (
     ctl,
     ok,
     out,
+    probe,
     remove_sessions,
     send,
     sh,
@@ -125,6 +126,23 @@ def test_the_agent_runs_jq_on_a_file_it_wrote_and_nothing_else(packaged: tuple[A
     reply = send(sysd, sid, "/tool run " + json.dumps({"program": "jq", "args": ["-n", "1+1"]}))
     assert "exit code 0" in reply, reply
     assert "2" in reply, reply
+
+
+def test_from_inside_the_layer_is_read_only_and_nothing_else_runs(
+    packaged: tuple[Any, str],
+) -> None:
+    """The red-team probe, as the agent's uid in a session on the jq image."""
+    sysd, _ = packaged
+    sid = create_session(sysd, "prb", AGENT)
+    found = probe(sysd, sid, "--probe-attack", "packages")["attacks"]
+    assert found["packages.layer.run"]["ok"] is True, found  # the granted program does run
+    for attack in ("packages.layer.overwrite", "packages.layer.setuid",
+                   "packages.programs.overwrite", "packages.workspace.run-copy",
+                   "packages.tmp.run-copy", "packages.image.shell-search"):  # fmt: skip
+        assert found[attack]["ok"] is False, (attack, found[attack])
+    # Refused by the kernel of the box, not by our tool: the writable places are noexec.
+    assert found["packages.workspace.run-copy"]["errno"] == "EACCES", found
+    assert found["packages.tmp.run-copy"]["errno"] == "EACCES", found
 
 
 def test_refused_with_a_reason_and_nothing_queued(packaged: tuple[Any, str]) -> None:
