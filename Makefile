@@ -34,7 +34,7 @@ test-unit: venv
 # warm; network to the Debian mirror): IRONCLAW_E2E=0 skips it.
 test: check probe mcp-venv
 	rm -f results/containment-report.json results/containment-report.json.minisig
-	$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/redteam tests/e2e)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 $(wildcard tests/integration tests/redteam tests/e2e)
 	@$(MAKE) --no-print-directory verify-report
 
 # The red-team run's signed containment report, checked as an operator would: signature by the
