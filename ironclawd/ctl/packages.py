@@ -90,7 +90,8 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
         return exitcodes.OK
     table = Table()
     for column in ("AGENT", "PACKAGE", "VERSION", "ARCH", "SHA256", "SIZE", "WHY"):
-        table.add_column(column, overflow="fold")
+        # Versions and hashes whole on one line: they are compared and copied, not read.
+        table.add_column(column, overflow="fold", no_wrap=column in {"VERSION", "SHA256"})
     for p in packages:
         table.add_row(
             p["agent"], p["name"], escape(p["version"]), p["architecture"], p["sha256"],
