@@ -10,9 +10,9 @@ the ways interleaved round by round so that drift on a shared machine hits all a
   base's fake dpkg status is made once, before the rounds.
 - ``image_build``: ``AptPackageImages.image(...)`` for the resolved set, from scratch (the image
   collected after each round; resolve excluded): download of the three ``.deb`` (jq, libjq1,
-  libonig5; one ``apt-get download`` unit each, from the archive) and their size + SHA-256
+  libonig5; one ``apt-get download`` unit for all three, from the archive) and their size + SHA-256
   re-check, one unpack unit each, the image assembled and renamed into place. Its parts, from
-  timing each helper step: ``download`` (the three units), ``unpack`` (the three units) and
+  timing each helper step: ``download`` (the one unit), ``unpack`` (the three units) and
   ``assemble_and_rest`` (the total minus both: the hash re-checks, ``dpkg -L`` for the base
   packages' libraries, extraction with the checks, the copy of the base, the rename).
 - ``approve_jq``: once, ``ironctl change approve`` of the agent's real ``package add jq`` change
@@ -31,7 +31,7 @@ First run (2 shared cores, load ~2, other engineers' tests beside it; median / p
 
     resolve                       4369.6    4645.7   (apt builds its cache in memory each time)
     image_build                   6721.4    7033.2
-      download                    5812.2    6018.5   (3 units: apt's CPU, not the network)
+      download                    5812.2    6018.5   (then 3 units, one per .deb: apt's CPU)
       unpack                       821.5     822.7   (3 units)
       assemble_and_rest            149.7     151.5
     approve_jq (once)             5.92 s

@@ -85,8 +85,10 @@ class AptPackageImages:
         with _locked(self._images / ".lock"):
             if dest.is_dir():
                 return dest
-            debs = [(p, self._download(p)) for p in sorted(packages, key=lambda p: p.name)]
-            layers = [(p.name, self._steps.run("unpack", [], deb)) for p, deb in debs]
+            ordered = sorted(packages, key=lambda p: p.name)
+            debs = self._download(ordered)
+            layers = [(p.name, self._steps.run("unpack", [], deb)) for p, deb in zip(
+                ordered, debs, strict=True)]  # fmt: skip
             assemble_image(self._base, layers, self._host_libraries(), dest)
         log.info("built image %s for %s", dest.name,
                  ", ".join(f"{p.name} {p.version}" for p in packages))  # fmt: skip
@@ -108,16 +110,30 @@ class AptPackageImages:
                 removed.append(entry.name)
         return removed
 
-    def _download(self, package: AgentPackage) -> bytes:
-        deb = self._steps.run("download", [f"{package.name}={package.version}"], network=True)
-        digest = hashlib.sha256(deb).hexdigest()
-        if len(deb) != package.size or digest != package.sha256:
-            raise SignatureMismatch(
-                f"package {package.name} {package.version}: the .deb apt fetched has sha256 "
-                f"{digest} ({len(deb)} bytes), not the approved {package.sha256} "
-                f"({package.size} bytes); nothing was unpacked (submit the change again)"
-            )
-        return deb
+    def _download(self, packages: Sequence[AgentPackage]) -> list[bytes]:
+        """Every approved ``.deb`` by one apt run, each checked against its approved size and
+        hash; SignatureMismatch naming the first that differs (nothing is unpacked then)."""
+        asked = [f"{p.name}={p.version}" for p in packages]
+        raw = self._steps.run("download", asked, network=True)
+        header, _, body = raw.partition(b"\n")
+        sizes = _sizes(header, len(packages))
+        if sizes is None:
+            raise SandboxError(f"downloading {', '.join(asked)}: the helper's answer is malformed")
+        if sum(sizes) != len(body):
+            raise SandboxError(f"downloading {', '.join(asked)}: sizes do not add up")
+        debs, offset = [], 0
+        for package, size in zip(packages, sizes, strict=True):
+            deb = body[offset : offset + size]
+            offset += size
+            digest = hashlib.sha256(deb).hexdigest()
+            if len(deb) != package.size or digest != package.sha256:
+                raise SignatureMismatch(
+                    f"package {package.name} {package.version}: the .deb apt fetched has sha256 "
+                    f"{digest} ({len(deb)} bytes), not the approved {package.sha256} "
+                    f"({package.size} bytes); nothing was unpacked (submit the change again)"
+                )
+            debs.append(deb)
+        return debs
 
     def _base_package_list(self) -> list[dict[str, str]]:
         """The host packages owning the base image's host libraries, with their versions."""
@@ -161,6 +177,19 @@ class AptPackageImages:
             if str(path.parent) in LIB_DIRS and ".so" in path.name and not path.is_symlink():
                 found.append(path)
         return sorted(set(found))
+
+
+def _sizes(header: bytes, count: int) -> list[int] | None:
+    """The download helper's header line: ``count`` sizes, or None if it is anything else."""
+    try:
+        sizes = json.loads(header)["sizes"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(sizes, list) or len(sizes) != count:
+        return None
+    if not all(isinstance(n, int) and n >= 0 for n in sizes):
+        return None
+    return sizes
 
 
 def bundle_roots(bundles_dir: Path) -> list[str]:

@@ -237,20 +237,39 @@ def resolve(names: Sequence[str], status_text: str, workdir: Path) -> list[dict[
 
 def download(name: str, version: str, workdir: Path) -> Path:
     """Download ``name`` at ``version`` from the host's archives into a new directory under
-    ``workdir`` and return the ``.deb``'s path. apt checks the file's hash against the signed
-    index; the caller re-checks the hash it approved. AptError if apt cannot fetch it."""
-    _check_names([name])
-    if len(version) > 128 or VERSION_RE.fullmatch(version) is None:
-        raise AptError(f"package {name}: {version[:100]!r} is not a Debian version")
+    ``workdir`` and return the ``.deb``'s path. apt checks the archive's signature and the
+    file's hash against the signed index; the caller re-checks the hash it approved."""
+    return download_all([(name, version)], workdir)[0]
+
+
+def download_all(wanted: Sequence[tuple[str, str]], workdir: Path) -> list[Path]:
+    """Every ``(name, version)`` of ``wanted`` by one ``apt-get download`` (apt builds its cache
+    once, seconds of CPU on this host), the ``.deb`` paths in the same order."""
+    for name, version in wanted:
+        _check_names([name])
+        if len(version) > 128 or VERSION_RE.fullmatch(version) is None:
+            raise AptError(f"package {name}: {version[:100]!r} is not a Debian version")
+    if len({name for name, _ in wanted}) != len(wanted):
+        raise AptError("download: a package is named twice")
     (workdir / "cache").mkdir(parents=True, exist_ok=True)
     target = workdir / "download"
-    target.mkdir()  # new and empty: the one .deb apt writes is the only file here
+    target.mkdir()  # new and empty: the .debs apt writes are the only files here
+    asked = [f"{name}={version}" for name, version in wanted]
     argv = ["apt-get", "download", "-o", f"Dir::Cache={workdir / 'cache'}"]
-    argv += ["-o", "Debug::NoLocking=1", "--", f"{name}={version}"]
+    argv += ["-o", "Debug::NoLocking=1", "--", *asked]
     proc = _run(argv, target)
     if proc.returncode != 0:
-        raise _apt_failure(f"apt-get download {name}={version}", proc)
+        raise _apt_failure(f"apt-get download {' '.join(asked)}", proc)
     debs = [p for p in target.iterdir() if p.is_file() and p.name.endswith(".deb")]
-    if len(debs) != 1:
-        raise AptError(f"apt-get download {name}={version}: expected one .deb, found {len(debs)}")
-    return debs[0]
+    found = []
+    for name, version in wanted:
+        # apt names the file NAME_VERSION_ARCH.deb (an epoch's colon escaped): match the name.
+        mine = [p for p in debs if p.name.startswith(f"{name}_")]
+        if len(mine) != 1:
+            raise AptError(
+                f"apt-get download {name}={version}: expected one .deb, found {len(mine)}"
+            )
+        found.append(mine[0])
+    if len(debs) != len(wanted):
+        raise AptError(f"apt-get download: expected {len(wanted)} .debs, found {len(debs)}")
+    return found

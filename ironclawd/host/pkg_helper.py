@@ -4,7 +4,8 @@
 
 - ``resolve NAME...``: the fake dpkg status (the base image's packages) on stdin; JSON of the
   candidates apt would install on stdout (host/pkg_apt.py).
-- ``download NAME=VERSION``: the ``.deb`` apt fetched and checked, on stdout.
+- ``download NAME=VERSION...``: the ``.deb`` files apt fetched and checked, by one apt run, on
+  stdout: a JSON line ``{"sizes": [...]}`` (in the order asked), then the files back to back.
 - ``unpack``: a ``.deb`` on stdin; a checked, normalised tar of its data on stdout
   (host/pkg_unpack.py). Maintainer scripts are never read.
 
@@ -34,7 +35,9 @@ FAILED_EXIT = 2
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: pkg_helper resolve NAME... | download NAME=VERSION | unpack", file=sys.stderr)
+        print(
+            "usage: pkg_helper resolve NAME... | download NAME=VERSION... | unpack", file=sys.stderr
+        )
         return FAILED_EXIT
     step, rest = args[0], args[1:]
     try:
@@ -59,12 +62,16 @@ def _run(step: str, rest: list[str], tmp: Path) -> None:
         sys.stdout.write(json.dumps(found, sort_keys=True))
         sys.stdout.flush()
     elif step == "download":
-        if len(rest) != 1 or "=" not in rest[0]:
-            raise RuntimeError("download: expected one NAME=VERSION")
-        name, _, version = rest[0].partition("=")
-        deb = pkg_apt.download(name, version, tmp)
-        with open(deb, "rb") as reader:
-            shutil.copyfileobj(reader, sys.stdout.buffer, 1 << 20)
+        wanted = [arg.partition("=") for arg in rest]
+        if not wanted or any(not sep for _, sep, _ in wanted):
+            raise RuntimeError("download: expected NAME=VERSION...")
+        debs = pkg_apt.download_all([(name, version) for name, _, version in wanted], tmp)
+        # One header line (each file's size, in the order asked), then the files back to back.
+        sizes = [deb.stat().st_size for deb in debs]
+        sys.stdout.buffer.write(json.dumps({"sizes": sizes}).encode() + b"\n")
+        for deb in debs:
+            with open(deb, "rb") as reader:
+                shutil.copyfileobj(reader, sys.stdout.buffer, 1 << 20)
     elif step == "unpack":
         deb = tmp / "package.deb"
         with open(deb, "wb") as writer:
