@@ -20,15 +20,20 @@ from ironclawd.bundle.image import content_digest
 from ironclawd.bundle.packages import AptPackageImages
 from ironclawd.host.pkg_runner import HelperRunner
 from tests.contract.package_contract import check_contract
+from tests.integration.test_rootfs import INTERPRETER_NAME, SHELL_NAME
 
 LIB_DIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
 
 
 def _inspect(image: Path, base: Path) -> dict[str, Any]:
-    files, setid, not_root, writable = [], [], [], []
+    files, setid, not_root, writable, named = [], [], [], [], []
     for path in sorted(image.rglob("*")):
         info = path.lstat()
         rel = str(path.relative_to(image))
+        # The rootfs test's names (tests/integration/test_rootfs.py), over every file of the image.
+        by_name = SHELL_NAME.fullmatch(path.name) or INTERPRETER_NAME.fullmatch(path.name)
+        if by_name and not stat.S_ISDIR(info.st_mode):
+            named.append(rel)
         if not (base / rel).exists() and not stat.S_ISDIR(info.st_mode):
             files.append(rel)
         if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
@@ -37,7 +42,8 @@ def _inspect(image: Path, base: Path) -> dict[str, Any]:
             not_root.append(rel)
         if not stat.S_ISLNK(info.st_mode) and info.st_mode & 0o222:
             writable.append(rel)
-    return {"added": files, "setid": setid, "not_root": not_root, "writable": writable}
+    return {"added": files, "setid": setid, "not_root": not_root, "writable": writable,
+            "shell_or_interpreter": named}  # fmt: skip
 
 
 def _units_left() -> str:

@@ -38,6 +38,7 @@ def test_the_real_adapter_keeps_the_contract_and_builds_a_clean_jq_image(daemon:
     assert "etc/ironclaw/programs.json" in added
     # jq loads libm: beside the base's libc even if the agent itself never needed it.
     assert report["libm"] is True
+    assert report["inspect"]["shell_or_interpreter"] == []
     assert report["inspect"]["setid"] == []
     assert report["inspect"]["not_root"] == []
     assert report["inspect"]["writable"] == []
