@@ -27,19 +27,21 @@ the ways interleaved round by round so that drift on a shared machine hits all a
   model turn): the difference is what starting a program in gVisor costs.
 
 Prints medians and p90 and writes ``results/bench-packages.json``; no assertion on any timing.
-First run (2 shared cores, load ~2, other engineers' tests beside it; median / p90 ms):
+Latest run (2 shared cores, nothing else running; median / p90 ms), with one download unit for
+the whole set (the first run, one unit per ``.deb``, built the image in 6721 ms, 5812 of them
+downloading):
 
-    resolve                       4369.6    4645.7   (apt builds its cache in memory each time)
-    image_build                   6721.4    7033.2
-      download                    5812.2    6018.5   (then 3 units, one per .deb: apt's CPU)
-      unpack                       821.5     822.7   (3 units)
-      assemble_and_rest            149.7     151.5
-    approve_jq (once)             5.92 s
-    session_start_jq_image        1045.0    1103.8
-    session_start_base_image      1022.3    1102.7   (+23 ms; -28 ms in a second run: noise)
-    tool_run_jq                    257.6    277.58
-    tool_list_files                59.96     72.84   (so ~198 ms to start jq in gVisor)
-    no_tool                        43.03     56.34
+    resolve                       4067.0    4135.1   (apt builds its cache in memory each time)
+    image_build                   2514.4    2670.6
+      download                    1870.0    1878.2   (1 unit: apt's CPU, not the network)
+      unpack                       641.9     653.1   (3 units)
+      assemble_and_rest            129.1     133.4
+    approve_jq (once)             3.25 s
+    session_start_jq_image        1057.4    1262.1
+    session_start_base_image      1067.5    1223.5   (-10 ms; +23 and -28 in earlier runs: noise)
+    tool_run_jq                   212.83    246.22
+    tool_list_files                39.54     45.74   (so ~173 ms to start jq in gVisor)
+    no_tool                        30.76     38.16
 
 The apt steps are apt's own CPU: as ``nobody`` on the host, ``apt-get download jq`` takes 2.1 s
 (1.85 s user) for a 64 KB file, ``apt-get -s install jq`` 3.4 s (3.2 s user). The whole
