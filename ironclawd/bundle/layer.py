@@ -74,10 +74,15 @@ def extract_layer(tar_bytes: bytes, staging: Path, base: Path) -> list[str]:
 
 
 def _data_filter(info: tarfile.TarInfo, staging: Path, where: str) -> None:
-    """tarfile's own ``data`` filter (PEP 706) as a second opinion; its result is not used."""
+    """tarfile's own ``data`` filter (PEP 706) as a second opinion; its result is not used.
+    Only where the interpreter has it (Python 3.11.4 and later): the .deb's daemon runs on
+    Debian 12's 3.11.2, which has none, and ``check_member`` is the rule either way."""
+    data_filter = getattr(tarfile, "data_filter", None)
+    if data_filter is None:
+        return
     try:
-        tarfile.data_filter(info, str(staging))
-    except tarfile.FilterError as exc:
+        data_filter(info, str(staging))
+    except tarfile.TarError as exc:  # tarfile.FilterError and its kinds
         raise PolicyDenied(f"{where}: refused by tarfile's data filter: {exc}") from exc
 
 

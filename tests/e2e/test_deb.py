@@ -233,6 +233,25 @@ def test_install_run_remove_purge_on_clean_debian(clean_debian: SystemdHarness, 
     _timed("send_reply", started)
     assert "hello" in sent["reply"]["text"], sent
 
+    # A Debian package through the gateway, from the installed daemon: apt resolves and
+    # downloads in the helper units (Debian's python3 with the package's site-packages), the
+    # image is built at approval, and the agent runs jq from its sandbox.
+    started = time.monotonic()
+    tools = "read_file,write_file,list_files,request_change,run"
+    for submit in (f"ironctl change submit --kind tools --agent demo --tools {tools} --json",
+                   "ironctl package add jq --agent demo --json"):  # fmt: skip
+        change = json.loads(sh(sd, submit, timeout=180))
+        decided = json.loads(sh(sd, f"ironctl change approve {change['id']} --yes --json",
+                                timeout=180))  # fmt: skip
+        assert decided["state"] == "applied", decided
+    _timed("package_jq", started)
+    listed = json.loads(sh(sd, "ironctl package list --agent demo --json"))["packages"]
+    assert "jq" in {p["name"] for p in listed}, listed
+    run = shlex.quote('/tool run {"program": "jq", "args": ["-n", "6 * 7"]}')
+    sent = json.loads(sh(sd, f"ironctl send {shlex.quote(sid)} {run} --json", timeout=120))
+    assert "exit code 0" in sent["reply"]["text"], sent
+    assert "42" in sent["reply"]["text"], sent
+
     # Upgrade (the same package again: postinst configure with the old version): only the
     # daemon restarts; the sandbox unit keeps running and the new daemon adopts it.
     unit = f"ironclaw-sbx-{sid}.service"
