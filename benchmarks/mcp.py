@@ -134,10 +134,13 @@ async def _direct_call(session: ClientSession) -> None:
 
 
 class Sandbox:
-    """The session of AGENT, driven over the admin API as ``ironctl send`` does."""
+    """A session, driven over the admin API as ``ironctl send`` does; ``label`` names the
+    benchmark in the failure message."""
 
-    def __init__(self, stub: admin_pb2_grpc.AdminServiceStub, sid: str) -> None:
-        self.stub, self.sid = stub, sid
+    def __init__(
+        self, stub: admin_pb2_grpc.AdminServiceStub, sid: str, label: str = "bench-mcp"
+    ) -> None:
+        self.stub, self.sid, self.label = stub, sid, label
         self.replies = Replies(stub, sid)
 
     def round_trip(self, text: str, expect: str) -> float:
@@ -147,7 +150,7 @@ class Sandbox:
         reply = self.replies.wait_for(sent.seq, timeout=120)[1].text
         took = time.perf_counter() - t0
         if not reply.startswith(expect) or "error" in reply.split("\n", 1)[0]:
-            raise SystemExit(f"bench-mcp: {text!r} answered {reply[:500]!r}")
+            raise SystemExit(f"{self.label}: {text!r} answered {reply[:500]!r}")
         return took
 
     def mcp_tool(self) -> float:

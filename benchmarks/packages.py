@@ -56,14 +56,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from benchmarks.messages import Replies
+from benchmarks.mcp import Sandbox
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.bundle.packages import AptPackageImages, Steps
@@ -181,24 +180,6 @@ def session_starts(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, list[floa
     return samples
 
 
-class Sandbox:
-    """A session of JQ_AGENT, driven over the admin API as ``ironctl send`` does."""
-
-    def __init__(self, stub: admin_pb2_grpc.AdminServiceStub, sid: str) -> None:
-        self.stub, self.sid = stub, sid
-        self.replies = Replies(stub, sid)
-
-    def round_trip(self, text: str, expect: str) -> float:
-        t0 = time.perf_counter()
-        request = admin_pb2.SendMessageRequest(sid=self.sid, text=text, client_id=uuid.uuid4().hex)
-        sent = self.stub.SendMessage(request, timeout=60)
-        reply = self.replies.wait_for(sent.seq, timeout=120)[1].text
-        took = time.perf_counter() - t0
-        if not reply.startswith(expect) or "error" in reply.split("\n", 1)[0]:
-            raise SystemExit(f"bench-packages: {text!r} answered {reply[:500]!r}")
-        return took
-
-
 def tool_calls(sandbox: Sandbox) -> dict[str, list[float]]:
     ways = {  # the message sent, how its reply starts
         "tool_run_jq": (f"/tool run {RUN_JQ}", "tool run said: exit code 0"),
@@ -227,7 +208,7 @@ def in_daemon() -> dict[str, Any]:
             stub = admin_pb2_grpc.AdminServiceStub(channel)
             starts = session_starts(stub)
             sid = stub.CreateSession(admin_pb2.CreateSessionRequest(agent=JQ_AGENT), timeout=120)
-            sandbox = Sandbox(stub, sid.session.sid)
+            sandbox = Sandbox(stub, sid.session.sid, "bench-packages")
             try:
                 calls = tool_calls(sandbox)
             finally:

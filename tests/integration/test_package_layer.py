@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,6 @@ import pytest
 from ironclawd.bundle import layer
 from ironclawd.bundle.layer import extract_layer
 from ironclawd.errors import PolicyDenied
-from ironclawd.host.pkg_unpack import unpack
 from tests.support import debs
 
 pytestmark = [
@@ -32,20 +30,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the extractor chowns to root)"),
     pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb (package dpkg)"),
 ]
-
-
-def helper_output(deb: Path) -> bytes:
-    out = io.BytesIO()
-    unpack(deb, out)
-    return out.getvalue()
-
-
-def raw_data_tar(deb: Path) -> bytes:
-    """What dpkg-deb gives for the package's data: the helper's input, unchecked."""
-    result = subprocess.run(
-        ["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True, timeout=60
-    )
-    return result.stdout
 
 
 def make_tar(members: Sequence[debs.Member]) -> bytes:
@@ -95,7 +79,7 @@ def image(tmp_path: Path) -> Image:
 
 
 def test_the_benign_layer_lands_root_owned_read_only(image: Image, tmp_path: Path) -> None:
-    data = helper_output(debs.benign(tmp_path))
+    data = debs.helper_output(debs.benign(tmp_path))
     before = image.everything_but_staging()
     written = image.extract(data)
     assert written == list(debs.BENIGN_LAYER)
@@ -120,7 +104,7 @@ def test_each_hostile_package_is_refused_again_without_the_helper(
     name: str, image: Image, tmp_path: Path
 ) -> None:
     hostile = debs.HOSTILE[name]
-    raw = raw_data_tar(hostile.build(tmp_path))
+    raw = debs.raw_data_tar(hostile.build(tmp_path))
     before = image.everything_but_staging()
     with pytest.raises(PolicyDenied) as caught:
         image.extract(raw)
@@ -135,7 +119,7 @@ def test_each_hostile_package_is_refused_again_without_the_helper(
 def test_no_extended_attribute_or_file_capability_lands(image: Image, tmp_path: Path) -> None:
     # The raw data, bypassing the helper (which drops pax headers): the extractor writes file
     # contents and its own owner and mode, nothing else of the header.
-    image.extract(raw_data_tar(debs.with_capability(tmp_path)))
+    image.extract(debs.raw_data_tar(debs.with_capability(tmp_path)))
     hello = image.staging / "usr/bin/hello"
     assert hello.read_bytes() == debs.HELLO
     assert os.listxattr(hello, follow_symlinks=False) == []
@@ -153,7 +137,7 @@ def test_a_package_cannot_shadow_the_base(
     path: str, words: str, image: Image, tmp_path: Path
 ) -> None:
     base_before = tree(image.base)
-    data = helper_output(debs.shadowing(tmp_path, path))  # the helper cannot know the base
+    data = debs.helper_output(debs.shadowing(tmp_path, path))  # the helper cannot know the base
     with pytest.raises(PolicyDenied, match=re.escape(words)):
         image.extract(data)
     assert tree(image.base) == base_before
@@ -161,12 +145,12 @@ def test_a_package_cannot_shadow_the_base(
 
 
 def test_a_directory_may_join_a_directory_of_the_base(image: Image, tmp_path: Path) -> None:
-    written = image.extract(helper_output(debs.benign(tmp_path)))
+    written = image.extract(debs.helper_output(debs.benign(tmp_path)))
     assert "usr/bin" in written  # the base has usr/bin as a real directory: no shadowing
 
 
 def test_two_packages_one_file_is_refused(image: Image, tmp_path: Path) -> None:
-    data = helper_output(debs.benign(tmp_path))
+    data = debs.helper_output(debs.benign(tmp_path))
     image.extract(data)
     with pytest.raises(PolicyDenied, match="'usr/bin/hello': already in the image"):
         image.extract(data)
@@ -225,7 +209,7 @@ def test_one_file_twice_in_one_layer_is_refused(image: Image) -> None:
 
 
 def test_a_truncated_or_compressed_or_garbled_tar_is_refused(image: Image, tmp_path: Path) -> None:
-    data = helper_output(debs.benign(tmp_path))
+    data = debs.helper_output(debs.benign(tmp_path))
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         cut = tar.getmembers()[3].offset  # a header boundary: tarfile alone would accept it
     with pytest.raises(PolicyDenied, match="truncated"):

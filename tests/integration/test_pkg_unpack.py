@@ -32,20 +32,6 @@ pytestmark = [
 ]
 
 
-def helper_output(deb: Path) -> bytes:
-    out = io.BytesIO()
-    unpack(deb, out)
-    return out.getvalue()
-
-
-def raw_data_tar(deb: Path) -> bytes:
-    """What dpkg-deb itself gives for the package's data: the helper's input, unchecked."""
-    result = subprocess.run(
-        ["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True, timeout=60
-    )
-    return result.stdout
-
-
 # ---------------------------------------------------------------- the test packages are real
 
 
@@ -55,7 +41,7 @@ def test_every_test_package_is_a_deb_dpkg_reads(tmp_path: Path) -> None:
     for deb in built:
         info = subprocess.run(["dpkg-deb", "--info", str(deb)], capture_output=True, check=False)
         assert info.returncode == 0, (deb.name, info.stderr)
-        assert raw_data_tar(deb)[:512].strip(b"\0"), deb.name
+        assert debs.raw_data_tar(deb)[:512].strip(b"\0"), deb.name
 
 
 # ---------------------------------------------------------------- helper side
@@ -79,7 +65,7 @@ def test_the_helper_refuses_each_hostile_package_naming_member_and_reason(
 def test_the_benign_package_becomes_exactly_its_clean_layer(
     compression: debs.Compression, tmp_path: Path
 ) -> None:
-    data = helper_output(debs.benign(tmp_path, compression))
+    data = debs.helper_output(debs.benign(tmp_path, compression))
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         members = tar.getmembers()
         contents = {m.name: tar.extractfile(m).read() for m in members if m.isreg()}  # type: ignore[union-attr]
@@ -100,7 +86,7 @@ def test_maintainer_scripts_never_reach_the_layer_nor_run(tmp_path: Path) -> Non
         ["dpkg-deb", "--info", str(deb)], capture_output=True, text=True, check=True
     ).stdout
     assert "postinst" in listing  # the control: the package really carries one
-    data = helper_output(deb)
+    data = debs.helper_output(deb)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         assert sorted(tar.getnames()) == ["usr", "usr/bin", "usr/bin/hello"]
     assert debs.POSTINST.encode() not in data
@@ -109,10 +95,10 @@ def test_maintainer_scripts_never_reach_the_layer_nor_run(tmp_path: Path) -> Non
 
 def test_extended_attributes_and_file_capabilities_are_dropped(tmp_path: Path) -> None:
     deb = debs.with_capability(tmp_path)
-    with tarfile.open(fileobj=io.BytesIO(raw_data_tar(deb)), mode="r:") as tar:
+    with tarfile.open(fileobj=io.BytesIO(debs.raw_data_tar(deb)), mode="r:") as tar:
         carried = tar.getmember("./usr/bin/hello").pax_headers
     assert "SCHILY.xattr.security.capability" in carried  # the package really carries one
-    with tarfile.open(fileobj=io.BytesIO(helper_output(deb)), mode="r:") as tar:
+    with tarfile.open(fileobj=io.BytesIO(debs.helper_output(deb)), mode="r:") as tar:
         assert {m.name: m.pax_headers for m in tar.getmembers()} == {
             "usr": {},
             "usr/bin": {},
@@ -125,11 +111,11 @@ def test_a_dotdot_path_writes_nothing_outside(tmp_path: Path) -> None:
     assert not escaped.exists()
     deb = debs.HOSTILE["dotdot"].build(tmp_path)
     with pytest.raises(PolicyDenied, match=r"'\.\.'"):
-        helper_output(deb)
+        debs.helper_output(deb)
     staging = tmp_path / "staging"
     staging.mkdir()
     with pytest.raises(PolicyDenied, match=r"'\.\.'"):
-        extract_layer(raw_data_tar(deb), staging, tmp_path / "no-base")
+        extract_layer(debs.raw_data_tar(deb), staging, tmp_path / "no-base")
     assert not escaped.exists()
     assert list(staging.iterdir()) == []
 
@@ -145,9 +131,9 @@ def test_something_dpkg_deb_cannot_read_fails_with_its_words(tmp_path: Path) -> 
 
 def test_a_data_member_that_is_no_tar_is_refused(tmp_path: Path) -> None:
     deb = debs.not_a_tar(tmp_path)
-    assert raw_data_tar(deb).startswith(b"this is not a tar")  # dpkg-deb is content with it
+    assert debs.raw_data_tar(deb).startswith(b"this is not a tar")  # dpkg-deb is content with it
     with pytest.raises(PolicyDenied, match=r"data\.tar is not a tar archive we read"):
-        helper_output(deb)
+        debs.helper_output(deb)
 
 
 def test_the_helper_bounds_members_and_bytes(
@@ -156,11 +142,11 @@ def test_the_helper_bounds_members_and_bytes(
     deb = debs.benign(tmp_path)
     monkeypatch.setattr(pkg_unpack, "MAX_LAYER_MEMBERS", 3)
     with pytest.raises(PolicyDenied, match="more than 3 members"):
-        helper_output(deb)
+        debs.helper_output(deb)
     monkeypatch.setattr(pkg_unpack, "MAX_LAYER_MEMBERS", 100)
     monkeypatch.setattr(pkg_unpack, "MAX_LAYER_BYTES", len(debs.HELLO) + 1)
     with pytest.raises(PolicyDenied, match=f"more than {len(debs.HELLO) + 1} bytes"):
-        helper_output(deb)
+        debs.helper_output(deb)
 
 
 def test_a_member_below_a_symlink_of_its_own_package_is_refused(tmp_path: Path) -> None:
@@ -171,4 +157,4 @@ def test_a_member_below_a_symlink_of_its_own_package_is_refused(tmp_path: Path) 
     ]
     deb = debs.build_deb(tmp_path / "below-link.deb", members)
     with pytest.raises(PolicyDenied, match="below the symlink usr/lib/x"):
-        helper_output(deb)
+        debs.helper_output(deb)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import lzma
 import struct
+import subprocess
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -260,3 +261,20 @@ def shadowing(directory_: Path, path: str = SHADOWING_PATH) -> Path:
     """A package providing ``path``, which the base image already has."""
     members = [*dirs_of(path), entry(path, data=b"not libc\n", mode=0o755)]
     return build_deb(directory_ / "shadowing.deb", members, package="shadowing")
+
+
+def helper_output(deb: Path) -> bytes:
+    """What the unpack helper (host/pkg_unpack.py) writes for ``deb``: the checked layer tar."""
+    from ironclawd.host.pkg_unpack import unpack  # noqa: PLC0415 - builders need no ironclawd
+
+    out = io.BytesIO()
+    unpack(deb, out)
+    return out.getvalue()
+
+
+def raw_data_tar(deb: Path) -> bytes:
+    """What dpkg-deb itself gives for the package's data: the helper's input, unchecked."""
+    result = subprocess.run(
+        ["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True, timeout=60
+    )
+    return result.stdout
