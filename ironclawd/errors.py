@@ -21,7 +21,8 @@ from those to ``ironctl`` exit codes (docs/style.md §6)::
     │   └── MinisignFormatError         INVALID_ARGUMENT
     ├── UpstreamFailed                  UNAVAILABLE
     ├── ProviderError                   UNAVAILABLE
-    └── McpServerFailed                 UNAVAILABLE
+    ├── McpServerFailed                 UNAVAILABLE
+    └── ChannelFailed                   UNAVAILABLE
 
 Foreign exceptions are translated once, at the adapter that met them, with ``raise ... from exc``.
 This module imports nothing, so every layer can use it: the pure formats (``ironclawd.formats``,
@@ -125,6 +126,16 @@ class McpServerFailed(IronclawError):
     protocol (gRPC UNAVAILABLE); the message names the server and what happened."""
 
 
+class ChannelFailed(IronclawError):
+    """A channel (Matrix, webhook) could not take or deliver a message (gRPC UNAVAILABLE); the
+    message names the channel and what happened. ``retryable`` is False when trying again
+    cannot help (the homeserver refused the bot, the receiver answered 4xx)."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
 # Error class -> gRPC status. Every class has its own row (a subclass does not inherit its base's
 # silently): tests/unit/test_error_tree.py fails for a class without one. Every rate limit,
 # budget and full disk is RESOURCE_EXHAUSTED.
@@ -150,6 +161,7 @@ GRPC_STATUS: Final[Mapping[type[IronclawError], str]] = MappingProxyType({
     UpstreamFailed: "UNAVAILABLE",
     ProviderError: "UNAVAILABLE",
     McpServerFailed: "UNAVAILABLE",
+    ChannelFailed: "UNAVAILABLE",
 })  # fmt: skip
 
 # gRPC status -> ironctl exit code, for every status there is (the numbers are the ones
