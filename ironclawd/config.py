@@ -19,13 +19,16 @@ from typing import Any
 import tomli
 
 from ironclawd import paths
+from ironclawd.config_channels import channel_reference, parse_channels
 from ironclawd.config_keys import (
     MCP_KEYS,
     _abs_path,
     _choice,
     _cidrs,
+    _convert,
     _credential,
     _egress_rules,
+    _expected,
     _float,
     _group_name,
     _int,
@@ -38,6 +41,7 @@ from ironclawd.config_keys import (
     _url,
 )
 from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.egress import EgressLimits
 from ironclawd.domain.mcp import McpLimits
 from ironclawd.domain.messages import QueueLimits
@@ -113,6 +117,7 @@ class Config:
     sockets: SocketsConfig = SocketsConfig()
     mcp: McpLimits = McpLimits()  # noqa: RUF009
     agents: tuple[AgentSpec, ...] = ()
+    channels: tuple[ChannelConfig, ...] = ()
     source: str = "(defaults)"
 
 
@@ -303,26 +308,6 @@ def _parse_agents(body: Any, source: str) -> tuple[AgentSpec, ...]:
     return tuple(agents)
 
 
-def _convert(spec: _Key, value: Any, key: str, source: str) -> Any:
-    """One value converted, or a ConfigError naming the key: a converter meeting a value of a
-    type it did not foresee (TypeError, ...) is a bad value too, never a crash of start or
-    reload."""
-    try:
-        return spec.convert(value)
-    except ValueError as exc:
-        expected = str(exc)
-    except (TypeError, KeyError, AttributeError, OverflowError):
-        expected = _expected(spec)
-    raise ConfigError(
-        f"{source}: bad value for '{key}': expected {expected}, got {_clip(value)}"
-    ) from None
-
-
-def _clip(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def parse_config(text: str, source: str) -> Config:
     """Parse and validate TOML text; raise ConfigError naming the first bad key."""
     try:
@@ -334,8 +319,11 @@ def parse_config(text: str, source: str) -> Config:
         if table == "agents":
             sections["agents"] = _parse_agents(body, source)
             continue
+        if table == "channels":
+            sections["channels"] = parse_channels(body, source)
+            continue
         if table not in SCHEMA:
-            known = {**SCHEMA, "agents": None}
+            known = {**SCHEMA, "agents": None, "channels": None}
             raise ConfigError(f"{source}: unknown table [{table}]{_hint(table, known)}")
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: '{table}' must be a table, like [{table}]")
@@ -376,17 +364,8 @@ def reference_markdown() -> str:
         lines.append(
             f"| `agents.NAME.{key}` | `{default!r:.40}` | {_expected(spec)} | {spec.doc} |"
         )
+    lines.extend(channel_reference())
     return "\n".join(lines) + "\n"
-
-
-def _expected(spec: _Key) -> str:
-    try:
-        spec.convert(object())
-    except ValueError as exc:
-        return str(exc)
-    except (TypeError, KeyError, AttributeError, OverflowError):
-        return "a value of the type in docs/config.md"
-    return "any"
 
 
 def _hint(name: str, known: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.changes import KINDS
 from ironclawd.domain.egress import EgressRule, rule_from_mapping
 from ironclawd.domain.tools import CATALOG
+from ironclawd.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,36 @@ def _egress_rules(v: Any) -> tuple[EgressRule, ...]:
         return tuple(rule_from_mapping(r) for r in v)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"a list of egress rules: {exc}") from None
+
+
+def _convert(spec: _Key, value: Any, key: str, source: str) -> Any:
+    """One value converted, or a ConfigError naming the key: a converter meeting a value of a
+    type it did not foresee (TypeError, ...) is a bad value too, never a crash of start or
+    reload."""
+    try:
+        return spec.convert(value)
+    except ValueError as exc:
+        expected = str(exc)
+    except (TypeError, KeyError, AttributeError, OverflowError):
+        expected = _expected(spec)
+    raise ConfigError(
+        f"{source}: bad value for '{key}': expected {expected}, got {_clip(value)}"
+    ) from None
+
+
+def _clip(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _expected(spec: _Key) -> str:
+    try:
+        spec.convert(object())
+    except ValueError as exc:
+        return str(exc)
+    except (TypeError, KeyError, AttributeError, OverflowError):
+        return "a value of the type in docs/config.md"
+    return "any"
 
 
 # The [mcp] table (domain/mcp.py McpLimits; docs/mcp.md "Time-outs, caps and back-off").

@@ -22,7 +22,7 @@ from ironclawd.domain.session import Session, State
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 from ironclawd.store.translate import translated
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _MIGRATIONS = {
     1: """
         CREATE TABLE sessions (
@@ -70,6 +70,38 @@ _MIGRATIONS = {
         CREATE INDEX changes_by_state ON changes (state, created_at);
         CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
                                  mac TEXT NOT NULL);
+    """,
+    # Channels (store/channel_state.py): cursors, which session a sender or room talks to, the
+    # receive redo log, messages and their replies' deliveries, messages held for an operator.
+    4: """
+        CREATE TABLE channel_cursors (channel TEXT PRIMARY KEY, cursor TEXT NOT NULL);
+        CREATE TABLE channel_sessions (channel TEXT NOT NULL, where_ TEXT NOT NULL,
+                                       key TEXT NOT NULL, sid TEXT NOT NULL,
+                                       PRIMARY KEY (channel, where_, key));
+        CREATE TABLE channel_receiving (
+            channel TEXT NOT NULL, event_id TEXT NOT NULL, sid TEXT NOT NULL,
+            client_id TEXT NOT NULL, where_ TEXT NOT NULL, thread TEXT NOT NULL,
+            sender TEXT NOT NULL, text TEXT NOT NULL, reply_url TEXT NOT NULL,
+            PRIMARY KEY (channel, event_id)
+        );
+        CREATE TABLE channel_messages (
+            sid TEXT NOT NULL, seq INTEGER NOT NULL, channel TEXT NOT NULL, where_ TEXT NOT NULL,
+            thread TEXT NOT NULL, event_id TEXT NOT NULL, sender TEXT NOT NULL,
+            reply_url TEXT NOT NULL, PRIMARY KEY (sid, seq)
+        );
+        CREATE UNIQUE INDEX channel_messages_by_event ON channel_messages (channel, event_id);
+        CREATE TABLE deliveries (
+            sid TEXT NOT NULL, reply_seq INTEGER NOT NULL, channel TEXT NOT NULL,
+            state TEXT NOT NULL, attempts INTEGER NOT NULL, next_at REAL NOT NULL,
+            last_error TEXT NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (sid, reply_seq)
+        );
+        CREATE INDEX deliveries_by_channel ON deliveries (channel, state, updated_at);
+        CREATE TABLE held (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT NOT NULL, where_ TEXT NOT NULL,
+            sender TEXT NOT NULL, event_id TEXT NOT NULL, thread TEXT NOT NULL,
+            text TEXT NOT NULL, mentioned INTEGER NOT NULL, received_at REAL NOT NULL,
+            UNIQUE (channel, event_id)
+        );
     """,
 }
 _CHANGE_COLUMNS = (
@@ -123,6 +155,13 @@ class StateStore:
             self._db.executescript(
                 f"BEGIN IMMEDIATE; {_MIGRATIONS[step]}; PRAGMA user_version = {step}; COMMIT;"
             )
+
+    @contextlib.contextmanager
+    def shared(self, doing: str) -> Iterator[Any]:
+        """The connection under the lock, errors translated naming ``doing``: for a store
+        module keeping its tables in this DB (store/channel_state.py)."""
+        with self._op(doing):
+            yield self._db
 
     def close(self) -> None:
         with self._op("closing"):

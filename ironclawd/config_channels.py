@@ -1,0 +1,179 @@
+"""The ``[[channels]]`` array of tables: the Matrix logins and webhook listeners the daemon
+runs (docs/channels.md). Credentials are named here, never read: a channel reads its own when
+it needs them, so a rotated token is picked up without a restart."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from ironclawd.config_keys import (
+    _choice,
+    _convert,
+    _credential,
+    _expected,
+    _float,
+    _int,
+    _Key,
+)
+from ironclawd.domain.channels import CHANNEL_NAME_RE, ChannelConfig, WebhookEndpoint
+from ironclawd.domain.messages import MAX_MESSAGE_BYTES
+from ironclawd.errors import ConfigError
+
+KINDS = ("matrix", "webhook")
+ENDPOINT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+MATRIX_USER_RE = re.compile(r"@[a-z0-9._=/+-]{1,255}:[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?")
+MAX_ENDPOINTS = 64
+
+
+def _channel_name(v: Any) -> str:
+    if not isinstance(v, str) or not CHANNEL_NAME_RE.fullmatch(v):
+        raise ValueError("a channel name of [a-z][a-z0-9-], at most 32 characters")
+    return v
+
+
+def _homeserver(v: Any) -> str:
+    parts = urlsplit(v) if isinstance(v, str) else None
+    if parts is None or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        raise ValueError("a homeserver base URL like https://matrix.example.org")
+    if parts.scheme == "http" and not _loopback(parts.hostname):
+        raise ValueError("an https:// URL (http:// only for a loopback homeserver)")
+    if parts.scheme not in ("https", "http") or parts.username or parts.password:
+        raise ValueError("an https:// URL without user or password")
+    return str(v).rstrip("/")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _user_id(v: Any) -> str:
+    if not isinstance(v, str) or not MATRIX_USER_RE.fullmatch(v):
+        raise ValueError("a Matrix user id like @bot:example.org")
+    return v
+
+
+def _device_id(v: Any) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", v):
+        raise ValueError("a device id of [A-Za-z0-9_-], at most 64 characters")
+    return v
+
+
+def _listen(v: Any) -> str:
+    """``host:port`` (an IP literal, IPv6 in brackets) or ``unix:/absolute/path``."""
+    expected = "'127.0.0.1:8787', '[::1]:8787' or 'unix:/run/ironclaw/hooks.sock'"
+    if not isinstance(v, str):
+        raise ValueError(expected)  # noqa: TRY004
+    if v.startswith("unix:"):
+        path = v[5:]
+        if not path.startswith("/") or "\0" in path or "/../" in path + "/" or len(path) > 100:
+            raise ValueError(f"{expected} (a unix socket path: absolute, no '..', < 100 chars)")
+        return v
+    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:([0-9]{1,5})|([^:\[\]]+):([0-9]{1,5})", v)
+    if match is None:
+        raise ValueError(expected)
+    host, port = (match[1], match[2]) if match[1] else (match[3], match[4])
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{expected} (an IP address, not a host name)") from None
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"{expected} (a port from 1 to 65535)")
+    return v
+
+
+def _endpoints(v: Any) -> tuple[WebhookEndpoint, ...]:
+    expected = f"a list of 1-{MAX_ENDPOINTS} tables {{name, secret_credential}} with unique names"
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_ENDPOINTS:
+        raise ValueError(expected)
+    out: list[WebhookEndpoint] = []
+    for item in v:
+        if not isinstance(item, dict) or set(item) != {"name", "secret_credential"}:
+            raise ValueError(expected)
+        name = item["name"]
+        if not isinstance(name, str) or not ENDPOINT_NAME_RE.fullmatch(name):
+            raise ValueError(f"{expected} (an endpoint name is [a-z0-9][a-z0-9_-], <= 64)")
+        if any(e.name == name for e in out):
+            raise ValueError(f"{expected} (endpoint {name!r} twice)")
+        out.append(WebhookEndpoint(name, _credential(item["secret_credential"])))
+    return tuple(out)
+
+
+COMMON_KEYS: Mapping[str, _Key] = {
+    "name": _Key(_channel_name, "Channel name: identities on it read '<name>:<sender>'."),
+    "type": _Key(_choice(KINDS), "What it speaks."),
+    "max_message_bytes": _Key(
+        _int(1, MAX_MESSAGE_BYTES), "Longer inbound messages are refused before the queue."
+    ),
+    "sender_messages_per_minute": _Key(_int(1, 100_000), "Inbound messages per sender."),
+    "channel_messages_per_minute": _Key(_int(1, 1_000_000), "Inbound messages, all senders."),
+}
+MATRIX_KEYS: Mapping[str, _Key] = {
+    "homeserver": _Key(_homeserver, "Matrix: homeserver base URL (https; http only loopback)."),
+    "user_id": _Key(_user_id, "Matrix: the bot's user id."),
+    "token_credential": _Key(_credential, "Matrix: credential holding the bot's access token."),
+    "device_id": _Key(_device_id, "Matrix: the bot's device id."),
+}
+WEBHOOK_KEYS: Mapping[str, _Key] = {
+    "listen": _Key(_listen, "Webhook: where to listen (IP:port, or unix:/path for a proxy)."),
+    "endpoints": _Key(
+        _endpoints, "Webhook: endpoints (POST /hooks/<name>), each with its HMAC key credential."
+    ),
+    "replay_window_seconds": _Key(
+        _float(1.0, 3600.0), "Webhook: signatures older (or newer) than this are stale."
+    ),
+}
+KEYS: Mapping[str, Mapping[str, _Key]] = {"matrix": MATRIX_KEYS, "webhook": WEBHOOK_KEYS}
+REQUIRED = {"matrix": ("homeserver", "user_id", "token_credential"), "webhook": ("listen",
+            "endpoints")}  # fmt: skip
+
+
+def parse_channels(body: Any, source: str) -> tuple[ChannelConfig, ...]:
+    """``[[channels]]`` tables, each checked against the keys of its type; names unique."""
+    if not isinstance(body, list) or not all(isinstance(t, dict) for t in body):
+        raise ConfigError(f"{source}: 'channels' must be an array of tables, like [[channels]]")
+    channels: list[ChannelConfig] = []
+    for index, table in enumerate(body):
+        where = f"channels[{index}]"
+        kind = _convert(COMMON_KEYS["type"], table.get("type"), f"{where}.type", source)
+        name = _convert(COMMON_KEYS["name"], table.get("name"), f"{where}.name", source)
+        where = f"channels.{name}"
+        if any(c.name == name for c in channels):
+            raise ConfigError(f"{source}: channel name '{name}' is used twice")
+        keys = {**COMMON_KEYS, **KEYS[kind]}
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            if key not in keys:
+                other = next((k for k in KINDS if key in KEYS[k]), "")
+                why = f" (a key of {other} channels)" if other else ""
+                raise ConfigError(
+                    f"{source}: unknown key '{where}.{key}' for a {kind} channel{why} (expected "
+                    f"one of: {', '.join(sorted(keys))})"
+                )
+            values[key] = _convert(keys[key], value, f"{where}.{key}", source)
+        missing = [k for k in REQUIRED[kind] if k not in values]
+        if missing:
+            raise ConfigError(f"{source}: {where}: a {kind} channel needs {', '.join(missing)}")
+        channels.append(ChannelConfig(**values))
+    return tuple(channels)
+
+
+def channel_reference() -> list[str]:
+    """Rows of the config reference (docs/config.md) for ``[[channels]]``."""
+    example = ChannelConfig("example", "webhook")
+    rows = []
+    for keys in (COMMON_KEYS, MATRIX_KEYS, WEBHOOK_KEYS):
+        for key, spec in keys.items():
+            default = "(required)" if key in ("name", "type") else repr(getattr(example, key))
+            rows.append(
+                f"| `channels[].{key}` | `{default:.40}` | {_expected(spec)} | {spec.doc} |"
+            )
+    return rows
