@@ -26,6 +26,13 @@ SESSION = Session("abcd1234", "demo", State.CREATING, 1.0, 1.0, 1.0)
 CHANGE = Change("chg-1", "persona", "demo", "{}", "why", "uid:0(root)", "{}", "{}", "h", 1.0, 2.0)
 REPLY = Reply(1, 1, 1.0, "hi", GENESIS)
 
+
+def _shared(store: StateStore) -> Any:
+    """What store/channel_state.py does with the connection it shares."""
+    with store.shared("reading channel rows") as db:
+        return db.execute("SELECT 1").fetchone()
+
+
 # One call per public StateStore method: a new method must be added here (the test checks).
 CALLS: dict[str, Callable[[StateStore], Any]] = {
     "insert": lambda s: s.insert(SESSION),
@@ -48,6 +55,7 @@ CALLS: dict[str, Callable[[StateStore], Any]] = {
     "count_changes_since": lambda s: s.count_changes_since("uid:0(root)", 0.0),
     "set_audit_head": lambda s: s.set_audit_head(1, "mac"),
     "audit_head": lambda s: s.audit_head(),
+    "shared": _shared,
 }
 CLOSE_IS_IDEMPOTENT = "close"  # closing a closed connection is a no-op in the driver
 
