@@ -13,6 +13,7 @@ from those to ``ironctl`` exit codes (docs/style.md §6)::
     │   ├── ResponseRefused             PERMISSION_DENIED
     │   └── SignatureMismatch           PERMISSION_DENIED
     ├── Unauthenticated                 UNAUTHENTICATED
+    │   └── SignatureError              UNAUTHENTICATED
     ├── NotFound                        NOT_FOUND
     ├── Conflict                        FAILED_PRECONDITION
     │   └── AlreadyExists               ALREADY_EXISTS
@@ -88,6 +89,16 @@ class Unauthenticated(IronclawError):
     """The caller's identity could not be established from the kernel."""
 
 
+class SignatureError(Unauthenticated):
+    """A signed webhook's ``X-Ironclaw-Signature`` does not authenticate its body
+    (``formats/webhook_sig.py``); ``reason`` is one of "missing", "malformed", "stale",
+    "mismatch" and the message says what was expected."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"signature {reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
 class NotFound(IronclawError):
     """The named thing does not exist."""
 
@@ -152,6 +163,7 @@ GRPC_STATUS: Final[Mapping[type[IronclawError], str]] = MappingProxyType({
     ResponseRefused: "PERMISSION_DENIED",
     SignatureMismatch: "PERMISSION_DENIED",
     Unauthenticated: "UNAUTHENTICATED",
+    SignatureError: "UNAUTHENTICATED",
     NotFound: "NOT_FOUND",
     Conflict: "FAILED_PRECONDITION",
     AlreadyExists: "ALREADY_EXISTS",
