@@ -121,3 +121,19 @@ class ChannelAdapter(Protocol):
         """Check the channel end to end without sending a message (log in, bind, resolve);
         a description of what was checked, or ``ChannelFailed``."""
         ...
+
+
+class WebhookSender(Protocol):
+    """Outbound HTTP for the webhook channel under the egress broker's address rules
+    (implemented by ``services/webhook_delivery.py``; ``host/webhook.py`` may not reach the
+    network layer itself)."""
+
+    async def post(
+        self, *, channel: str, url: str, body: bytes, secret: bytes, delivery_id: str
+    ) -> int:
+        """Sign ``body`` with ``secret`` (``formats/webhook_sig.py``) and POST it to ``url`` with
+        ``X-Ironclaw-Delivery-Id: delivery_id``: the name resolved once on the host, every answer
+        checked like the broker's, the connection made only to the checked address. Returns the
+        2xx status once the receiver accepted it; else ``ChannelFailed`` (``retryable`` False
+        for a refused URL or address and for a 3xx or a 4xx other than 408 and 429)."""
+        ...

@@ -219,29 +219,7 @@ class EgressBroker:
         return request, detector
 
     async def _resolve_checked(self, target: Target) -> IPAddress:
-        """The one address to connect to; PolicyDenied if any answer may not be reached."""
-        if target.address is not None:
-            answers: list[IPAddress] = [target.address]
-        else:
-            raw = await asyncio.wait_for(
-                self._resolver.resolve(target.host, target.port),
-                self._limits.connect_timeout_seconds,
-            )
-            try:
-                answers = [ipaddress.ip_address(a.split("%", 1)[0]) for a in raw]
-            except ValueError as exc:
-                raise UpstreamFailed(f"resolving {target.host}: bad answer: {exc}") from None
-            if not answers:
-                raise UpstreamFailed(f"resolving {target.host}: no addresses")
-        for answer in answers:
-            reason = refusal_reason(answer, self._limits.internal_cidrs)
-            if reason is not None:
-                # One bad answer spoils the name: a resolver that mixes a loopback answer in
-                # with good ones is hostile, and which answer a client picks is not ours to bet on.
-                raise PolicyDenied(
-                    f"egress: {target.host} resolves to {answer}, a {reason}; refused"
-                )
-        return answers[0]
+        return await resolve_checked(self._resolver, target, self._limits)
 
     async def _exchange(
         self, request: UpstreamRequest, detector: SecretDetector, deadline: float, audit: _Audit
@@ -335,6 +313,30 @@ class EgressBroker:
             self._record(decision)
         except Exception as exc:  # the audit sink must not turn a decision into a crash
             log.error("egress: recording a decision failed: %s", exc)
+
+
+async def resolve_checked(resolver: Resolver, target: Target, limits: EgressLimits) -> IPAddress:
+    """The one address to connect to for ``target``; PolicyDenied if any answer may not be
+    reached (also the webhook channel's outbound rule: services/webhook_delivery.py)."""
+    if target.address is not None:
+        answers: list[IPAddress] = [target.address]
+    else:
+        raw = await asyncio.wait_for(
+            resolver.resolve(target.host, target.port), limits.connect_timeout_seconds
+        )
+        try:
+            answers = [ipaddress.ip_address(a.split("%", 1)[0]) for a in raw]
+        except ValueError as exc:
+            raise UpstreamFailed(f"resolving {target.host}: bad answer: {exc}") from None
+        if not answers:
+            raise UpstreamFailed(f"resolving {target.host}: no addresses")
+    for answer in answers:
+        reason = refusal_reason(answer, limits.internal_cidrs)
+        if reason is not None:
+            # One bad answer spoils the name: a resolver that mixes a loopback answer in
+            # with good ones is hostile, and which answer a client picks is not ours to bet on.
+            raise PolicyDenied(f"egress: {target.host} resolves to {answer}, a {reason}; refused")
+    return answers[0]
 
 
 class _Audit:
