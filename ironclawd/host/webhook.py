@@ -227,13 +227,28 @@ class WebhookChannel:
 
     def _secret_of(self, endpoint: WebhookEndpoint) -> bytes:
         try:
-            value = self._secret(endpoint.secret_credential)  # read each time: rotation works
-        except IronclawError as exc:
-            self._error(f"endpoint {endpoint.name}: its secret cannot be read: {exc}")
+            return self._key(endpoint)
+        except ChannelFailed as exc:
+            self._error(str(exc))
             raise _Refused(
                 503, "the endpoint's secret is not available", "try again later"
             ) from None
-        return value.encode()
+
+    def _key(self, endpoint: WebhookEndpoint) -> bytes:
+        """The endpoint's HMAC key, read each time (a rotated credential is picked up); a short
+        one is refused, never used: an empty or guessable key would let anyone sign. Retryable:
+        the operator may put the right credential in place."""
+        try:
+            value = self._secret(endpoint.secret_credential).encode()
+        except IronclawError as exc:
+            raise ChannelFailed(f"webhook {self.name}: endpoint {endpoint.name}: its secret "
+                                f"cannot be read: {exc}") from exc  # fmt: skip
+        if len(value) < MIN_SECRET_BYTES:
+            raise ChannelFailed(
+                f"webhook {self.name}: endpoint {endpoint.name}: secret "
+                f"{endpoint.secret_credential} is {len(value)} bytes; expected {MIN_SECRET_BYTES}+"
+            )
+        return value
 
     def _take_tokens(self, endpoint: WebhookEndpoint) -> None:
         sender = self._senders[endpoint.name]
@@ -296,7 +311,7 @@ class WebhookChannel:
                            "text": reply.text}).encode()  # fmt: skip
         try:
             await self._sender.post(channel=self.name, url=reply.reply_url, body=body,
-                                    secret=self._secret(endpoint.secret_credential).encode(),
+                                    secret=self._key(endpoint),
                                     delivery_id=reply.delivery_id)  # fmt: skip
         except ChannelFailed as exc:
             self._count("delivery_failed")
@@ -317,17 +332,7 @@ class WebhookChannel:
         if self._runner is None:
             raise ChannelFailed(f"webhook {self.name}: not listening ({self._listen})")
         for endpoint in self._endpoints.values():
-            try:
-                size = len(self._secret(endpoint.secret_credential).encode())
-            except IronclawError as exc:
-                raise ChannelFailed(f"webhook {self.name}: endpoint {endpoint.name}: {exc}",
-                                    retryable=False) from exc  # fmt: skip
-            if size < MIN_SECRET_BYTES:
-                raise ChannelFailed(
-                    f"webhook {self.name}: endpoint {endpoint.name}: secret "
-                    f"{endpoint.secret_credential} is {size} bytes; expected {MIN_SECRET_BYTES}+",
-                    retryable=False,
-                )
+            self._key(endpoint)
         return (f"listening on {self._bound}; {len(self._endpoints)} endpoint(s), each with a "
                 "readable secret")  # fmt: skip
 

@@ -24,7 +24,7 @@ from ironclawd.formats.webhook_sig import HEADER, sign
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.webhook import WebhookChannel
 from ironclawd.ports.channels import Admission, InboundEvent, Receipt
-from tests.integration.webhook_support import CONFIG, SECRETS
+from tests.integration.webhook_support import CONFIG, SECRETS, secret
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -67,7 +67,7 @@ class Served:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.sink = RecordingSink()
-        self.channel = WebhookChannel(config, SECRETS.__getitem__, SystemClock(), NoSender())
+        self.channel = WebhookChannel(config, secret, SystemClock(), NoSender())
         self.call(self.channel.start(self.sink))
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -299,13 +299,18 @@ def test_a_unix_socket_listener(serve: Any, tmp_path: Path) -> None:
     assert not path.exists()
 
 
-def test_test_checks_the_listener_and_every_secret(serve: Any) -> None:
-    served = serve()
-    assert "2 endpoint(s)" in served.call(served.channel.test())
-    weak = serve(endpoints=(WebhookEndpoint("x", "short"),))
-    SECRETS["short"] = "too short"
+def test_a_short_or_missing_secret_is_never_used(serve: Any, client: httpx.Client) -> None:
+    served = serve(endpoints=(WebhookEndpoint("weak", "short"), WebhookEndpoint("gone", "nope")))
+    SECRETS["short"] = ""  # an empty key: anyone could sign with it
     try:
+        body = envelope()
+        for name, key in (("gone", "x" * 40), ("weak", "")):
+            response = client.post(served.url(name), content=body, headers=signed(body, key))
+            refused(response, 503, "secret")
+        assert "expected 32+" in served.channel.status().last_error
         with pytest.raises(ChannelFailed, match="expected 32"):
-            weak.call(weak.channel.test())
+            served.call(served.channel.test())
     finally:
         del SECRETS["short"]
+    assert served.sink.events == []
+    assert "2 endpoint(s)" in served.call(serve().channel.test())

@@ -24,7 +24,7 @@ from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports.channels import OutboundReply
 from ironclawd.services.webhook_delivery import DeliveryDecision, WebhookDelivery
-from tests.integration.webhook_support import CONFIG, SECRETS, Recorder, run_in_netns
+from tests.integration.webhook_support import CONFIG, SECRETS, Recorder, run_in_netns, secret
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def outbound(
         clock = SystemClock()
         sender = WebhookDelivery(resolver=SystemResolver(), upstream=PinnedHttpClient(),
                                  limits=limits, clock=clock, record=decisions.append)  # fmt: skip
-        channel = WebhookChannel(CONFIG, SECRETS.__getitem__, clock, sender)
+        channel = WebhookChannel(CONFIG, secret, clock, sender)
         try:
             await scenario(channel, recorder)
         finally:

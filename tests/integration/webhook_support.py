@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from ironclawd.domain.channels import ChannelConfig, WebhookEndpoint
+from ironclawd.errors import NotFound
 
 T = TypeVar("T")
 SECRETS = {"hook-secret-a": "a" * 40, "hook-secret-b": "b" * 40}
@@ -34,6 +35,14 @@ CONFIG = ChannelConfig(
     sender_messages_per_minute=1000,
     channel_messages_per_minute=1000,
 )
+
+
+def secret(name: str) -> str:
+    """Like ``CredentialStore.get``: NotFound for a credential that is not there."""
+    if name not in SECRETS:
+        raise NotFound(f"credential {name}: not found")
+    return SECRETS[name]
+
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
