@@ -14,6 +14,7 @@ requests only: a stranger who knows the URL cannot use up the sender's rate.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -54,6 +55,7 @@ from ironclawd.ports.channels import (
 log = logging.getLogger("ironclawd.channels.webhook")
 ENVELOPE_SLACK = 4096  # bytes of JSON around the text: keys, event id, thread, escapes
 MIN_SECRET_BYTES = 32
+BODY_SECONDS = 30.0
 STATUS: dict[Admission, int] = {
     Admission.QUEUED: 200, Admission.DUPLICATE: 200, Admission.NOT_ENGAGED: 200,
     Admission.HELD: 202, Admission.DROPPED: 403, Admission.NOT_WIRED: 404, Admission.REFUSED: 400,
@@ -107,6 +109,7 @@ class WebhookChannel:
         self._sink = sink
         app = web.Application(client_max_size=self._cap)
         app.router.add_post("/hooks/{endpoint}", self._handle)
+        app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         # shutdown_timeout: stop() waits this long for requests being handed to the sink.
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=30.0)
         await runner.setup()
@@ -178,6 +181,16 @@ class WebhookChannel:
             )  # fmt: skip
         return answer
 
+    async def _elsewhere(self, request: web.Request) -> web.Response:
+        """Anything but ``POST /hooks/<endpoint>``: a JSON refusal like every other."""
+        self._count("refused_other")
+        if request.path.startswith("/hooks/") and request.path.count("/") == 2:
+            return web.json_response({"error": f"method {request.method[:16]} is not served",
+                                      "expected": "POST"}, status=405,
+                                     headers={"Allow": "POST"})  # fmt: skip
+        return web.json_response({"error": "no such path", "expected": "POST /hooks/<endpoint>"},
+                                 status=404)  # fmt: skip
+
     async def _check_and_receive(self, request: web.Request, name: str) -> web.Response:
         endpoint = self._endpoints.get(name)
         if endpoint is None:
@@ -187,9 +200,13 @@ class WebhookChannel:
         if request.content_length is not None and request.content_length > self._cap:
             raise self._too_large(request.content_length)
         try:
-            body = await request.read()
+            # A sender trickling its body would hold a connection for ever: it has a deadline.
+            body = await asyncio.wait_for(request.read(), BODY_SECONDS)
         except web.HTTPRequestEntityTooLarge:
             raise self._too_large(None) from None
+        except TimeoutError:
+            raise _Refused(408, f"the body did not arrive within {BODY_SECONDS:g} s",
+                           "the whole body at once") from None  # fmt: skip
         key = self._authenticate(endpoint, request.headers.get(HEADER), body)
         self._take_tokens(endpoint)
         event = self._parse(body, endpoint)

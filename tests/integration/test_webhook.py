@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import stat
 import threading
 import time
@@ -21,6 +22,7 @@ import pytest
 from ironclawd.domain.channels import ChannelConfig, WebhookEndpoint
 from ironclawd.errors import ChannelFailed, HostError
 from ironclawd.formats.webhook_sig import HEADER, sign
+from ironclawd.host import webhook
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.webhook import WebhookChannel
 from ironclawd.ports.channels import Admission, InboundEvent, Receipt
@@ -238,8 +240,10 @@ def test_unknown_endpoint_and_method(serve: Any, client: httpx.Client) -> None:
     served = serve()
     body = envelope()
     refused(client.post(served.url("nope"), content=body, headers=signed(body)), 404, "endpoint")
-    assert client.get(served.url("github")).status_code == 405
-    assert client.post(f"http://{served.channel.bound}/other", content=body).status_code == 404
+    answer = refused(client.get(served.url("github")), 405, "GET")
+    assert answer["expected"] == "POST"
+    refused(client.post(f"http://{served.channel.bound}/other", content=body), 404, "path")
+    refused(client.put(f"http://{served.channel.bound}/hooks/github/x", content=body), 404)
     assert served.sink.events == []
 
 
@@ -314,3 +318,15 @@ def test_a_short_or_missing_secret_is_never_used(serve: Any, client: httpx.Clien
         del SECRETS["short"]
     assert served.sink.events == []
     assert "2 endpoint(s)" in served.call(serve().channel.test())
+
+
+def test_a_trickled_body_is_cut_off(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webhook, "BODY_SECONDS", 0.5)
+    served = serve()
+    host, port = served.channel.bound.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /hooks/github HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        answer = sock.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert '"error": "the body did not arrive within 0.5 s"' in answer
+    assert served.sink.events == []
