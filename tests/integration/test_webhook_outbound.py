@@ -13,17 +13,19 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import aiohttp
 import pytest
 
 from ironclawd.domain.egress import EgressLimits
 from ironclawd.errors import ChannelFailed
-from ironclawd.formats.webhook_sig import DELIVERY_HEADER, HEADER, verify
+from ironclawd.formats.webhook_sig import DELIVERY_HEADER, HEADER, sign, verify
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.webhook import WebhookChannel
 from ironclawd.net.http import PinnedHttpClient
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports.channels import OutboundReply
 from ironclawd.services.webhook_delivery import DeliveryDecision, WebhookDelivery
+from tests.contract.channel_contract import check_contract
 from tests.integration.webhook_support import CONFIG, SECRETS, Recorder, run_in_netns, secret
 
 pytestmark = pytest.mark.integration
@@ -115,3 +117,48 @@ def test_a_reply_to_a_private_address_is_refused_by_the_brokers_rules(url: str, 
 
     decisions = outbound(scenario)
     assert [d.verdict for d in decisions] == ["refused"]
+
+
+class WebhookPeer:
+    """A service POSTing signed webhooks to the channel (retrying, with the same signed request,
+    what was not acknowledged) and receiving its replies at ``reply_url``, de-duplicated by
+    ``X-Ironclaw-Delivery-Id`` as the protocol asks of a receiver."""
+
+    where = sender = "github"
+    reply_url = f"http://{RECEIVER}:8080/replies"
+
+    def __init__(self, channel: WebhookChannel, recorder: Recorder) -> None:
+        self._channel = channel
+        self._recorder = recorder
+        self._sent = 0
+
+    async def send(self, text: str) -> str:
+        self._sent += 1
+        event_id = f"ev-{self._sent}"
+        body = json.dumps({"event_id": event_id, "text": text}).encode()
+        headers = {HEADER: sign(SECRETS["hook-secret-a"].encode(), int(time.time()), body)}
+        url = f"http://{self._channel.bound}/hooks/{self.where}"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(5):
+                async with session.post(url, data=body, headers=headers) as response:
+                    if response.status == 200:
+                        return event_id
+                    assert response.status == 503, await response.text()
+        raise AssertionError(f"{event_id} was not acknowledged in 5 tries")
+
+    async def shown(self) -> list[str]:
+        replies: dict[str, str] = {}
+        for seen in self._recorder.seen:
+            verify(SECRETS["hook-secret-a"].encode(), seen.headers[HEADER], seen.body,
+                   time.time(), 60)  # fmt: skip
+            replies.setdefault(seen.headers[DELIVERY_HEADER], json.loads(seen.body)["text"])
+        return list(replies.values())
+
+
+def test_the_webhook_channel_keeps_the_channel_contract() -> None:
+    async def scenario(channel: WebhookChannel, recorder: Recorder) -> None:
+        await check_contract(channel, WebhookPeer(channel, recorder))
+        assert len(recorder.seen) == 3  # sent twice, shown once: the receiver de-duplicates
+
+    decisions = outbound(scenario)
+    assert [d.verdict for d in decisions] == ["delivered"] * 3
