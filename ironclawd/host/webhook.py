@@ -296,6 +296,7 @@ class WebhookChannel:
 
     async def _receive(self, event: InboundEvent) -> Receipt:
         assert self._sink is not None
+        self._count("received")  # passed every check: handed to the inbox
         try:
             receipt = await self._sink.receive(event)
         except IronclawError as exc:
