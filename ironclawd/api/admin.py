@@ -11,12 +11,13 @@ import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
-from ironclawd.api.admin_changes import ChangesMixin
+from ironclawd.api.admin_changes import ChangesMixin, operator_groups
 from ironclawd.api.admin_mcp import McpMixin, McpProber
 from ironclawd.api.auth import current_caller
+from ironclawd.domain.channels import host_user_allowed
 from ironclawd.domain.checks import CheckResult, Status
 from ironclawd.domain.session import Session, State
-from ironclawd.errors import InvalidArgument
+from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
 from ironclawd.ports import JournalReader
 from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
@@ -140,6 +141,20 @@ class AdminServicer(ChangesMixin, McpMixin, admin_pb2_grpc.AdminServiceServicer)
     async def SendMessage(
         self, request: admin_pb2.SendMessageRequest, context: Context
     ) -> admin_pb2.SendMessageResponse:
+        try:
+            session: Session | None = self._sessions.get(request.sid)
+        except IronclawError:
+            session = None  # send() names what is wrong, in its own order of checks
+        spec = self._registry.get(session.agent) if session is not None else None
+        caller = current_caller()
+        if spec is not None and not host_user_allowed(
+            spec.permissions, caller.user_name, sorted(operator_groups())
+        ):
+            raise PolicyDenied(
+                f"uid {caller.uid} ({caller.user_name}) may not talk to agent '{spec.name}': its "
+                "permissions allow only the host users and groups they name "
+                "(ironctl permissions show " + spec.name + ")"
+            )
         sent = await self._messages.send(request.sid, request.text, request.client_id)
         return admin_pb2.SendMessageResponse(
             seq=sent.seq, duplicate=not sent.new, replies_before=sent.replies_before

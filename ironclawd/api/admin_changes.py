@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import grp
 import json
 from typing import Any
 
@@ -24,6 +26,17 @@ def operator() -> str:
     """Who decides, as the kernel told us at connect time."""
     caller = current_caller()
     return f"uid:{caller.uid}({caller.user_name})"
+
+
+def operator_groups() -> frozenset[str]:
+    """The names of the host groups the kernel said the caller is in at connect time (primary
+    and supplementary; a gid without a name has none)."""
+    caller = current_caller()
+    names: set[str] = set()
+    for gid in {caller.gid, *caller.groups}:
+        with contextlib.suppress(KeyError):
+            names.add(grp.getgrgid(gid).gr_name)
+    return frozenset(names)
 
 
 class ChangesMixin:
@@ -61,13 +74,15 @@ class ChangesMixin:
     ) -> admin_pb2.ApproveChangeResponse:
         if not request.hash:
             raise InvalidArgument("hash: an approval must name the change's hash (change show)")
-        change = await self._gateway.approve(request.id, request.hash, operator())
+        change = await self._gateway.approve(
+            request.id, request.hash, operator(), operator_groups()
+        )
         return admin_pb2.ApproveChangeResponse(change=change_to_proto(change))
 
     async def RejectChange(
         self, request: admin_pb2.RejectChangeRequest, context: Context
     ) -> admin_pb2.RejectChangeResponse:
-        change = await self._gateway.reject(request.id, operator(), request.note)
+        change = await self._gateway.reject(request.id, operator(), request.note, operator_groups())
         return admin_pb2.RejectChangeResponse(change=change_to_proto(change))
 
     async def ListAgents(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ironclawd.domain.channels import Permissions, Route
 from ironclawd.domain.egress import EgressRule
 from ironclawd.domain.mcp import McpGrant, McpServer
 from ironclawd.domain.packages import AgentPackage
@@ -72,6 +73,10 @@ class AgentSpec:
     mcp_servers: tuple[McpServer, ...] = ()  # MCP servers registered for this agent
     mcp_grants: tuple[McpGrant, ...] = ()  # MCP tools granted, each pinned to its definition
     packages: tuple[AgentPackage, ...] = ()  # Debian packages in its image, dependencies included
+    wiring: tuple[Route, ...] = ()  # which rooms and webhook endpoints reach it (none by default)
+    permissions: Permissions = field(
+        default_factory=Permissions
+    )  # who may talk to it, who approves its changes
 
 
 BUILTIN: dict[str, AgentSpec] = {"demo": AgentSpec("demo")}

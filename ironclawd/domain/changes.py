@@ -105,7 +105,7 @@ class ParsedChange(Generic[P]):
         self.kind.authorize(self.payload, submitter)
 
     def host_check(self, host: HostChecks) -> None:
-        self.kind.host_check(self.payload, host)
+        self.kind.host_check_for(self.agent, self.payload, host)
 
     def resolved(self, host: HostChecks) -> ParsedChange[P]:
         """At submission: the change with what the host decides filled in (kinds' ``resolve``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from ironclawd.domain.changes import (
     parse_change,
     transition,
 )
-from ironclawd.domain.packages import AgentPackage
+from ironclawd.domain.channels import ChannelConfig, approver_group
 from ironclawd.errors import (
     Conflict,
     InvalidArgument,
@@ -39,7 +39,6 @@ from ironclawd.errors import (
     RateLimited,
     SandboxError,
 )
-from ironclawd.formats import skill as skill_format
 from ironclawd.ports import (
     AuditSink,
     ChangeRecords,
@@ -49,6 +48,7 @@ from ironclawd.ports import (
     TrustedKeys,
 )
 from ironclawd.services.audit import Throttled
+from ironclawd.services.host_checks import GatewayHostChecks
 from ironclawd.services.registry import Registry
 
 log = logging.getLogger("ironclawd.gateway")
@@ -78,6 +78,7 @@ class Gateway:
         clock: Clock,
         skill_keys: TrustedKeys | None = None,
         packages: PackageImages | None = None,
+        channels: Sequence[ChannelConfig] = (),
     ) -> None:
         self._store = store
         self._mounts = mounts
@@ -86,7 +87,10 @@ class Gateway:
         self._policy = policy
         self._restart = restart_agent_sessions
         self._clock = clock
-        self._host = _HostChecks(mounts, policy.mount_allowlist, skill_keys, packages)
+        self._host = GatewayHostChecks(
+            mounts=mounts, mount_allowlist=policy.mount_allowlist, keys=skill_keys,
+            packages=packages, channels=channels, agents=registry,
+        )  # fmt: skip
         self._lock = asyncio.Lock()
         self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
@@ -200,22 +204,33 @@ class Gateway:
 
     # -- decisions (admin API only) -------------------------------------------------------
 
-    async def approve(self, change_id: str, expected_hash: str, approver: str) -> Change:
+    async def approve(
+        self,
+        change_id: str,
+        expected_hash: str,
+        approver: str,
+        approver_groups: Collection[str] = (),
+    ) -> Change:
+        """``approver_groups``: the host groups the kernel says the approver is in (primary and
+        supplementary), for the agent's approver-group rule (its permissions)."""
         # Once decided, the change is applied in a task of the gateway's: a client that leaves
         # (its deadline) must not cut the apply between the registry and the sessions' restart.
         task = asyncio.get_running_loop().create_task(
-            self._approve(change_id, expected_hash, approver)
+            self._approve(change_id, expected_hash, approver, approver_groups)
         )
         self._work.add(task)
         task.add_done_callback(self._work.discard)
         task.add_done_callback(_retrieve)
         return await asyncio.shield(task)
 
-    async def _approve(self, change_id: str, expected_hash: str, approver: str) -> Change:
+    async def _approve(
+        self, change_id: str, expected_hash: str, approver: str, groups: Collection[str]
+    ) -> Change:
         async with self._lock:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
+            self._check_approver_group(change, approver, groups, "approve")
             # Bytes: compare_digest raises TypeError on a str holding non-ASCII characters.
             given = expected_hash.encode("utf-8", "surrogateescape")
             if not given or not secrets.compare_digest(given, change.hash.encode()):
@@ -228,16 +243,35 @@ class Gateway:
             self._audit.record("change.approved", approver, change=change.id, hash=change.hash)
             return await self._apply(change)
 
-    async def reject(self, change_id: str, approver: str, note: str) -> Change:
+    async def reject(
+        self, change_id: str, approver: str, note: str, approver_groups: Collection[str] = ()
+    ) -> Change:
         async with self._lock:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
+            self._check_approver_group(change, approver, approver_groups, "reject")
             change = transition(change, ChangeState.REJECTED, decided_by=approver,
                                 decided_at=self._clock.time(), note=note[:2000])  # fmt: skip
             self._store.save_change(change)
             self._audit.record("change.rejected", approver, change=change.id, note=note[:500])
             return change
+
+    def _check_approver_group(
+        self, change: Change, approver: str, groups: Collection[str], verb: str
+    ) -> None:
+        """The agent's permissions may name a host group that alone decides this kind for it
+        (on top of ironclaw-admin): read from the agent as it is now, so a permissions change
+        is decided under the rule it would replace."""
+        spec = self._registry.get(change.agent)
+        group = approver_group(spec.permissions, change.kind) if spec is not None else None
+        if group is not None and group not in groups:
+            why = (
+                f"agent '{change.agent}' requires {change.kind} changes to be decided by a member "
+                f"of host group '{group}', and {approver} is not one"
+            )
+            self._audit.record("change.approval_refused", approver, change=change.id, reason=why)
+            raise PolicyDenied(f"cannot {verb} {change.id}: {why}")
 
     def _refuse(self, change: Change, approver: str, why: str) -> None:
         self._audit.record("change.approval_refused", approver, change=change.id, reason=why)
@@ -302,42 +336,6 @@ class Gateway:
             else:
                 log.info("change %s approved by %s before a restart: applied now", change.id,
                          change.decided_by)  # fmt: skip
-
-
-class _HostChecks:
-    """What change kinds may ask of the host (ironclawd/domain/kinds/base.py HostChecks)."""
-
-    def __init__(
-        self,
-        mounts: MountSources,
-        mount_allowlist: tuple[str, ...],
-        keys: TrustedKeys | None,
-        packages: PackageImages | None,
-    ) -> None:
-        self._mounts = mounts
-        self._mount_allowlist = mount_allowlist
-        self._keys = keys
-        self._packages = packages
-
-    def mount_source(self, source: str) -> None:
-        """Mount allowlist: the source a real directory below an allowlisted one."""
-        self._mounts.resolve(source, self._mount_allowlist)
-
-    def skill_signature(self, name: str, manifest: bytes, signature: str) -> str:
-        """Skill signature: by a key in the trusted directory (none given: no key is trusted)."""
-        trusted = self._keys.read() if self._keys is not None else {}
-        return skill_format.verify_manifest(name, manifest, signature, trusted)
-
-    def resolve_packages(self, names: tuple[str, ...]) -> tuple[AgentPackage, ...]:
-        return self._package_images().resolve(names)
-
-    def prepare_packages(self, packages: tuple[AgentPackage, ...]) -> None:
-        self._package_images().image(packages)
-
-    def _package_images(self) -> PackageImages:
-        if self._packages is None:
-            raise PolicyDenied("this ironclawd has no package support (no image builder)")
-        return self._packages
 
 
 def _retrieve(task: asyncio.Task[Change]) -> None:

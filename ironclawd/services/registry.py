@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ironclawd.domain.agents import AgentMount, AgentSpec
+from ironclawd.domain.channels import Permissions, Route
 from ironclawd.domain.egress import rule_from_mapping
 from ironclawd.domain.mcp import McpGrant, McpServer, McpToolDef
 from ironclawd.domain.packages import AgentPackage
@@ -33,6 +34,8 @@ def spec_from_json(text: str) -> AgentSpec:
     values["mcp_servers"] = tuple(_server(s) for s in raw.get("mcp_servers", ()))
     values["mcp_grants"] = tuple(McpGrant(**g) for g in raw.get("mcp_grants", ()))
     values["packages"] = tuple(AgentPackage(**p) for p in raw.get("packages", ()))
+    values["wiring"] = tuple(Route(**r) for r in raw.get("wiring", ()))
+    values["permissions"] = _permissions(raw.get("permissions", {}))
     return AgentSpec(**values)
 
 
@@ -47,6 +50,13 @@ def _skill(raw: dict[str, Any]) -> AgentSkill:
             egress=tuple(rule_from_mapping(r) for r in grants.get("egress", ())),
             mcp_tools=tuple(McpGrant(**g) for g in grants.get("mcp_tools", ())),
         ),
+    )  # fmt: skip
+
+
+def _permissions(raw: dict[str, Any]) -> Permissions:
+    return Permissions(
+        allow=tuple(raw.get("allow", ())), unknown=raw.get("unknown", "drop"),
+        approvers=tuple((k, g) for k, g in raw.get("approvers", ())),
     )  # fmt: skip
 
 

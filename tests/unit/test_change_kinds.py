@@ -51,6 +51,12 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "create_agent": {"persona": "You help.", "tools": ["read_file"], "provider": "anthropic"},
     "skills": skill_samples.payload(),
     "mcp": {"op": "register", "server": {"name": "time", "command": ["/usr/bin/mcp-time"]}},
+    "wiring": {"routes": [{"channel": "chat", "where": "!room:example.org", "engage": "mention"}]},
+    "permissions": {
+        "allow": ["chat:@alice:example.org"],
+        "unknown": "hold",
+        "approvers": {"wiring": "wheel"},
+    },
     # As stored: the names and the set the host resolved at submission.
     "packages": {
         "packages": ["jq"],
@@ -77,7 +83,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
 # The view keys each kind may change when applied (create_agent makes the whole agent).
 OWNS = {"persona": {"persona"}, "tools": {"tools"}, "egress": {"egress"}, "mounts": {"mounts"},
         "skills": {"skills.weather", "skills.weather.grants"}, "mcp": {"mcp_servers"},
-        "packages": {"packages"}}  # fmt: skip
+        "packages": {"packages"}, "wiring": {"wiring"},
+        "permissions": {"permissions"}}  # fmt: skip
 # The AgentSpec fields each kind may change, where they are not its view keys.
 FIELDS = {**OWNS, "skills": {"skills"}}
 
@@ -160,15 +167,27 @@ def test_each_kind_round_trips_parse_dump_diff_and_apply(name: str) -> None:
             parsed.apply(None)
 
 
-def test_every_kind_without_a_sample_is_a_refused_kind() -> None:
+def test_every_kind_has_a_sample_and_none_is_refused() -> None:
+    assert sorted(SAMPLES) == sorted(KINDS)
     for name, kind in KINDS.items():
-        if name not in SAMPLES:
-            assert isinstance(kind, RefusedKind), name
-            assert kind.refusal, name
-            with pytest.raises(InvalidArgument, match=f"cannot apply {name} changes yet"):
-                kind.parse({})
-        else:
-            assert not kind.refusal, name
+        assert not isinstance(kind, RefusedKind), name
+        assert not kind.refusal, name
+
+
+def test_a_refused_kind_is_refused_with_its_reason_and_nothing_parses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kind = RefusedKind("later", why="needs a host feature")
+    monkeypatch.setitem(KINDS, kind.name, kind)
+    for payload in ("{}", '{"x": 1}'):
+        with pytest.raises(InvalidArgument) as err:
+            check_payload("later", "demo", payload)
+        assert str(err.value) == (
+            "kind later: this ironclawd cannot apply later changes yet; nothing was queued "
+            "(needs a host feature)"
+        )
+    with pytest.raises(InvalidArgument, match="cannot apply later changes yet"):
+        kind.parse({})
 
 
 # -- a kind that exists only in this test ------------------------------------------------------

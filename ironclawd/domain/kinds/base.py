@@ -41,6 +41,19 @@ class HostChecks(Protocol):
         """Build the image holding exactly ``packages`` (each ``.deb`` re-checked against its
         approved hash: SignatureMismatch if it changed); SandboxError if it cannot be built."""
 
+    def channel_kind(self, name: str) -> str:
+        """ "matrix" or "webhook": the type of configured channel ``name``; InvalidArgument
+        naming the configured channels if there is none of that name."""
+
+    def webhook_endpoint(self, channel: str, endpoint: str) -> None:
+        """InvalidArgument unless webhook channel ``channel`` configures ``endpoint``."""
+
+    def route_owner(self, channel: str, where: str) -> str | None:
+        """The agent wired to room or endpoint ``where`` of ``channel`` now, if any."""
+
+    def host_group(self, name: str) -> None:
+        """InvalidArgument unless ``name`` is a group on this host."""
+
 
 class ChangeKind(ABC, Generic[P]):
     """One kind of change. ``P`` is its payload: a frozen dataclass."""
@@ -83,6 +96,11 @@ class ChangeKind(ABC, Generic[P]):
     def prepare(self, payload: P, host: HostChecks) -> None:
         """At apply only, before the agent changes: host work the new spec needs (the image of
         its packages). A failure leaves the agent as it was."""
+
+    def host_check_for(self, agent: str, payload: P, host: HostChecks) -> None:
+        """``host_check`` for a kind whose host checks need the target agent's name (whether a
+        room is wired to another agent); by default just ``host_check``."""
+        self.host_check(payload, host)
 
 
 class RefusedKind(ChangeKind[None]):
