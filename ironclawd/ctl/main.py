@@ -26,6 +26,7 @@ from ironclawd.ctl import (
     render,
     sessions,
     skills,
+    wiring,
 )
 from ironclawd.ctl.common import (
     CtlError,
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     skills.register(sub)
     mcp.register(sub)
     packages.register(sub)
+    wiring.register(sub)
     return parser
 
 
