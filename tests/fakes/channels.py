@@ -31,6 +31,7 @@ class FakeChannelAdapter:
         self.shown: dict[str, OutboundReply] = {}  # delivery id -> reply, first one kept
         self.failures: list[ChannelFailed] = []  # raised by the next deliver calls, in order
         self.stopped = 0
+        self.delivered = asyncio.Event()  # set by the first deliver call
         self._next = 0
 
     async def start(self, sink: InboxSink) -> None:
@@ -64,6 +65,7 @@ class FakeChannelAdapter:
 
     async def deliver(self, reply: OutboundReply) -> None:
         self.deliveries.append(reply)
+        self.delivered.set()
         if self.failures:
             raise self.failures.pop(0)
         self.shown.setdefault(reply.delivery_id, reply)

@@ -1,0 +1,289 @@
+"""``Inbox``: the ``InboxSink`` every channel adapter hands its messages to (docs/channels.md).
+
+A message is routed by (channel, where) over the agents' wiring, admitted by the agent's
+permissions (drop, or hold for an operator), engaged by the route's rule, and sent to the
+session its route's session key names (created when missing or gone) through
+``MessageService.send`` with a client id derived from the channel's event id: that id's
+uniqueness in the session's queue is the durable de-duplication. Receiving is a redo log
+(ports/channel_records.py), so a daemon killed between any two steps loses and duplicates
+nothing. Replies go back through ``Deliverer`` (services/inbox_delivery.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.channels import Route, admission, engages, session_key
+from ironclawd.domain.checks import CheckResult, failed, passed
+from ironclawd.domain.messages import check_body
+from ironclawd.domain.session import Session
+from ironclawd.errors import ChannelFailed, InvalidArgument, IronclawError, NotFound
+from ironclawd.ports import Clock
+from ironclawd.ports.channel_records import (
+    ChannelMessage,
+    ChannelRecords,
+    Delivery,
+    HeldMessage,
+    Receiving,
+)
+from ironclawd.ports.channels import (
+    Admission,
+    ChannelAdapter,
+    ChannelStatus,
+    InboundEvent,
+    Receipt,
+)
+from ironclawd.services.inbox_delivery import Deliverer, MessagePort
+
+log = logging.getLogger("ironclawd.inbox")
+
+RECENT_FAILURES = 5
+
+
+class SessionPort(Protocol):
+    """What the inbox needs of ``SessionService``."""
+
+    def get(self, sid: str) -> Session: ...
+    async def create(self, agent: str, sid: str | None = None) -> Session: ...
+
+
+def client_id(channel: str, event_id: str) -> str:
+    """The queue's de-duplication key of a channel event (stable across restarts)."""
+    digest = hashlib.sha256(f"{channel}\0{event_id}".encode("utf-8", "surrogatepass"))
+    return "ch-" + digest.hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class ChannelReport:
+    status: ChannelStatus
+    deliveries: Mapping[str, int]  # by state (ports/channel_records.py DELIVERY_STATES)
+    held: int
+    failures: tuple[Delivery, ...]  # the newest failed or retrying deliveries
+
+
+class Inbox:
+    def __init__(
+        self,
+        *,
+        records: ChannelRecords,
+        messages: MessagePort,
+        sessions: SessionPort,
+        agents: Mapping[str, AgentSpec],
+        adapters: Mapping[str, ChannelAdapter],
+        clock: Clock,
+        deliverer: Deliverer | None = None,
+    ) -> None:
+        self._records = records
+        self._messages = messages
+        self._sessions = sessions
+        self._agents = agents
+        self.adapters = dict(adapters)
+        self._clock = clock
+        self.deliverer = deliverer or Deliverer(
+            records=records, messages=messages, adapters=self.adapters, clock=clock
+        )
+        self._key_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+
+    # -- InboxSink -------------------------------------------------------------------------
+
+    async def receive(self, event: InboundEvent) -> Receipt:
+        try:
+            check_body(event.text)
+        except InvalidArgument as exc:
+            return Receipt(Admission.REFUSED, reason=str(exc))
+        done = self._records.message_by_event(event.channel, event.event_id)
+        if done is not None:
+            return Receipt(Admission.DUPLICATE, done.seq, done.sid)
+        found = self.route(event.channel, event.where)
+        if found is None:
+            return Receipt(Admission.NOT_WIRED, reason=f"nothing is wired to {event.where!r}")
+        return await self._admit(event, *found)
+
+    async def _admit(self, event: InboundEvent, spec: AgentSpec, route: Route) -> Receipt:
+        decision = admission(spec.permissions, f"{event.channel}:{event.sender}")
+        if decision == "drop":
+            log.info("channel %s: dropped a message from %r", event.channel, event.sender)
+            return Receipt(Admission.DROPPED, reason="this sender may not talk to this agent")
+        if decision == "hold":
+            held = self._records.hold(_held(event, self._clock.time()))
+            log.info("channel %s: holding message %d from %r", event.channel, held.id,
+                     event.sender)  # fmt: skip
+            return Receipt(Admission.HELD, reason="held for an operator to admit")
+        if not engages(route, event.text, event.mentioned):
+            return Receipt(Admission.NOT_ENGAGED)
+        return await self._queue(event, spec, route)
+
+    def wired(self, channel: str) -> frozenset[str]:
+        return frozenset(
+            r.where for spec in self._agents.values() for r in spec.wiring if r.channel == channel
+        )
+
+    async def cursor(self, channel: str) -> str | None:
+        return await asyncio.to_thread(self._records.cursor, channel)
+
+    async def save_cursor(self, channel: str, cursor: str) -> None:
+        await asyncio.to_thread(self._records.save_cursor, channel, cursor)
+
+    # -- routing and queueing --------------------------------------------------------------
+
+    def route(self, channel: str, where: str) -> tuple[AgentSpec, Route] | None:
+        """The agent wired to (channel, where) and its route; None when nothing is."""
+        for spec in self._agents.values():
+            for route in spec.wiring:
+                if route.channel == channel and route.where == where:
+                    return spec, route
+        return None
+
+    async def _queue(self, event: InboundEvent, spec: AgentSpec, route: Route) -> Receipt:
+        cid = client_id(event.channel, event.event_id)
+        kept = next(
+            (r for r in self._records.receiving() if r.channel == event.channel
+             and r.event_id == event.event_id),
+            None,
+        )  # fmt: skip
+        if kept is None:
+            key = session_key(route, f"{event.channel}:{event.sender}", event.where, event.thread)
+            sid = await self._session_for(event.channel, event.where, key, spec.name)
+            kept = self._records.begin_receive(
+                Receiving(
+                    event.channel, event.event_id, sid, cid, event.where, event.thread,
+                    event.sender, event.text, route.reply_url,
+                )
+            )  # fmt: skip
+        return await self._complete(kept)
+
+    async def _session_for(self, channel: str, where: str, key: str, agent: str) -> str:
+        lock = self._key_locks.setdefault((channel, where, key), asyncio.Lock())
+        async with lock:
+            sid = self._records.channel_session(channel, where, key)
+            if sid is not None and self._usable(sid, agent):
+                return sid
+            session = await self._sessions.create(agent)
+            self._records.set_channel_session(channel, where, key, session.sid)
+            log.info("channel %s: session %s of agent %s for %r", channel, session.sid, agent, key)
+            return session.sid
+
+    def _usable(self, sid: str, agent: str) -> bool:
+        try:
+            return self._sessions.get(sid).agent == agent  # rewired: a session of the new agent
+        except NotFound:
+            return False
+
+    async def _complete(self, r: Receiving) -> Receipt:
+        try:
+            sent = await self._messages.send(r.sid, r.text, r.client_id)
+        except NotFound as exc:
+            # The session was removed between routing and sending: route again next time.
+            self._records.forget_receive(r.channel, r.event_id)
+            raise ChannelFailed(f"channel {r.channel}: {exc}; try again") from exc
+        self._records.complete_receive(
+            ChannelMessage(
+                r.sid, sent.seq, r.channel, r.where, r.thread, r.event_id, r.sender, r.reply_url
+            )
+        )
+        self.deliverer.received(r.sid)
+        return Receipt(Admission.QUEUED if sent.new else Admission.DUPLICATE, sent.seq, r.sid)
+
+    async def resume(self) -> None:
+        """After a restart: finish the receives a dead daemon left, then follow every channel
+        session's replies (deliveries pending resume with their own delivery ids)."""
+        for r in self._records.receiving():
+            try:
+                await self._complete(r)
+            except IronclawError as exc:
+                log.warning("channel %s: finishing a receive for session %s: %s", r.channel,
+                            r.sid, exc)  # fmt: skip
+        for sid in self._records.channel_sids():
+            self.deliverer.follow(sid)
+
+    # -- held messages (operator) ----------------------------------------------------------
+
+    def held(self) -> list[HeldMessage]:
+        return self._records.held()
+
+    async def admit(self, held_id: int) -> Receipt:
+        """Queue a held message as if its sender were allowed (the route must still exist)."""
+        h = self._records.get_held(held_id)
+        done = self._records.message_by_event(h.channel, h.event_id)
+        if done is None:
+            found = self.route(h.channel, h.where)
+            if found is None:
+                raise NotFound(
+                    f"held message {held_id}: nothing is wired to {h.where!r} on channel "
+                    f"{h.channel} any more (drop it: ironctl channel drop {held_id})"
+                )
+            event = InboundEvent(h.channel, h.event_id, h.sender, h.where, h.text, h.thread,
+                                 h.mentioned, h.received_at)  # fmt: skip
+            receipt = await self._queue(event, *found)
+        else:
+            receipt = Receipt(Admission.DUPLICATE, done.seq, done.sid)
+        self._records.delete_held(held_id)
+        return receipt
+
+    def drop_held(self, held_id: int) -> HeldMessage:
+        h = self._records.get_held(held_id)
+        self._records.delete_held(held_id)
+        return h
+
+    # -- status ----------------------------------------------------------------------------
+
+    def adapter(self, name: str) -> ChannelAdapter:
+        try:
+            return self.adapters[name]
+        except KeyError:
+            known = ", ".join(sorted(self.adapters)) or "none configured"
+            raise NotFound(f"channel '{name}' not found (channels: {known})") from None
+
+    def report(self, name: str) -> ChannelReport:
+        status = self.adapter(name).status()
+        held = sum(1 for h in self._records.held() if h.channel == name)
+        return ChannelReport(
+            status,
+            self._records.delivery_counts(name),
+            held,
+            tuple(self._records.failed_deliveries(name, RECENT_FAILURES)),
+        )
+
+    def reports(self) -> list[ChannelReport]:
+        return [self.report(name) for name in sorted(self.adapters)]
+
+    def checks(self) -> list[CheckResult]:
+        """``ironctl doctor``: each channel connected, else its last error (not required: the
+        host can still run sandboxes)."""
+        results = []
+        for name in sorted(self.adapters):
+            s = self.adapters[name].status()
+            check = f"channel.{name}"
+            if s.connected:
+                results.append(passed(check, f"{s.kind} {s.detail}: connected", required=False))
+            else:
+                results.append(failed(
+                    check, f"{s.kind} {s.detail}: not connected: {s.last_error or 'starting'}",
+                    f"ironctl channel test {name}; see journalctl -u ironclawd", required=False,
+                ))  # fmt: skip
+        return results
+
+    async def start(self) -> None:
+        for adapter in self.adapters.values():
+            await adapter.start(self)
+
+    async def stop(self) -> None:
+        for adapter in self.adapters.values():
+            try:
+                await adapter.stop()
+            except IronclawError as exc:
+                log.warning("channel %s: stopping: %s", adapter.name, exc)
+        await self.deliverer.stop()
+
+
+def _held(event: InboundEvent, now: float) -> HeldMessage:
+    return HeldMessage(
+        0, event.channel, event.where, event.sender, event.event_id, event.thread, event.text,
+        event.mentioned, event.received_at or now,
+    )  # fmt: skip
