@@ -87,6 +87,7 @@ class Daemon:
             registry=wired.registry,
             audit=wired.audit,
             mcp=wired.mcp,
+            inbox=wired.inbox,
         )
         self._admin = await start_admin_server(self._config.admin, self._servicer)
         status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"
@@ -97,12 +98,17 @@ class Daemon:
             summaries = tasks.create_task(self._flush_log_summaries())
             # Sessions whose sandbox died while the daemon was down, with messages waiting.
             resume = tasks.create_task(wired.messages.resume_all(report.settled))
+            # Receives a dead daemon left are finished, replies not yet delivered go out.
+            channels = tasks.create_task(wired.inbox.resume())
+            await wired.inbox.start()
             await self._stop.wait()
             watchdog.cancel()
             summaries.cancel()
             resume.cancel()
+            channels.cancel()
         _notify(stopping=1, status="stopping")
         log.info("stopping: SIGTERM received; sandboxes keep running and are adopted on start")
+        await wired.inbox.stop()
         await self._admin.stop(grace=2.0)
         await sessions.close()
         await wired.mcp.close()
@@ -146,7 +152,7 @@ class Daemon:
 
     def _apply(self, new: Config) -> None:
         # Only the log level is live; the rest shapes sockets, sandboxes and the registry seed.
-        for table in ("admin", "sandbox", "sockets", "gateway", "egress", "agents"):
+        for table in ("admin", "sandbox", "sockets", "gateway", "egress", "agents", "channels"):
             if getattr(new, table, None) != getattr(self._config, table, None):
                 log.warning("reload: [%s] changes take effect on restart, not on reload", table)
         set_level(new.daemon.log_level)

@@ -24,8 +24,9 @@ from ironclawd.bundle.spec import QUEUES_DIR
 from ironclawd.bundle.writer import BundleDirs
 from ironclawd.config import Config
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
+from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.checks import CheckResult
-from ironclawd.errors import IronclawError
+from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.mcp import SystemdMcpLauncher
@@ -39,11 +40,13 @@ from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
-from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
+from ironclawd.ports import Clock, RunscCheck, SandboxRuntime, UnitManager
+from ironclawd.ports.channels import ChannelAdapter
 from ironclawd.providers.registry import build_providers, default_base_urls
 from ironclawd.services.audit import Audit
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway, GatewayPolicy
+from ironclawd.services.inbox import Inbox
 from ironclawd.services.mcp_gateway import McpGateway
 from ironclawd.services.mcp_servers import McpSupervisor
 from ironclawd.services.messaging import MessageService
@@ -53,6 +56,7 @@ from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import SandboxLayout, SandboxLifecycle
 from ironclawd.services.sessions import SessionService
 from ironclawd.store.audit import AuditLog
+from ironclawd.store.channel_state import ChannelState
 from ironclawd.store.credentials import CredentialStore
 from ironclawd.store.keys import MasterKey, load_master_key
 from ironclawd.store.probes import probe_sqlcipher
@@ -77,6 +81,7 @@ class Wired:
     registry: Registry
     audit: Audit
     mcp: McpSupervisor  # the real McpClients: one hardened unit per (agent, MCP server)
+    inbox: Inbox  # the channels' adapters and the inbox they hand messages to
 
 
 def wire(config: Config, netns: NetnsAdapter) -> Wired:
@@ -166,10 +171,32 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         clock=clock,
         limits=config.sockets,
     )
+    inbox = Inbox(
+        records=ChannelState(store), messages=messages, sessions=service, agents=registry,
+        adapters={c.name: _channel(c, credentials.get, clock) for c in config.channels},
+        clock=clock,
+    )  # fmt: skip
+    hooks.on_remove(inbox.deliverer.forget)
     return Wired(
         master, store, service, control, messages, sandbox_api, http, gateway, registry, audit,
-        mcp_clients,
+        mcp_clients, inbox,
     )  # fmt: skip
+
+
+# Channel adapters by ``[[channels]]`` type: (config, secret(name) -> value, clock) -> adapter.
+CHANNEL_TYPES: dict[str, Callable[[ChannelConfig, Callable[[str], str], Clock], ChannelAdapter]]
+CHANNEL_TYPES = {}
+
+
+def _channel(config: ChannelConfig, secret: Callable[[str], str], clock: Clock) -> ChannelAdapter:
+    try:
+        build = CHANNEL_TYPES[config.type]
+    except KeyError:
+        raise ConfigError(
+            f"channels.{config.name}: type '{config.type}' is not built into this ironclawd "
+            f"(available: {', '.join(sorted(CHANNEL_TYPES)) or 'none'})"
+        ) from None
+    return build(config, secret, clock)
 
 
 def _rootfs(config: Config) -> Path:

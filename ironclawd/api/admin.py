@@ -12,6 +12,7 @@ import grpc
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
 from ironclawd.api.admin_changes import ChangesMixin, operator_groups
+from ironclawd.api.admin_channels import ChannelsMixin
 from ironclawd.api.admin_mcp import McpMixin, McpProber
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.channels import host_user_allowed
@@ -22,6 +23,7 @@ from ironclawd.ports import JournalReader
 from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
 from ironclawd.services.gateway import Gateway
+from ironclawd.services.inbox import Inbox
 from ironclawd.services.logs import session_logs
 from ironclawd.services.messaging import MessageService, verify_record
 from ironclawd.services.registry import Registry
@@ -37,7 +39,7 @@ _STATUS = {
 }
 
 
-class AdminServicer(ChangesMixin, McpMixin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
         *,
@@ -49,6 +51,7 @@ class AdminServicer(ChangesMixin, McpMixin, admin_pb2_grpc.AdminServiceServicer)
         registry: Registry,
         audit: Audit,
         mcp: McpProber,
+        inbox: Inbox,
         config_source: str,
         started: float,
     ) -> None:
@@ -60,6 +63,7 @@ class AdminServicer(ChangesMixin, McpMixin, admin_pb2_grpc.AdminServiceServicer)
         self._registry = registry
         self._audit_trail = audit
         self._mcp = mcp
+        self._inbox = inbox
         self._config_source = config_source
         self._started = started
         self.state = "running"
@@ -86,7 +90,7 @@ class AdminServicer(ChangesMixin, McpMixin, admin_pb2_grpc.AdminServiceServicer)
         request: admin_pb2.DoctorRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> admin_pb2.DoctorResponse:
-        results = await self._doctor.run()
+        results = [*await self._doctor.run(), *self._inbox.checks()]
         return admin_pb2.DoctorResponse(checks=[_to_proto(r) for r in results])
 
     async def CreateSession(

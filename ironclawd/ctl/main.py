@@ -18,6 +18,7 @@ from ironclawd.ctl import (
     argtypes,
     audit,
     changes,
+    channels,
     chat,
     containment,
     exitcodes,
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.register(sub)
     packages.register(sub)
     wiring.register(sub)
+    channels.register(sub)
     return parser
 
 

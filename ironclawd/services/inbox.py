@@ -270,8 +270,13 @@ class Inbox:
         return results
 
     async def start(self) -> None:
+        """Start every channel; one that cannot start is logged (doctor and ``ironctl channel
+        show`` say why) and the others run."""
         for adapter in self.adapters.values():
-            await adapter.start(self)
+            try:
+                await adapter.start(self)
+            except IronclawError as exc:
+                log.error("channel %s: not started: %s", adapter.name, exc)
 
     async def stop(self) -> None:
         for adapter in self.adapters.values():

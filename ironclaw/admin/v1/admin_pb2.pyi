@@ -1324,3 +1324,409 @@ class DoctorResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DoctorResponse: _TypeAlias = DoctorResponse  # noqa: Y015
+
+@_typing.final
+class ChannelDelivery(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    NEXT_AT_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """"<sid>-<reply seq>": the id the channel de-duplicates on."""
+    state: _builtins.str
+    """pending (retrying when last_error is set), delivered, failed, skipped"""
+    attempts: _builtins.int
+    last_error: _builtins.str
+    updated_at: _builtins.float
+    next_at: _builtins.float
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        updated_at: _builtins.float = ...,
+        next_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "delivery_id", b"delivery_id", "last_error", b"last_error", "next_at", b"next_at", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelDelivery: _TypeAlias = ChannelDelivery  # noqa: Y015
+
+@_typing.final
+class Channel(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DeliveriesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_AT_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
+    DELIVERIES_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    kind: _builtins.str
+    """matrix | webhook"""
+    connected: _builtins.bool
+    detail: _builtins.str
+    """The homeserver and user, or the listen address."""
+    last_error: _builtins.str
+    last_error_at: _builtins.float
+    held: _builtins.int
+    @_builtins.property
+    def counters(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The adapter's counters (received, refused, delivered, ...)."""
+
+    @_builtins.property
+    def deliveries(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Deliveries by state."""
+
+    @_builtins.property
+    def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelDelivery]:
+        """The newest failed or retrying deliveries."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        connected: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+        last_error: _builtins.str = ...,
+        last_error_at: _builtins.float = ...,
+        counters: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        deliveries: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        held: _builtins.int = ...,
+        failures: _abc.Iterable[Global___ChannelDelivery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "counters", b"counters", "deliveries", b"deliveries", "detail", b"detail", "failures", b"failures", "held", b"held", "kind", b"kind", "last_error", b"last_error", "last_error_at", b"last_error_at", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Channel: _TypeAlias = Channel  # noqa: Y015
+
+@_typing.final
+class ListChannelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsRequest: _TypeAlias = ListChannelsRequest  # noqa: Y015
+
+@_typing.final
+class ListChannelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedCompositeFieldContainer[Global___Channel]: ...
+    def __init__(
+        self,
+        *,
+        channels: _abc.Iterable[Global___Channel] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsResponse: _TypeAlias = ListChannelsResponse  # noqa: Y015
+
+@_typing.final
+class GetChannelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetChannelRequest: _TypeAlias = GetChannelRequest  # noqa: Y015
+
+@_typing.final
+class GetChannelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channel(self) -> Global___Channel: ...
+    def __init__(
+        self,
+        *,
+        channel: Global___Channel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetChannelResponse: _TypeAlias = GetChannelResponse  # noqa: Y015
+
+@_typing.final
+class TestChannelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TestChannelRequest: _TypeAlias = TestChannelRequest  # noqa: Y015
+
+@_typing.final
+class TestChannelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DETAIL_FIELD_NUMBER: _builtins.int
+    detail: _builtins.str
+    """What was checked (an error is a gRPC status naming what failed)."""
+    def __init__(
+        self,
+        *,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TestChannelResponse: _TypeAlias = TestChannelResponse  # noqa: Y015
+
+@_typing.final
+class HeldMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    WHERE_FIELD_NUMBER: _builtins.int
+    SENDER_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    THREAD_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    MENTIONED_FIELD_NUMBER: _builtins.int
+    RECEIVED_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    channel: _builtins.str
+    where: _builtins.str
+    """The room or endpoint it came in."""
+    sender: _builtins.str
+    """The identity as the channel asserted it ("<channel>:<raw>")."""
+    event_id: _builtins.str
+    thread: _builtins.str
+    text: _builtins.str
+    """Hostile input: shown escaped by ironctl."""
+    mentioned: _builtins.bool
+    received_at: _builtins.float
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        channel: _builtins.str = ...,
+        where: _builtins.str = ...,
+        sender: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        thread: _builtins.str = ...,
+        text: _builtins.str = ...,
+        mentioned: _builtins.bool = ...,
+        received_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "event_id", b"event_id", "id", b"id", "mentioned", b"mentioned", "received_at", b"received_at", "sender", b"sender", "text", b"text", "thread", b"thread", "where", b"where"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldMessage: _TypeAlias = HeldMessage  # noqa: Y015
+
+@_typing.final
+class ListHeldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHeldRequest: _TypeAlias = ListHeldRequest  # noqa: Y015
+
+@_typing.final
+class ListHeldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldMessage]: ...
+    def __init__(
+        self,
+        *,
+        held: _abc.Iterable[Global___HeldMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHeldResponse: _TypeAlias = ListHeldResponse  # noqa: Y015
+
+@_typing.final
+class AdmitHeldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitHeldRequest: _TypeAlias = AdmitHeldRequest  # noqa: Y015
+
+@_typing.final
+class AdmitHeldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADMISSION_FIELD_NUMBER: _builtins.int
+    SID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    admission: _builtins.str
+    """queued or duplicate"""
+    sid: _builtins.str
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        admission: _builtins.str = ...,
+        sid: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "seq", b"seq", "sid", b"sid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitHeldResponse: _TypeAlias = AdmitHeldResponse  # noqa: Y015
+
+@_typing.final
+class DropHeldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropHeldRequest: _TypeAlias = DropHeldRequest  # noqa: Y015
+
+@_typing.final
+class DropHeldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropHeldResponse: _TypeAlias = DropHeldResponse  # noqa: Y015

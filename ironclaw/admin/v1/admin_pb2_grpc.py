@@ -151,6 +151,36 @@ class AdminServiceStub:
                 request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditRequest.SerializeToString,
                 response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditResponse.FromString,
                 _registered_method=True)
+        self.ListChannels = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListChannels',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChannelsRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChannelsResponse.FromString,
+                _registered_method=True)
+        self.GetChannel = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/GetChannel',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChannelRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChannelResponse.FromString,
+                _registered_method=True)
+        self.TestChannel = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/TestChannel',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.TestChannelRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.TestChannelResponse.FromString,
+                _registered_method=True)
+        self.ListHeld = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/ListHeld',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListHeldRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListHeldResponse.FromString,
+                _registered_method=True)
+        self.AdmitHeld = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/AdmitHeld',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.AdmitHeldRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.AdmitHeldResponse.FromString,
+                _registered_method=True)
+        self.DropHeld = channel.unary_unary(
+                '/ironclaw.admin.v1.AdminService/DropHeld',
+                request_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DropHeldRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DropHeldResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -315,6 +345,45 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListChannels(self, request, context):
+        """Channels (docs/channels.md): the configured Matrix logins and webhook listeners, their
+        status, counters and failed deliveries; TestChannel checks one end to end without sending.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TestChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListHeld(self, request, context):
+        """Messages from senders an agent's permissions hold: an operator admits (queues) or drops them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitHeld(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropHeld(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -432,6 +501,36 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.VerifyAudit,
                     request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditRequest.FromString,
                     response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditResponse.SerializeToString,
+            ),
+            'ListChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChannels,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChannelsRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChannelsResponse.SerializeToString,
+            ),
+            'GetChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChannel,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChannelRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChannelResponse.SerializeToString,
+            ),
+            'TestChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.TestChannel,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.TestChannelRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.TestChannelResponse.SerializeToString,
+            ),
+            'ListHeld': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHeld,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListHeldRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListHeldResponse.SerializeToString,
+            ),
+            'AdmitHeld': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitHeld,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.AdmitHeldRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.AdmitHeldResponse.SerializeToString,
+            ),
+            'DropHeld': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropHeld,
+                    request_deserializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DropHeldRequest.FromString,
+                    response_serializer=ironclaw_dot_admin_dot_v1_dot_admin__pb2.DropHeldResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1056,6 +1155,168 @@ class AdminService:
             '/ironclaw.admin.v1.AdminService/VerifyAudit',
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditRequest.SerializeToString,
             ironclaw_dot_admin_dot_v1_dot_admin__pb2.VerifyAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListChannels',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChannelsRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListChannelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/GetChannel',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChannelRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.GetChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TestChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/TestChannel',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.TestChannelRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.TestChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHeld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/ListHeld',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListHeldRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.ListHeldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitHeld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/AdmitHeld',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.AdmitHeldRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.AdmitHeldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropHeld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.admin.v1.AdminService/DropHeld',
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.DropHeldRequest.SerializeToString,
+            ironclaw_dot_admin_dot_v1_dot_admin__pb2.DropHeldResponse.FromString,
             options,
             channel_credentials,
             insecure,

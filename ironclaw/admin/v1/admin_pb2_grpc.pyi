@@ -85,6 +85,16 @@ class AdminServiceStub:
     ListAudit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRequest, _admin_pb2.ListAuditResponse]
     VerifyAudit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.VerifyAuditRequest, _admin_pb2.VerifyAuditResponse]
     """VerifyAudit walks the whole audit log and names the first bad record."""
+    ListChannels: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListChannelsRequest, _admin_pb2.ListChannelsResponse]
+    """Channels (docs/channels.md): the configured Matrix logins and webhook listeners, their
+    status, counters and failed deliveries; TestChannel checks one end to end without sending.
+    """
+    GetChannel: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetChannelRequest, _admin_pb2.GetChannelResponse]
+    TestChannel: _grpc.UnaryUnaryMultiCallable[_admin_pb2.TestChannelRequest, _admin_pb2.TestChannelResponse]
+    ListHeld: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListHeldRequest, _admin_pb2.ListHeldResponse]
+    """Messages from senders an agent's permissions hold: an operator admits (queues) or drops them."""
+    AdmitHeld: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AdmitHeldRequest, _admin_pb2.AdmitHeldResponse]
+    DropHeld: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DropHeldRequest, _admin_pb2.DropHeldResponse]
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -138,6 +148,16 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListAudit: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRequest, _admin_pb2.ListAuditResponse]  # type: ignore[assignment]
     VerifyAudit: _aio.UnaryUnaryMultiCallable[_admin_pb2.VerifyAuditRequest, _admin_pb2.VerifyAuditResponse]  # type: ignore[assignment]
     """VerifyAudit walks the whole audit log and names the first bad record."""
+    ListChannels: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListChannelsRequest, _admin_pb2.ListChannelsResponse]  # type: ignore[assignment]
+    """Channels (docs/channels.md): the configured Matrix logins and webhook listeners, their
+    status, counters and failed deliveries; TestChannel checks one end to end without sending.
+    """
+    GetChannel: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetChannelRequest, _admin_pb2.GetChannelResponse]  # type: ignore[assignment]
+    TestChannel: _aio.UnaryUnaryMultiCallable[_admin_pb2.TestChannelRequest, _admin_pb2.TestChannelResponse]  # type: ignore[assignment]
+    ListHeld: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListHeldRequest, _admin_pb2.ListHeldResponse]  # type: ignore[assignment]
+    """Messages from senders an agent's permissions hold: an operator admits (queues) or drops them."""
+    AdmitHeld: _aio.UnaryUnaryMultiCallable[_admin_pb2.AdmitHeldRequest, _admin_pb2.AdmitHeldResponse]  # type: ignore[assignment]
+    DropHeld: _aio.UnaryUnaryMultiCallable[_admin_pb2.DropHeldRequest, _admin_pb2.DropHeldResponse]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdminService is what operators reach through `ironctl`."""
@@ -326,5 +346,51 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.VerifyAuditResponse, _abc.Awaitable[_admin_pb2.VerifyAuditResponse]]:
         """VerifyAudit walks the whole audit log and names the first bad record."""
+
+    @_abc_1.abstractmethod
+    def ListChannels(
+        self,
+        request: _admin_pb2.ListChannelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListChannelsResponse, _abc.Awaitable[_admin_pb2.ListChannelsResponse]]:
+        """Channels (docs/channels.md): the configured Matrix logins and webhook listeners, their
+        status, counters and failed deliveries; TestChannel checks one end to end without sending.
+        """
+
+    @_abc_1.abstractmethod
+    def GetChannel(
+        self,
+        request: _admin_pb2.GetChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetChannelResponse, _abc.Awaitable[_admin_pb2.GetChannelResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TestChannel(
+        self,
+        request: _admin_pb2.TestChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.TestChannelResponse, _abc.Awaitable[_admin_pb2.TestChannelResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListHeld(
+        self,
+        request: _admin_pb2.ListHeldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListHeldResponse, _abc.Awaitable[_admin_pb2.ListHeldResponse]]:
+        """Messages from senders an agent's permissions hold: an operator admits (queues) or drops them."""
+
+    @_abc_1.abstractmethod
+    def AdmitHeld(
+        self,
+        request: _admin_pb2.AdmitHeldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AdmitHeldResponse, _abc.Awaitable[_admin_pb2.AdmitHeldResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DropHeld(
+        self,
+        request: _admin_pb2.DropHeldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DropHeldResponse, _abc.Awaitable[_admin_pb2.DropHeldResponse]]: ...
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

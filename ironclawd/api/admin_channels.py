@@ -1,0 +1,115 @@
+"""Admin RPCs for channels (docs/channels.md): their status and failed deliveries, an end-to-end
+test of one, and the messages held for an operator to admit or drop (each decision audited)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.api.admin_changes import operator
+from ironclawd.errors import InvalidArgument
+from ironclawd.ports.channel_records import HeldMessage
+from ironclawd.services.audit import Audit
+from ironclawd.services.inbox import ChannelReport, Inbox
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class ChannelsMixin:
+    _inbox: Inbox
+    _audit_trail: Audit
+
+    async def ListChannels(
+        self, request: admin_pb2.ListChannelsRequest, context: Context
+    ) -> admin_pb2.ListChannelsResponse:
+        return admin_pb2.ListChannelsResponse(
+            channels=[channel_to_proto(r) for r in self._inbox.reports()]
+        )
+
+    async def GetChannel(
+        self, request: admin_pb2.GetChannelRequest, context: Context
+    ) -> admin_pb2.GetChannelResponse:
+        return admin_pb2.GetChannelResponse(
+            channel=channel_to_proto(self._inbox.report(_name(request.name)))
+        )
+
+    async def TestChannel(
+        self, request: admin_pb2.TestChannelRequest, context: Context
+    ) -> admin_pb2.TestChannelResponse:
+        adapter = self._inbox.adapter(_name(request.name))
+        return admin_pb2.TestChannelResponse(detail=await adapter.test())
+
+    async def ListHeld(
+        self, request: admin_pb2.ListHeldRequest, context: Context
+    ) -> admin_pb2.ListHeldResponse:
+        return admin_pb2.ListHeldResponse(held=[held_to_proto(h) for h in self._inbox.held()])
+
+    async def AdmitHeld(
+        self, request: admin_pb2.AdmitHeldRequest, context: Context
+    ) -> admin_pb2.AdmitHeldResponse:
+        receipt = await self._inbox.admit(_held_id(request.id))
+        self._audit_trail.record(
+            "channel.admitted", operator(), held=request.id, sid=receipt.sid, seq=receipt.seq,
+            admission=receipt.admission.value,
+        )  # fmt: skip
+        return admin_pb2.AdmitHeldResponse(
+            admission=receipt.admission.value, sid=receipt.sid, seq=receipt.seq
+        )
+
+    async def DropHeld(
+        self, request: admin_pb2.DropHeldRequest, context: Context
+    ) -> admin_pb2.DropHeldResponse:
+        held = self._inbox.drop_held(_held_id(request.id))
+        self._audit_trail.record(
+            "channel.dropped", operator(), held=request.id, channel=held.channel,
+            sender=f"{held.channel}:{held.sender}", event_id=held.event_id,
+        )  # fmt: skip
+        return admin_pb2.DropHeldResponse()
+
+
+def _name(name: str) -> str:
+    if not name:
+        raise InvalidArgument("name: expected a channel name (see: ironctl channel list)")
+    return name
+
+
+def _held_id(held_id: int) -> int:
+    if held_id <= 0:
+        raise InvalidArgument("id: expected a held message id (see: ironctl channel held)")
+    return held_id
+
+
+def channel_to_proto(report: ChannelReport) -> admin_pb2.Channel:
+    s = report.status
+    return admin_pb2.Channel(
+        name=s.name,
+        kind=s.kind,
+        connected=s.connected,
+        detail=s.detail,
+        last_error=s.last_error,
+        last_error_at=s.last_error_at,
+        counters={k: max(v, 0) for k, v in s.counters.items()},
+        deliveries={k: max(v, 0) for k, v in report.deliveries.items()},
+        held=report.held,
+        failures=[
+            admin_pb2.ChannelDelivery(
+                delivery_id=f"{d.sid}-{d.reply_seq}",
+                state=d.state,
+                attempts=d.attempts,
+                last_error=d.last_error,
+                updated_at=d.updated_at,
+                next_at=d.next_at,
+            )
+            for d in report.failures
+        ],
+    )
+
+
+def held_to_proto(h: HeldMessage) -> admin_pb2.HeldMessage:
+    return admin_pb2.HeldMessage(
+        id=h.id, channel=h.channel, where=h.where, sender=f"{h.channel}:{h.sender}",
+        event_id=h.event_id, thread=h.thread, text=h.text, mentioned=h.mentioned,
+        received_at=h.received_at,
+    )  # fmt: skip
