@@ -3,6 +3,7 @@ test of one, and the messages held for an operator to admit or drop (each decisi
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import grpc
@@ -49,9 +50,10 @@ class ChannelsMixin:
     async def AdmitHeld(
         self, request: admin_pb2.AdmitHeldRequest, context: Context
     ) -> admin_pb2.AdmitHeldResponse:
-        receipt = await self._inbox.admit(_held_id(request.id))
+        held_id = _held_id(request.id)
+        receipt = await self._inbox.admit(held_id)
         self._audit_trail.record(
-            "channel.admitted", operator(), held=request.id, sid=receipt.sid, seq=receipt.seq,
+            "channel.admitted", operator(), held=held_id, sid=receipt.sid, seq=receipt.seq,
             admission=receipt.admission.value,
         )  # fmt: skip
         return admin_pb2.AdmitHeldResponse(
@@ -61,9 +63,10 @@ class ChannelsMixin:
     async def DropHeld(
         self, request: admin_pb2.DropHeldRequest, context: Context
     ) -> admin_pb2.DropHeldResponse:
-        held = self._inbox.drop_held(_held_id(request.id))
+        held_id = _held_id(request.id)
+        held = self._inbox.drop_held(held_id)
         self._audit_trail.record(
-            "channel.dropped", operator(), held=request.id, channel=held.channel,
+            "channel.dropped", operator(), held=held_id, channel=held.channel,
             sender=f"{held.channel}:{held.sender}", event_id=held.event_id,
         )  # fmt: skip
         return admin_pb2.DropHeldResponse()
@@ -75,10 +78,13 @@ def _name(name: str) -> str:
     return name
 
 
-def _held_id(held_id: int) -> int:
-    if held_id <= 0:
-        raise InvalidArgument("id: expected a held message id (see: ironctl channel held)")
-    return held_id
+def _held_id(text: str) -> int:
+    if not re.fullmatch(r"[1-9][0-9]{0,17}", text):
+        raise InvalidArgument(
+            f"id: expected a held message id (a number; see: ironctl channel held), got "
+            f"{text[:40]!r}"
+        )
+    return int(text)
 
 
 def channel_to_proto(report: ChannelReport) -> admin_pb2.Channel:
@@ -109,7 +115,7 @@ def channel_to_proto(report: ChannelReport) -> admin_pb2.Channel:
 
 def held_to_proto(h: HeldMessage) -> admin_pb2.HeldMessage:
     return admin_pb2.HeldMessage(
-        id=h.id, channel=h.channel, where=h.where, sender=f"{h.channel}:{h.sender}",
+        id=str(h.id), channel=h.channel, where=h.where, sender=f"{h.channel}:{h.sender}",
         event_id=h.event_id, thread=h.thread, text=h.text, mentioned=h.mentioned,
         received_at=h.received_at,
     )  # fmt: skip

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import argtypes, exitcodes, render
+from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
 
 HELD_TEXT = 200  # characters of a held message shown in the table
@@ -115,7 +115,8 @@ def cmd_admit(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(reply)
     else:
-        print(f"held message {args.id}: {reply.admission} to session {reply.sid} as #{reply.seq}")
+        held = render.visible(args.id)
+        print(f"held message {held}: {reply.admission} to session {reply.sid} as #{reply.seq}")
     return exitcodes.OK
 
 
@@ -124,7 +125,7 @@ def cmd_drop(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print(json.dumps({"dropped": args.id}))
     else:
-        print(f"held message {args.id}: dropped")
+        print(f"held message {render.visible(args.id)}: dropped")
     return exitcodes.OK
 
 
@@ -154,5 +155,4 @@ def register(sub: Any) -> None:
         ("drop", "delete a held message", cmd_drop),
     ):
         cmd = add_command(verbs, verb, text, f"ironctl channel {verb} 3", handler)
-        cmd.add_argument("id", metavar="ID", type=argtypes.int_range(1, argtypes.MAX_SEQ),
-                         help="held message id (see: ironctl channel held)")  # fmt: skip
+        cmd.add_argument("id", metavar="ID", help="held message id (see: ironctl channel held)")

@@ -1584,7 +1584,8 @@ class HeldMessage(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     MENTIONED_FIELD_NUMBER: _builtins.int
     RECEIVED_AT_FIELD_NUMBER: _builtins.int
-    id: _builtins.int
+    id: _builtins.str
+    """A decimal number, as `ironctl channel held` shows it."""
     channel: _builtins.str
     where: _builtins.str
     """The room or endpoint it came in."""
@@ -1599,7 +1600,7 @@ class HeldMessage(_message.Message):
     def __init__(
         self,
         *,
-        id: _builtins.int = ...,
+        id: _builtins.str = ...,
         channel: _builtins.str = ...,
         where: _builtins.str = ...,
         sender: _builtins.str = ...,
@@ -1657,11 +1658,11 @@ class AdmitHeldRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
-    id: _builtins.int
+    id: _builtins.str
     def __init__(
         self,
         *,
-        id: _builtins.int = ...,
+        id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1702,11 +1703,11 @@ class DropHeldRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
-    id: _builtins.int
+    id: _builtins.str
     def __init__(
         self,
         *,
-        id: _builtins.int = ...,
+        id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
