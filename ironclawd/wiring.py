@@ -38,9 +38,10 @@ from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.skill_keys import TrustedKeyDir
 from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
+from ironclawd.host.webhook import WebhookChannel
 from ironclawd.net.http import PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
-from ironclawd.ports import Clock, RunscCheck, SandboxRuntime, UnitManager
+from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
 from ironclawd.ports.channels import ChannelAdapter
 from ironclawd.providers.registry import build_providers, default_base_urls
 from ironclawd.services.audit import Audit
@@ -55,6 +56,7 @@ from ironclawd.services.registry import Registry
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import SandboxLayout, SandboxLifecycle
 from ironclawd.services.sessions import SessionService
+from ironclawd.services.webhook_delivery import WebhookDelivery
 from ironclawd.store.audit import AuditLog
 from ironclawd.store.channel_state import ChannelState
 from ironclawd.store.credentials import CredentialStore
@@ -173,7 +175,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )
     inbox = Inbox(
         records=ChannelState(store), messages=messages, sessions=service, agents=registry,
-        adapters={c.name: _channel(c, credentials.get, clock) for c in config.channels},
+        adapters=_channels(config, credentials, clock, audit),
         clock=clock,
     )  # fmt: skip
     hooks.on_remove(inbox.deliverer.forget)
@@ -183,20 +185,33 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )  # fmt: skip
 
 
-# Channel adapters by ``[[channels]]`` type: (config, secret(name) -> value, clock) -> adapter.
-CHANNEL_TYPES: dict[str, Callable[[ChannelConfig, Callable[[str], str], Clock], ChannelAdapter]]
-CHANNEL_TYPES = {}
-
-
-def _channel(config: ChannelConfig, secret: Callable[[str], str], clock: Clock) -> ChannelAdapter:
-    try:
-        build = CHANNEL_TYPES[config.type]
-    except KeyError:
-        raise ConfigError(
-            f"channels.{config.name}: type '{config.type}' is not built into this ironclawd "
-            f"(available: {', '.join(sorted(CHANNEL_TYPES)) or 'none'})"
-        ) from None
-    return build(config, secret, clock)
+def _channels(
+    config: Config, credentials: CredentialStore, clock: SystemClock, audit: Audit
+) -> dict[str, ChannelAdapter]:
+    """One adapter per ``[[channels]]`` table; a type this build has no adapter for is a
+    ConfigError naming the channel. Credentials are read by the adapters when needed."""
+    ca = Path(config.egress.ca_file) if config.egress.ca_file else None
+    # Webhook replies go out under the egress broker's address rules (SSRF defence).
+    webhooks = WebhookDelivery(
+        resolver=SystemResolver(), upstream=PinnedHttpClient(ca), limits=config.egress,
+        clock=clock,
+        record=lambda d: audit.record_soon(
+            "webhook.delivery", f"channel:{d.channel}",
+            **{k: v for k, v in dataclasses.asdict(d).items() if k != "channel"},
+        ),
+    )  # fmt: skip
+    builders: dict[str, Callable[[ChannelConfig], ChannelAdapter]] = {
+        "webhook": lambda c: WebhookChannel(c, credentials.get, clock, webhooks),
+    }
+    adapters = {}
+    for channel in config.channels:
+        if channel.type not in builders:
+            raise ConfigError(
+                f"channels.{channel.name}: type '{channel.type}' is not built into this "
+                f"ironclawd (available: {', '.join(sorted(builders))})"
+            )
+        adapters[channel.name] = builders[channel.type](channel)
+    return adapters
 
 
 def _rootfs(config: Config) -> Path:
