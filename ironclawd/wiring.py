@@ -324,6 +324,7 @@ def _gateway(
         mounts=HostMounts(),
         clock=clock,
         skill_keys=TrustedKeyDir(),
+        channels=config.channels,
         packages=images,
     )
 

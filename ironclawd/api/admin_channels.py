@@ -53,7 +53,7 @@ class ChannelsMixin:
         held_id = _held_id(request.id)
         receipt = await self._inbox.admit(held_id)
         self._audit_trail.record(
-            "channel.admitted", operator(), held=held_id, sid=receipt.sid, seq=receipt.seq,
+            "channel.admitted", operator(), held=held_id, sid=receipt.sid, inbound_seq=receipt.seq,
             admission=receipt.admission.value,
         )  # fmt: skip
         return admin_pb2.AdmitHeldResponse(

@@ -57,9 +57,14 @@ def sh(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
     return sysd.run(["bash", "-c", script], **kwargs)
 
 
+def journal(sysd: SystemdHarness, lines: int = 40) -> str:
+    return out(sysd.run(["journalctl", "-u", "ironclawd", "-n", str(lines), "--no-pager", "-o",
+                         "cat"]))  # fmt: skip
+
+
 def ok(sysd: SystemdHarness, *args: str) -> Any:
     proc = sysd.run(["ironctl", *args, "--json"], timeout=120)
-    assert proc.returncode == 0, (args, out(proc))
+    assert proc.returncode == 0, (args, out(proc), journal(sysd))
     return json.loads(proc.stdout.decode())
 
 
@@ -76,6 +81,7 @@ class World:
     receiver: str  # http://<address>:8080 in the test's netns
     log: Path  # the receiver's JSON lines
     stub: admin_pb2_grpc.AdminServiceStub
+    posts: int = 0
 
     def post(self, endpoint: str, event_id: str, text: str, *, deadline: float = 90) -> Any:
         """POST like a webhook sender: retry while the daemon is down or answers 503 (not
@@ -83,10 +89,14 @@ class World:
         body = json.dumps({"event_id": event_id, "text": text}).encode()
         end = time.monotonic() + deadline
         while True:
+            # Each attempt signed afresh, as a sender does: the same signature twice within the
+            # window is a replay (409), whatever the event.
+            self.posts += 1
+            stamp = int(time.time()) - self.posts % 200
             request = urllib.request.Request(
                 f"http://127.0.0.1:{self.port}/hooks/{endpoint}", data=body, method="POST",
                 headers={"Content-Type": "application/json",
-                         HEADER: sign(SECRET.encode(), int(time.time()), body)},
+                         HEADER: sign(SECRET.encode(), stamp, body)},
             )  # fmt: skip
             try:
                 with urllib.request.urlopen(request, timeout=60) as answer:
@@ -149,6 +159,16 @@ def approve(sysd: SystemdHarness, kind: str, payload: dict[str, Any]) -> None:
     assert done["state"] == "applied", done
 
 
+def put_back(sysd: SystemdHarness, kind: str, payload: dict[str, Any]) -> None:
+    """The demo agent's default again (nothing to do when the test never changed it)."""
+    proc = sysd.run(["ironctl", "change", "submit", "--kind", kind, "--agent", "demo",
+                     "--payload", json.dumps(payload), "--json"], timeout=120)  # fmt: skip
+    if "would change nothing" not in out(proc):
+        assert proc.returncode == 0, out(proc)
+        change = json.loads(proc.stdout.decode())
+        ok(sysd, "change", "approve", change["id"], "--yes")
+
+
 @pytest.fixture(scope="module")
 def world(daemon: SystemdHarness) -> Iterator[World]:
     tag = secrets.token_hex(3)
@@ -198,8 +218,8 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
             yield World(daemon, port, receiver, logs / "receiver.jsonl",
                         admin_pb2_grpc.AdminServiceStub(channel))  # fmt: skip
     finally:
-        approve(daemon, "wiring", {"routes": []})
-        approve(daemon, "permissions", {"allow": [], "unknown": "drop"})
+        put_back(daemon, "wiring", {"routes": []})
+        put_back(daemon, "permissions", {"allow": [], "unknown": "drop"})
         sh(daemon, teardown, timeout=120)
         shutil.rmtree(logs, ignore_errors=True)
 
