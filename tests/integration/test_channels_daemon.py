@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ class World:
     receiver: str  # http://<address>:8080 in the test's netns
     log: Path  # the receiver's JSON lines
     stub: admin_pb2_grpc.AdminServiceStub
-    posts: int = 0
+    signed: set[tuple[int, bytes]] = field(default_factory=set)  # (timestamp, body) used
 
     def post(self, endpoint: str, event_id: str, text: str, *, deadline: float = 90) -> Any:
         """POST like a webhook sender: retry while the daemon is down or answers 503 (not
@@ -91,8 +91,10 @@ class World:
         while True:
             # Each attempt signed afresh, as a sender does: the same signature twice within the
             # window is a replay (409), whatever the event.
-            self.posts += 1
-            stamp = int(time.time()) - self.posts % 200
+            stamp = int(time.time())
+            while (stamp, body) in self.signed:
+                stamp -= 1
+            self.signed.add((stamp, body))
             request = urllib.request.Request(
                 f"http://127.0.0.1:{self.port}/hooks/{endpoint}", data=body, method="POST",
                 headers={"Content-Type": "application/json",
