@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv
+.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv synapse-venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -32,7 +32,7 @@ test-unit: venv
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
 # The e2e tier builds the .deb and installs it on a debootstrapped Debian (~2.5 min cold, ~30 s
 # warm; network to the Debian mirror): IRONCLAW_E2E=0 skips it.
-test: check probe mcp-venv
+test: check probe mcp-venv synapse-venv
 	rm -f results/containment-report.json results/containment-report.json.minisig
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 $(wildcard tests/integration tests/redteam tests/e2e)
 	@$(MAKE) --no-print-directory verify-report
@@ -68,6 +68,11 @@ probe: venv
 # by the pins; the tests also build it on first use).
 mcp-venv:
 	scripts/mcp-test-venv >/dev/null
+
+# The Matrix homeserver the channel tests run (scripts/synapse-test-venv: Synapse pinned, cached
+# under build/synapse-venv/ by the pin; ~1 min cold; the tests also build it on first use).
+synapse-venv:
+	scripts/synapse-test-venv >/dev/null
 
 demo: venv
 	scripts/demo
