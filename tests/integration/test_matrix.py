@@ -8,37 +8,40 @@ messages, oversized bodies). Alice talks through her own matrix-nio client."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import nio
 import pytest
 
-from ironclawd.domain.channels import ChannelConfig
-from ironclawd.errors import ChannelFailed, HostError, NotFound
+from ironclawd.errors import ChannelFailed
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.matrix import MatrixChannel
-from ironclawd.ports.channels import Admission, InboundEvent, OutboundReply, Receipt
-from tests.harness.synapse import Account, Homeserver, synapse_homeserver
+from ironclawd.ports.channels import OutboundReply
+from tests.contract.channel_contract import check_contract
+from tests.harness.synapse import synapse_homeserver
+from tests.integration.matrix_driver import (
+    WAIT,
+    MatrixPeer,
+    RecordingSink,
+    Server,
+    Watched,
+    channel_config,
+    client_of,
+    members,
+    room_with_bot,
+    running,
+    say,
+    secrets_of,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-WAIT = 30.0  # seconds for anything the homeserver should do (it answers in milliseconds)
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@dataclasses.dataclass(frozen=True)
-class Server:
-    hs: Homeserver
-    alice: Account
-    bob: Account
-    bot: Account  # logged in on device IRONCLAW, as an operator would for the credential
 
 
 @pytest.fixture(scope="module")
@@ -51,126 +54,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(hs, alice, bob, bot)
 
 
-class RecordingSink:
-    """An InboxSink that records, in one list, every receive (and whether it raised) and every
-    cursor save; ``fail`` makes the next receives raise, ``gate`` holds them."""
-
-    def __init__(self) -> None:
-        self.rooms: set[str] = set()
-        self.log: list[tuple[str, str]] = []  # ("receive"|"raised", event_id) | ("save", cursor)
-        self.events: list[InboundEvent] = []
-        self.saved: str | None = None
-        self.fail = 0
-        self.gate: asyncio.Event | None = None
-        self._changed = asyncio.Condition()
-
-    async def receive(self, event: InboundEvent) -> Receipt:
-        if self.gate is not None:
-            self.log.append(("waiting", event.event_id))
-            await self._note()
-            await self.gate.wait()
-        if self.fail:
-            self.fail -= 1
-            self.log.append(("raised", event.event_id))
-            await self._note()
-            raise HostError("inbound.db: disk I/O error (the test's)")
-        self.log.append(("receive", event.event_id))
-        self.events.append(event)
-        await self._note()
-        return Receipt(Admission.QUEUED, seq=len(self.events), sid="s1")
-
-    def wired(self, channel: str) -> frozenset[str]:
-        assert channel == "chat"
-        return frozenset(self.rooms)
-
-    async def cursor(self, channel: str) -> str | None:
-        return self.saved
-
-    async def save_cursor(self, channel: str, cursor: str) -> None:
-        self.saved = cursor
-        self.log.append(("save", cursor))
-        await self._note()
-
-    async def _note(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def until(self, done: Callable[[], bool]) -> None:
-        async with asyncio.timeout(WAIT), self._changed:
-            await self._changed.wait_for(done)
-
-    def texts(self) -> list[str]:
-        return [e.text for e in self.events]
-
-
-def channel_config(server: Server, **over: Any) -> ChannelConfig:
-    return dataclasses.replace(
-        ChannelConfig(
-            name="chat", type="matrix", homeserver=server.hs.url, user_id=server.bot.user_id,
-            token_credential="chat-token",
-        ),
-        **over,
-    )  # fmt: skip
-
-
-def secrets_of(server: Server) -> Callable[[str], str]:
-    def secret(name: str) -> str:
-        if name != "chat-token":
-            raise NotFound(f"credential {name}")
-        return server.bot.token
-
-    return secret
-
-
-@contextlib.asynccontextmanager
-async def running(
-    server: Server, sink: RecordingSink, timeline_limit: int = 100, **over: Any
-) -> AsyncIterator[MatrixChannel]:
-    config = channel_config(server, **over)
-    channel = MatrixChannel(
-        config, secrets_of(server), SystemClock(), timeline_limit=timeline_limit
-    )
-    await channel.start(sink)
-    try:
-        yield channel
-    finally:
-        await channel.stop()
-
-
-@contextlib.asynccontextmanager
-async def client_of(server: Server, account: Account) -> AsyncIterator[Any]:
-    client = nio.AsyncClient(server.hs.url, account.user_id)
-    client.restore_login(account.user_id, account.device_id, account.token)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
 @pytest.fixture
 async def alice(server: Server) -> AsyncIterator[Any]:
     async with client_of(server, server.alice) as client:
         yield client
-
-
-async def room_with_bot(alice: Any, server: Server) -> str:
-    created = await alice.room_create(invite=[server.bot.user_id])
-    assert isinstance(created, nio.RoomCreateResponse), created
-    return str(created.room_id)
-
-
-async def say(alice: Any, room: str, body: str, **content: Any) -> str:
-    sent = await alice.room_send(
-        room, "m.room.message", {"msgtype": "m.text", "body": body, **content}
-    )
-    assert isinstance(sent, nio.RoomSendResponse), sent
-    return str(sent.event_id)
-
-
-async def members(alice: Any, room: str) -> set[str]:
-    got = await alice.joined_members(room)
-    assert isinstance(got, nio.JoinedMembersResponse), got
-    return {m.user_id for m in got.members}
 
 
 async def test_a_message_in_a_wired_room_arrives_as_the_homeserver_asserted_it(
@@ -372,3 +259,10 @@ async def test_a_flooding_sender_is_cut_off_and_others_still_get_through(
             counters = channel.status().counters
     assert sink.texts() == ["flood 0", "flood 1", "flood 2", "bob's turn"]
     assert counters["rate_limited"] == 3
+
+
+async def test_the_matrix_channel_keeps_the_channel_contract(server: Server, alice: Any) -> None:
+    room = await room_with_bot(alice, server)
+    peer = MatrixPeer(alice, room, server.alice.user_id, server.bot.user_id)
+    channel = MatrixChannel(channel_config(server), secrets_of(server), SystemClock())
+    await check_contract(Watched(channel, peer), peer)
