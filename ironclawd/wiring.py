@@ -29,6 +29,7 @@ from ironclawd.domain.checks import CheckResult
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
+from ironclawd.host.matrix import MatrixChannel
 from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
 from ironclawd.host.mounts import HostMounts
@@ -201,6 +202,7 @@ def _channels(
         ),
     )  # fmt: skip
     builders: dict[str, Callable[[ChannelConfig], ChannelAdapter]] = {
+        "matrix": lambda c: MatrixChannel(c, credentials.get, clock),
         "webhook": lambda c: WebhookChannel(c, credentials.get, clock, webhooks),
     }
     adapters = {}

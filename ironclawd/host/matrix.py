@@ -48,6 +48,7 @@ SYNC_TIMEOUT_MS = 30_000  # the long poll; stop() cancels it
 INVITED_SYNC_TIMEOUT_MS = 5_000
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 60.0
 STOP_GRACE_SECONDS = 10.0
+START_WAIT_SECONDS = 10.0
 TIMELINE_LIMIT = 100  # events per room per sync before the server says `limited`
 PAGE_LIMIT = 100
 MAX_BACKFILL_PAGES = 50  # a gap of more than 5,000 events in one room is cut (counted)
@@ -125,13 +126,17 @@ class MatrixChannel:
     # -- the ChannelAdapter port -------------------------------------------------------------
 
     async def start(self, sink: InboxSink) -> None:
-        """Begin syncing; returns once the first sync succeeded or failed (status() says)."""
+        """Begin syncing; returns once the first sync succeeded or failed (status() says), or
+        after START_WAIT_SECONDS."""
         if self._task is not None:
             return
         self._stopping = asyncio.Event()
         self._ready = asyncio.Event()
         self._task = asyncio.create_task(self._run(sink), name=f"matrix channel {self.name}")
-        await self._ready.wait()
+        # A homeserver that does not answer must not hold up the daemon (or the other
+        # channels): the loop goes on in the background and status() says what happens.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), START_WAIT_SECONDS)
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -229,7 +234,7 @@ class MatrixChannel:
         # cache for 2 minutes: a restarted channel's first sync would get the previous one's
         # (an old position). An initial sync returns at once whatever its timeout, so a random
         # one makes the request new.
-        batch = await self._sync(None, 1 + secrets.randbelow(60_000), sync_filter(1))
+        batch = await self._sync(None, 1 + secrets.randbelow(5_000), sync_filter(1))
         self._invited = set(batch.invited)
         self._joined = {room.room_id for room in batch.joined}
         await self._take_names()

@@ -162,9 +162,12 @@ def _mentions(content: Mapping[str, object], body: str, me: str, names: Sequence
 
 
 class Meter:
-    """Token buckets by key: ``per_minute`` events a minute, bursts up to ``per_minute``. Keys
-    whose bucket is full again are forgotten, so hostile senders cannot grow it without bound
-    faster than they spend tokens."""
+    """Token buckets by key: ``per_minute`` events a minute, bursts up to ``per_minute``. At most
+    MAX_KEYS buckets: past that, full ones are forgotten and, if most are still busy, the
+    longest-held half (many senders already evade a per-sender limit; the channel-wide meter
+    still holds them). Amortised O(1) per event, whatever the senders do."""
+
+    MAX_KEYS = 4096
 
     def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
         self._rate = per_minute / 60.0
@@ -175,8 +178,8 @@ class Meter:
     def take(self, key: str) -> bool:
         """Spend one token of ``key``'s bucket if there is one; whether there was."""
         now = self._clock()
-        if len(self._buckets) > 4096:
-            self._forget_full(now)
+        if key not in self._buckets and len(self._buckets) >= self.MAX_KEYS:
+            self._shrink(now)
         tokens, at = self._buckets.get(key, (self._burst, now))
         tokens = min(self._burst, tokens + (now - at) * self._rate)
         if tokens < 1:
@@ -185,7 +188,10 @@ class Meter:
         self._buckets[key] = (tokens - 1, now)
         return True
 
-    def _forget_full(self, now: float) -> None:
+    def _shrink(self, now: float) -> None:
         for key, (tokens, at) in list(self._buckets.items()):
             if tokens + (now - at) * self._rate >= self._burst:
+                del self._buckets[key]
+        if len(self._buckets) > self.MAX_KEYS // 2:
+            for key in list(self._buckets)[: len(self._buckets) - self.MAX_KEYS // 2]:
                 del self._buckets[key]
