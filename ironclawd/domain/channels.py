@@ -32,7 +32,8 @@ CHANNEL_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
 # Namespaces of host identities: no channel may be named like them.
 RESERVED_CHANNEL_NAMES = frozenset({"user", "group"})
 ENDPOINT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-ROOM_ID_RE = re.compile(r"![\x21-\x39\x3b-\x7e]{1,255}:[\x21-\x7e]{1,255}")
+# "!opaque:server"; room version 12 ids are "!hash" alone (no server part).
+ROOM_ID_RE = re.compile(r"![\x21-\x39\x3b-\x7e]{1,255}(:[\x21-\x7e]{1,255})?")
 HOST_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # a POSIX user or group name
 RAW_IDENTITY_RE = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no space
 MAX_PATTERN = 200

@@ -53,7 +53,8 @@ def test_a_route_round_trips_and_leaves_defaults_out() -> None:
         ({"channel": "user"}, "route.channel: user names host identities"),
         ({"channel": 3}, "route.channel: expected a channel name"),
         ({"where": "#alias:example.org"}, "route.where: expected a Matrix room id"),
-        ({"where": "!nocolon"}, "route.where: expected a Matrix room id"),
+        ({"where": "!a b:x"}, "route.where: expected a Matrix room id"),
+        ({"where": "!"}, "route.where: expected a Matrix room id"),
         ({"where": "a b"}, "route.where: expected"),
         ({"where": "x" * 65}, "route.where: expected"),
         ({"where": "!" + "a" * 255 + ":s"}, "route.where: expected"),
@@ -75,6 +76,11 @@ def test_every_bad_route_field_is_named(fields: dict[str, Any], needle: str) -> 
     with pytest.raises(InvalidArgument) as err:
         _route(**fields)
     assert needle in str(err.value), str(err.value)
+
+
+def test_room_ids_of_every_room_version_are_accepted() -> None:
+    for room in ("!abc:example.org", "!abc:example.org:8448", "!Ab0_-hash31xyz"):
+        assert _route(where=room).where == room
 
 
 def test_a_route_that_is_not_an_object_is_refused() -> None:
