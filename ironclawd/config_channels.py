@@ -19,7 +19,12 @@ from ironclawd.config_keys import (
     _int,
     _Key,
 )
-from ironclawd.domain.channels import CHANNEL_NAME_RE, ChannelConfig, WebhookEndpoint
+from ironclawd.domain.channels import (
+    CHANNEL_NAME_RE,
+    RESERVED_CHANNEL_NAMES,
+    ChannelConfig,
+    WebhookEndpoint,
+)
 from ironclawd.domain.messages import MAX_MESSAGE_BYTES
 from ironclawd.errors import ConfigError
 
@@ -32,6 +37,9 @@ MAX_ENDPOINTS = 64
 def _channel_name(v: Any) -> str:
     if not isinstance(v, str) or not CHANNEL_NAME_RE.fullmatch(v):
         raise ValueError("a channel name of [a-z][a-z0-9-], at most 32 characters")
+    if v in RESERVED_CHANNEL_NAMES:
+        # Permissions name host users and groups as user:<name> and group:<name>.
+        raise ValueError("a channel name other than 'user' or 'group' (they name host identities)")
     return v
 
 

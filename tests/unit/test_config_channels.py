@@ -54,6 +54,8 @@ def test_listen_forms(listen: str) -> None:
         (WEBHOOK.replace("127.0.0.1:8787", "unix:run/x.sock"), ["channels.hooks.listen"]),
         (WEBHOOK.replace('"hooks"', '"Hooks"'), ["channels[0].name", "[a-z]"]),
         (WEBHOOK.replace('"webhook"', '"irc"'), ["channels[0].type", "'matrix', 'webhook'"]),
+        (WEBHOOK.replace('"hooks"', '"user"'), ["channels[0].name", "other than 'user'"]),
+        (WEBHOOK.replace('"hooks"', '"group"'), ["channels[0].name", "host identities"]),
         (WEBHOOK + WEBHOOK, ["'hooks' is used twice"]),
         (WEBHOOK.replace('name = "github"', 'name = "../x"'), ["channels.hooks.endpoints"]),
         (WEBHOOK.replace("}]", '}, {name = "github", secret_credential = "b"}]'),
