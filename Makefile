@@ -77,7 +77,7 @@ synapse-venv:
 demo: venv
 	scripts/demo
 
-bench: venv mcp-venv
+bench: venv mcp-venv synapse-venv
 	$(PY) -m benchmarks.run $(BENCH)
 
 docs: venv

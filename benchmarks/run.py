@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("sessions", "egress", "model_proxy", "messages", "mcp", "packages")
+BENCHMARKS = ("sessions", "egress", "model_proxy", "messages", "mcp", "packages", "channels")
 
 
 def main(names: list[str]) -> int:
