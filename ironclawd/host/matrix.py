@@ -122,6 +122,9 @@ class MatrixChannel:
         self._invited: set[str] = set()
         self._per_sender = ev.Meter(config.sender_messages_per_minute, clock.monotonic)
         self._per_channel = ev.Meter(config.channel_messages_per_minute, clock.monotonic)
+        # The meters' verdicts on the batch being handed over: a batch tried again (the inbox
+        # raised) gets the same ones, so a retry never turns a taken message into a dropped one.
+        self._metered: dict[str, bool] = {}
 
     # -- the ChannelAdapter port -------------------------------------------------------------
 
@@ -253,6 +256,7 @@ class MatrixChannel:
             for room in batch.joined:
                 await self._hand_room(sink, room, since)
             await sink.save_cursor(self.name, batch.next_batch)
+            self._metered.clear()
         finally:
             self._handing = False
         self._joined = (self._joined | {r.room_id for r in batch.joined}) - batch.left
@@ -286,12 +290,19 @@ class MatrixChannel:
             got = self._reader.read(room.room_id, source, self._clock.time())
             if isinstance(got, str):
                 self._counters[got] += 1
-            elif not (self._per_sender.take(got.sender) and self._per_channel.take("")):
+            elif not self._allowed(got.event_id, got.sender):
                 self._counters["rate_limited"] += 1
             else:
                 receipt = await sink.receive(got)
                 self._counters["received"] += 1
                 self._counters[receipt.admission.value] += 1
+
+    def _allowed(self, event_id: str, sender: str) -> bool:
+        verdict = self._metered.get(event_id)
+        if verdict is None:
+            verdict = self._per_sender.take(sender) and self._per_channel.take("")
+            self._metered[event_id] = verdict
+        return verdict
 
     async def _backfill(self, room_id: str, prev_batch: str, since: str) -> list[Any]:
         """The events the server left out of a limited timeline (between ``since`` and
