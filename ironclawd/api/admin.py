@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -181,7 +182,8 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
     async def VerifySession(
         self, request: admin_pb2.VerifySessionRequest, context: Context
     ) -> admin_pb2.VerifySessionResponse:
-        record = verify_record(self._messages.store, request.sid)
+        self._sessions.get(request.sid)  # NotFound for an unknown session
+        record = await asyncio.to_thread(verify_record, self._messages.store, request.sid)
         report = record if not record.ok else await self._messages.verify(request.sid)
         return admin_pb2.VerifySessionResponse(
             checked=report.checked,

@@ -165,6 +165,9 @@ class OutboundRows(Protocol):
 
     def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]: ...
     def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]: ...
+    def close(self) -> None:
+        """Let go of what the reader keeps between reads (it may be used again)."""
+        ...
 
 
 class SessionData(Protocol):

@@ -52,11 +52,17 @@ class Lanes:
                 f"session {sid}: reading its outbound queue did not finish in {self._timeout:g}s"
             ) from None
 
-    def close(self, sid: str) -> None:
-        """The session is gone: its worker ends once what it runs returns."""
+    def close(self, sid: str, then: Callable[[], None] | None = None) -> None:
+        """The session is gone: its worker ends once what it runs returns; ``then`` runs on the
+        loop after that (at once if nothing runs), so it never pulls anything from under a read."""
         lane = self._lanes.pop(sid, None)
         if lane is not None:
             lane.executor.shutdown(wait=False, cancel_futures=True)
+            if then is not None and lane.busy is not None and not lane.busy.done():
+                lane.busy.add_done_callback(lambda _future: then())
+                return
+        if then is not None:
+            then()
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -3,9 +3,10 @@
 Sending appends to the session's inbound.db (the host is its only writer) and announces the new
 seq on the control socket; the agent announces each outbound commit the same way, and the host
 ingests the new rows into the state DB, extending the session's hash chain. Watchers wait on a
-condition, never poll. Exactly-once as the operator sees it: replies have a per-session seq and
-a watcher resumes after the last seq it saw; a send retried with the same client id returns the
-seq of the first.
+condition, never poll, and are sent recent replies from memory (services/reply_tail.py); the
+event loop itself never waits on a database. Exactly-once as the operator sees it: replies have
+a per-session seq and a watcher resumes after the last seq it saw; a send retried with the same
+client id returns the seq of the first.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from ironclawd.ports import (
     Clock,
     ControlPlane,
     InboundQueue,
+    OutboundRows,
     RawRow,
     ReplyRecords,
     SessionData,
 )
 from ironclawd.services.audit import Throttled
 from ironclawd.services.lanes import Lanes
+from ironclawd.services.reply_tail import ReplyTail
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.sessions import SessionService
 
@@ -50,6 +53,7 @@ RESTART_WINDOW_SECONDS = 60.0
 # Replies the agent wrote while the state DB's disk was full are ingested again this often until
 # it takes them: waiting for the agent's next announcement would leave them unseen until then.
 INGEST_RETRY_SECONDS = 1.0
+WATCH_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class MessageService:
         self._uid = agent_uid
         self._gid = agent_gid
         self._inbound: dict[str, InboundQueue] = {}
+        self._tails: dict[str, ReplyTail] = {}
+        self._forgotten = 0  # sessions forgotten so far (a tail read meanwhile is not kept)
+        self._readers: dict[str, OutboundRows] = {}  # used only in the session's lane
         self._writers_lock = threading.Lock()
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
@@ -113,15 +120,17 @@ class MessageService:
         if session.state is not State.RUNNING:
             # An idle-stopped session starts again on the next message (docs/architecture.md §3).
             session = await self._sessions.start(sid)
-        writer = await asyncio.to_thread(self._writer, sid)
-        replies_before, _chain = self.store.last_reply(sid)
+        replies_before = (await self._tail(sid)).last
         seq, new = await asyncio.to_thread(
-            writer.append, body, self._clock.time(), client_id or None
+            self._append, sid, body, self._clock.time(), client_id or None
         )
         self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
             log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
         return Sent(seq, new, replies_before)
+
+    def _append(self, sid: str, body: str, now: float, client_id: str | None) -> tuple[int, bool]:
+        return self._writer(sid).append(body, now, client_id)
 
     def _writer(self, sid: str) -> InboundQueue:
         # Runs in worker threads: two first sends must not open two writers for one file.
@@ -175,7 +184,9 @@ class MessageService:
             writer = self._inbound.pop(sid, None)
         if writer is not None:
             writer.close()
-        self._lanes.close(sid)
+        self._tails.pop(sid, None)
+        self._forgotten += 1
+        self._lanes.close(sid, then=lambda: self._drop_reader(sid))
         self._full.discard(sid)
         retry = self._retries.pop(sid, None)
         if retry is not None:
@@ -191,9 +202,10 @@ class MessageService:
         (audited), and a file that cannot be read is complained about at a bounded rate."""
         lock = self._ingest_locks.setdefault(sid, asyncio.Lock())
         async with lock:
+            tail = await self._tail(sid)
             total = 0
             while True:
-                last, chain = self.store.last_reply(sid)
+                last, chain = tail.last, tail.chain
                 if up_to is not None and up_to <= last:
                     return total
                 room = self._limits.max_rows - last
@@ -225,6 +237,7 @@ class MessageService:
                     except DiskFull as exc:
                         self._retry_ingest(sid, exc)
                         return total
+                    tail.add(replies)
                     self._touch(sid)
                     condition = self._condition(sid)
                     async with condition:
@@ -269,8 +282,32 @@ class MessageService:
     def _read_batch(self, sid: str, after: int, limit: int) -> list[RawRow]:
         """In the session's lane: clear setid bits the box planted, then read a batch."""
         self._data.strip_setid(sid, self._uid)
-        reader = self._data.outbound(sid, self._uid)
-        return reader.read_after(after, limit, self._limits.max_reply_bytes)
+        return self._reader(sid).read_after(after, limit, self._limits.max_reply_bytes)
+
+    def _reader(self, sid: str) -> OutboundRows:
+        """The session's outbound reader, kept (with its key) for the session's life. Only in
+        the session's lane, so never two at once."""
+        reader = self._readers.get(sid)
+        if reader is None:
+            reader = self._readers[sid] = self._data.outbound(sid, self._uid)
+        return reader
+
+    def _drop_reader(self, sid: str) -> None:
+        """Close the reader once no read of the lane can be using it (``Lanes.close``)."""
+        reader = self._readers.pop(sid, None)
+        if reader is not None:
+            reader.close()
+
+    async def _tail(self, sid: str) -> ReplyTail:
+        """The session's newest reply and recent ones, from the state DB once."""
+        tail = self._tails.get(sid)
+        if tail is None:
+            forgotten = self._forgotten
+            tail = ReplyTail(*await asyncio.to_thread(self.store.last_reply, sid))
+            if forgotten == self._forgotten:  # else it may be a removed session's: not kept
+                # Another caller may have made it meanwhile and ingested since: keep that one.
+                tail = self._tails.setdefault(sid, tail)
+        return tail
 
     def _refused(self, sid: str, reason: str) -> None:
         ratelog.warning(
@@ -286,33 +323,40 @@ class MessageService:
     async def watch(self, sid: str, after: int, follow: bool) -> AsyncIterator[Reply]:
         """Replies with seq > after, in order; with ``follow``, keep waiting for new ones."""
         self._sessions.get(sid)  # NotFound for an unknown session
+        tail = await self._tail(sid)
         condition = self._condition(sid)
         while True:
+            batch = tail.after(after, WATCH_BATCH)
+            from_db = batch is None
+            if batch is None:
+                batch = await asyncio.to_thread(self.store.replies_after, sid, after, WATCH_BATCH)
+            if batch:
+                for reply in batch:
+                    yield reply
+                    after = reply.seq
+                continue
+            if not follow:
+                return
             async with condition:
-                batch = self.store.replies_after(sid, after)
-                if not batch:
-                    if not follow:
-                        return
+                # Ingestion changes the tail and notifies under this lock: nothing is missed
+                # between the check and the wait. (A tail ahead of an empty answer from the
+                # DB waits for the next reply rather than asking again at once.)
+                if tail.last <= after or from_db:
                     await condition.wait()
-                    continue
-            for reply in batch:
-                yield reply
-                after = reply.seq
 
     async def verify(self, sid: str) -> ChainReport:
         """Re-read everything ingested from the agent's file and recompute the chain: a
         rewrite, deletion or reorder of already-ingested rows is named by its first seq."""
         self._sessions.get(sid)
-        reader = self._data.outbound(sid, self._uid)
         max_body = self._limits.max_reply_bytes
         checked, after = 0, 0
         while True:
-            record = self.store.replies_after(sid, after, limit=1000)
+            record = await asyncio.to_thread(self.store.replies_after, sid, after, 1000)
             if not record:
                 return ChainReport(checked, True)
             try:
                 now = await self._lanes.run(
-                    sid, reader.read_range, record[0].seq, record[-1].seq, max_body
+                    sid, self._read_range, sid, record[0].seq, record[-1].seq, max_body
                 )
             except (IronclawError, OSError) as exc:
                 return ChainReport(checked, False, record[0].seq, f"cannot read outbound: {exc}")
@@ -326,6 +370,9 @@ class MessageService:
                     return ChainReport(checked, False, reply.seq, "row rewritten by the agent")
                 checked += 1
             after = record[-1].seq
+
+    def _read_range(self, sid: str, first: int, last: int, max_body: int) -> list[RawRow]:
+        return self._reader(sid).read_range(first, last, max_body)
 
 
 def verify_record(store: ReplyRecords, sid: str) -> ChainReport:

@@ -11,8 +11,14 @@ anything in it at any moment. So the daemon (root) never hands SQLite a path the
    with one link and at most the quota's size is then re-opened (through its descriptor,
    ``O_RDONLY|O_NONBLOCK``);
 3. that descriptor is copied into a root-only directory of the daemon's (the file is SQLCipher:
-   no plaintext lands), and SQLite opens the private copy ``immutable``. (A memfd does not do:
+   no plaintext lands), and SQLite opens the private copy read-only. (A memfd does not do:
    SQLite canonicalises ``/proc/self/fd/N`` through readlink to ``/memfd:… (deleted)``.)
+
+For ingestion a reader keeps its copy and one keyed connection to it between reads (opening and
+keying one cost more than the rest of a read together): each read overwrites the copy in place,
+and SQLite, seeing page 1 changed (every commit changes it) at the start of its next read
+transaction, drops what it had cached. Only this daemon writes the copy, never during a read;
+the schema is checked on every read. Verification reads on a fresh connection (see read_range).
 
 File locks do not cross the gVisor boundary, so a copy can catch the agent mid-commit. The
 agent's rollback journal exists for the whole of a commit and every page write changes the
@@ -27,7 +33,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import sqlcipher3
@@ -66,7 +72,7 @@ def open_outbound_dir(directory: Path, agent_uid: int) -> int:
 
 
 def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bool:
-    """Copy outbound.db (see the module doc) to ``dest``; False if there is no file yet."""
+    """Copy outbound.db (see the module doc) over ``dest``; False if there is no file yet."""
     if _exists(dir_fd, JOURNAL_FILE):
         raise Changing("the agent is committing (journal present)")
     try:
@@ -86,8 +92,7 @@ def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bo
         opened = os.fstat(src)
         if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
             raise HostError(f"refusing {OUTBOUND_FILE}: it changed while it was opened")
-        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o600)  # fmt: skip
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             copied = 0
             while chunk := os.read(src, _COPY_CHUNK):
@@ -95,6 +100,7 @@ def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bo
                 if copied > max_bytes:
                     raise HostError(f"refusing {OUTBOUND_FILE}: over {max_bytes} bytes")
                 os.write(out, chunk)
+            os.ftruncate(out, copied)
         finally:
             os.close(out)
         after = os.fstat(src)
@@ -130,7 +136,8 @@ def _exists(dir_fd: int, name: str) -> bool:
 
 
 class OutboundReader:
-    """Reads a session's outbound.db through a private copy, one consistent copy per read."""
+    """Reads a session's outbound.db through a private copy, one consistent copy per read. Not
+    thread-safe: each session's reads run one at a time in its own lane (services/lanes.py)."""
 
     def __init__(
         self, directory: Path, key: bytes, agent_uid: int, scratch: Path, max_bytes: int
@@ -140,52 +147,102 @@ class OutboundReader:
         self._agent_uid = agent_uid
         self._scratch = scratch
         self._max_bytes = max_bytes
+        self._copy_path = scratch / f"outbound-{secrets.token_hex(8)}.db"
+        self._conn: sqlcipher3.Connection | None = None
 
     def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
         """Up to ``limit`` rows with seq > after, in seq order, from one consistent copy."""
-        with translated(f"reading {self._dir / OUTBOUND_FILE}"), self._copy() as copy:
-            if copy is None:
+        with translated(f"reading {self._dir / OUTBOUND_FILE}"):
+            if not self._refresh():
                 return []
-            return _select(copy, self._key, after, 2**62, limit=limit, max_body=max_body)
+            return self._select(after, 2**62, limit=limit, max_body=max_body)
 
     def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]:
-        """Rows first..last as they are in the file now (for verifying ingested history)."""
-        with translated(f"reading {self._dir / OUTBOUND_FILE}"), self._copy() as copy:
-            if copy is None:
+        """Rows first..last as they are in the file now (for verifying ingested history), on a
+        fresh connection: SQLite trusts its cache until page 1 changes, and an agent editing
+        pages by hand need not change page 1."""
+        with translated(f"reading {self._dir / OUTBOUND_FILE}"):
+            if not self._refresh():
                 raise HostError(f"{self._dir / OUTBOUND_FILE} does not exist")
-            return _select(
-                copy, self._key, first - 1, last, limit=last - first + 1, max_body=max_body
-            )
+            self._drop_connection()
+            return self._select(first - 1, last, limit=last - first + 1, max_body=max_body)
 
-    @contextlib.contextmanager
-    def _copy(self) -> Iterator[Path | None]:
-        ensure_scratch(self._scratch)
-        dest = self._scratch / f"outbound-{secrets.token_hex(8)}.db"
+    def close(self) -> None:
+        """Drop the connection and the copy (a later read makes them again). Files SQLite may
+        have put beside the copy go too (a file claiming WAL mode makes it open a -shm)."""
+        self._drop_connection()
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            Path(f"{self._copy_path}{suffix}").unlink(missing_ok=True)
+
+    def _refresh(self) -> bool:
+        """Take a consistent copy of the agent's file over ours; False if it has none yet."""
+        if self._conn is None:
+            ensure_scratch(self._scratch)
         dir_fd = open_outbound_dir(self._dir, self._agent_uid)
         try:
             last: Exception | None = None
             for _attempt in range(READ_ATTEMPTS):
                 try:
-                    found = _private_copy(dir_fd, self._agent_uid, self._max_bytes, dest)
+                    found = _private_copy(dir_fd, self._agent_uid, self._max_bytes,
+                                          self._copy_path)  # fmt: skip
                 except Changing as exc:
                     last = exc
-                    dest.unlink(missing_ok=True)
                     time.sleep(READ_BACKOFF)
                     continue
                 except OSError as exc:
+                    self.close()
                     raise HostError(f"reading {self._dir / OUTBOUND_FILE}: {exc}") from exc
-                try:
-                    yield dest if found else None
-                finally:
-                    dest.unlink(missing_ok=True)
-                return
+                except BaseException:
+                    self.close()
+                    raise
+                if not found:
+                    self.close()
+                return found
+            self.close()
             raise HostError(
                 f"reading {self._dir / OUTBOUND_FILE}: no quiet moment in {READ_ATTEMPTS} tries:"
                 f" {last}"
             )
         finally:
-            dest.unlink(missing_ok=True)
             os.close(dir_fd)
+
+    def _select(self, after: int, up_to: int, *, limit: int, max_body: int) -> list[RawRow]:
+        """Rows from the copy. A kept connection that fails is dropped and the read tried once
+        on a fresh one: an agent that made its file anew gave it a new salt, which a keyed
+        connection does not take up."""
+        if self._conn is not None:
+            try:
+                return _select(self._conn, after, up_to, limit=limit, max_body=max_body)
+            except HostError:
+                self._drop_connection()
+        return _select(self._connect(), after, up_to, limit=limit, max_body=max_body)
+
+    def _connect(self) -> sqlcipher3.Connection:
+        try:
+            conn = sqlcipher3.connect(f"file:{self._copy_path}?mode=ro", uri=True,
+                                      isolation_level=None, check_same_thread=False)  # fmt: skip
+        except sqlcipher3.Error as exc:
+            raise HostError(f"opening a copy of {OUTBOUND_FILE}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA key = \"x'{self._key.hex()}'\"")
+            conn.execute("PRAGMA cipher_memory_security = ON")
+            conn.execute("PRAGMA trusted_schema = OFF")
+            conn.execute("PRAGMA cell_size_check = ON")
+            conn.execute("PRAGMA mmap_size = 0")
+            conn.execute("PRAGMA temp_store = MEMORY")
+            # Every read finds the file changed and starts from an empty cache: keep it small.
+            conn.execute("PRAGMA cache_size = 64")
+        except sqlcipher3.Error as exc:
+            conn.close()
+            raise HostError(f"opening a copy of {OUTBOUND_FILE}: {exc}") from exc
+        self._conn = conn
+        return conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sqlcipher3.Error):
+                self._conn.close()
+            self._conn = None
 
 
 def ensure_scratch(scratch: Path) -> None:
@@ -199,23 +256,13 @@ def ensure_scratch(scratch: Path) -> None:
 
 
 def _select(
-    copy: Path, key: bytes, after: int, up_to: int, *, limit: int, max_body: int
+    conn: sqlcipher3.Connection, after: int, up_to: int, *, limit: int, max_body: int
 ) -> list[RawRow]:
     try:
-        conn = sqlcipher3.connect(f"file:{copy}?mode=ro&immutable=1", uri=True,
-                                  isolation_level=None)  # fmt: skip
-    except sqlcipher3.Error as exc:
-        raise HostError(f"opening a copy of {OUTBOUND_FILE}: {exc}") from exc
-    try:
-        conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
-        conn.execute("PRAGMA cipher_memory_security = ON")
-        conn.execute("PRAGMA trusted_schema = OFF")
-        conn.execute("PRAGMA cell_size_check = ON")
-        conn.execute("PRAGMA mmap_size = 0")
-        conn.execute("PRAGMA temp_store = MEMORY")
+        # fetchall(): a statement left unfinished would hold its read transaction open.
         schema = conn.execute(
             "SELECT group_concat(sql, ';') FROM sqlite_master WHERE sql IS NOT NULL"
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         if schema != OUTBOUND_SCHEMA:
             raise HostError(f"refusing {OUTBOUND_FILE}: unexpected schema {str(schema)[:120]!r}")
         # SQLite types are advisory: wrong types come back as NULL, and a body is fetched
@@ -230,8 +277,6 @@ def _select(
         ).fetchall()
     except sqlcipher3.Error as exc:
         raise HostError(f"reading a copy of {OUTBOUND_FILE}: {exc}") from exc
-    finally:
-        conn.close()
     return [(int(seq), irt, at, body) for seq, irt, at, body in rows]
 
 

@@ -118,6 +118,10 @@ class StateStore:
     def __init__(self, path: Path, key: bytes) -> None:
         self._path = path
         self._lock = threading.Lock()
+        # Sessions as last read or written: ``get`` is on every send, model call and watch, and
+        # this process is the DB's only writer. Filled and changed only under the lock, together
+        # with the row, so a reader never puts back an older version.
+        self._sessions: dict[str, Session] = {}
         with translated(f"opening state DB {path}"):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -166,6 +170,7 @@ class StateStore:
     def close(self) -> None:
         with self._op("closing"):
             self._db.close()
+            self._sessions.clear()
 
     def insert(self, session: Session) -> None:
         with self._op(f"inserting session {session.sid}"):
@@ -176,6 +181,7 @@ class StateStore:
                 )
             except sqlcipher3.IntegrityError:
                 raise AlreadyExists(f"session {session.sid} already exists") from None
+            self._sessions[session.sid] = session
 
     def save(self, session: Session) -> None:
         with self._op(f"saving session {session.sid}"):
@@ -184,18 +190,25 @@ class StateStore:
                 "last_active_at=?, error=?, platform=? WHERE sid=?",
                 (*_row(session)[1:], session.sid),
             )
+            if cur.rowcount == 1:
+                self._sessions[session.sid] = session
         if cur.rowcount != 1:
             raise NotFound(f"session {session.sid} not found")
 
     def get(self, sid: str) -> Session:
+        cached = self._sessions.get(sid)
+        if cached is not None:
+            return cached
         with self._op(f"reading session {sid}"):
             row = self._db.execute(
                 f"SELECT {_COLUMNS} FROM sessions WHERE sid=?",  # noqa: S608
                 (sid,),
             ).fetchone()
-        if row is None:
-            raise NotFound(f"session {sid} not found")
-        return _session(row)
+            if row is None:
+                raise NotFound(f"session {sid} not found")
+            session = _session(row)
+            self._sessions[sid] = session
+        return session
 
     def list_sessions(self) -> list[Session]:
         with self._op("listing sessions"):
@@ -207,6 +220,7 @@ class StateStore:
     def delete(self, sid: str) -> None:
         with self._op(f"deleting session {sid}"):
             self._db.execute("DELETE FROM sessions WHERE sid=?", (sid,))
+            self._sessions.pop(sid, None)
 
     # -- session keys (wrapped) and ingested replies ------------------------------------
 

@@ -248,10 +248,16 @@ class _Queue:
 
 
 class _Outbound:
-    """``OutboundRows`` over a list (None: the agent has not made its file yet)."""
+    """``OutboundRows`` over a session's list (None: the agent has not made its file yet), as it
+    is at each read."""
 
-    def __init__(self, rows: list[RawRow] | None) -> None:
-        self.rows = rows
+    def __init__(self, data: FakeSessionData, sid: str) -> None:
+        self._data = data
+        self._sid = sid
+
+    @property
+    def rows(self) -> list[RawRow] | None:
+        return self._data.outbound_rows.get(self._sid)
 
     def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
         return [_capped(r, max_body) for r in self.rows or [] if r[0] > after][:limit]
@@ -260,6 +266,9 @@ class _Outbound:
         if self.rows is None:
             raise HostError("outbound.db does not exist")
         return [_capped(r, max_body) for r in self.rows if first <= r[0] <= last]
+
+    def close(self) -> None:
+        pass
 
 
 def _capped(row: RawRow, max_body: int) -> RawRow:
@@ -312,7 +321,7 @@ class FakeSessionData(_Recording):
 
     def outbound(self, sid: str, uid: int) -> _Outbound:
         self.key(sid)
-        return _Outbound(self.outbound_rows.get(sid))
+        return _Outbound(self, sid)
 
     def strip_setid(self, sid: str, uid: int) -> int:
         return 0

@@ -29,6 +29,7 @@ from ironclawd.store.outbound import (
 from ironclawd.store.queues import remove_queue_dirs
 
 KEY = bytes(range(32))
+SQLITE_HEADER = b"SQLite format 3"
 UID = os.getuid()
 CAP = 1024
 
@@ -95,13 +96,19 @@ def test_a_good_row_is_taken_as_it_is() -> None:
 def test_rows_come_back_raw_and_hostile_ones_typed_as_none(outdir: Path) -> None:
     write_db(outdir / "outbound.db", [(1, 1.0, "ok"), (-5, 2.0, "neg"), (2, 3.0, b"\xff"),
                                       (3, 4.0, "y" * (CAP + 1)), (4, 5.0, "after")])  # fmt: skip
-    rows = reader(outdir).read_after(0, 100, CAP)
+    kept = reader(outdir)
+    rows = kept.read_after(0, 100, CAP)
     assert rows == [(1, 1, 1.0, b"ok"), (2, -5, 2.0, b"neg"), (3, 2, 3.0, None),
                     (4, 3, 4.0, None), (5, 4, 5.0, b"after")]  # fmt: skip
     accepted = [accept_row(*r, CAP) for r in rows]
     assert [why != "" for _row, why in accepted] == [False, True, True, True, False]
     assert accepted[-1][0] == (5, 4, 5.0, "after")  # good rows after bad ones still flow
-    assert not list((outdir.parents[2] / "scratch").iterdir())  # the copy is gone
+    scratch = outdir.parents[2] / "scratch"
+    (copy,) = scratch.iterdir()  # kept for the next read: root's, encrypted like the original
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert SQLITE_HEADER not in copy.read_bytes()[:16]
+    kept.close()
+    assert not list(scratch.iterdir())  # the copy is gone
 
 
 def test_twenty_thousand_rows_arrive_in_batches(outdir: Path) -> None:
@@ -111,6 +118,25 @@ def test_twenty_thousand_rows_arrive_in_batches(outdir: Path) -> None:
         assert [row[0] for row in batch] == list(range(after + 1, after + 1 + len(batch)))
         after, got = batch[-1][0], got + len(batch)
     assert got == 20_000
+
+
+def test_a_kept_reader_sees_each_commit_and_a_file_made_anew(outdir: Path) -> None:
+    db = outdir / "outbound.db"
+    kept = reader(outdir)
+    assert kept.read_after(0, 10, CAP) == []
+    for n in range(1, 40):  # each read comes after a commit of the agent's
+        write_db(db, [(n, float(n), f"r{n}")])
+        assert [row[0] for row in kept.read_after(n - 1, 10, CAP)] == [n]
+    assert [row[3] for row in kept.read_after(0, 100, CAP)] == [
+        f"r{n}".encode() for n in range(1, 40)
+    ]
+    db.unlink()  # the agent starts over: a new file, a new salt
+    write_db(db, [(7, 7.0, "new file")])
+    assert kept.read_after(0, 10, CAP) == [(1, 7, 7.0, b"new file")]
+    assert kept.read_range(1, 1, CAP) == [(1, 7, 7.0, b"new file")]
+    db.unlink()
+    assert kept.read_after(0, 10, CAP) == []  # gone again: nothing, and nothing kept
+    assert not list((outdir.parents[2] / "scratch").iterdir())
 
 
 def test_no_file_yet_reads_nothing(outdir: Path) -> None:
