@@ -53,7 +53,16 @@ CONFIG = "/etc/ironclaw/ironclawd.toml"
 # would stop a stress run, so these tests use an agent of their own with limits out of the way.
 AGENT = "bulk"
 REPLY = "mock: "
-AGENT_CONFIG = unlimited_agent(AGENT)
+# A sandbox may make [sockets] calls_per_second (50) calls a second; once the senders are done
+# the agent answers faster than that (one model call per message), and a refused call becomes
+# a "[I cannot answer now: too many calls ...]" reply. The limit is not what these tests test.
+AGENT_CONFIG = (
+    unlimited_agent(AGENT)
+    + """
+[sockets]
+calls_per_second = 2000.0
+"""
+)
 RPC_TIMEOUT = 60.0
 # The kill run: how many messages, and how many SIGKILLs of each kind.
 STRESS_COUNT = int(os.environ.get("IRONCLAW_STRESS_COUNT", "10000"))
