@@ -74,10 +74,7 @@ class Chat:
 def room_with(chat_hs: Homeserver, alice: Account, invite: list[str]) -> str:
     request = urllib.request.Request(
         chat_hs.url + "/_matrix/client/v3/createRoom", method="POST",
-        # Room version 11: its ids carry the server ("!x:server"), which is what wiring accepts
-        # (version 12 ids, "!<hash>", are refused as not a room id: see the report).
-        data=json.dumps({"invite": invite, "preset": "private_chat",
-                         "room_version": "11"}).encode(),
+        data=json.dumps({"invite": invite, "preset": "private_chat"}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice.token}"},
     )  # fmt: skip
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
