@@ -1,7 +1,6 @@
-"""The inbox (services/inbox.py, inbox_delivery.py) over fakes: every admission path, the
-session a route's session key picks, and exactly-once in both directions when the daemon dies
-between any two steps (a ``HostError`` from the fake records or queue stands for the kill; a
-new ``Inbox`` over the same records and queues stands for the restart)."""
+"""The inbox (services/inbox*.py) over fakes: every admission path, the session a route's key
+picks, exactly-once both ways when the daemon dies between any two steps (a ``HostError`` from
+the fake records or queue is the kill; a new ``Inbox`` over the same fakes is the restart)."""
 
 from __future__ import annotations
 
