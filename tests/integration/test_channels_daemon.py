@@ -15,15 +15,10 @@ is in the session's queue once and answered by exactly one delivery id.
 from __future__ import annotations
 
 import json
-import secrets
-import shutil
 import socket
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +26,10 @@ import grpc
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.formats.webhook_sig import DELIVERY_HEADER, HEADER, sign, verify
-from tests.harness.fixtures import RESULTS, ROOT
+from ironclawd.formats.webhook_sig import DELIVERY_HEADER, HEADER, verify
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
+from tests.integration.channels_world import WebhookSender, receiver_netns
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +37,6 @@ ADMIN_SOCKET = "/run/ironclaw/admin.sock"
 CONFIG = "/etc/ironclaw/ironclawd.toml"
 SECRET = "s3cret-" + "x" * 40  # the endpoints' HMAC key (>= 32 bytes)
 CREDENTIAL = "hook-test"
-RECEIVER_PORT = 8080
 MOCK = "mock: "  # the mock model answers "mock: <text>"
 READY_BOUND = 60
 
@@ -81,36 +75,12 @@ class World:
     receiver: str  # http://<address>:8080 in the test's netns
     log: Path  # the receiver's JSON lines
     stub: admin_pb2_grpc.AdminServiceStub
-    signed: set[tuple[int, bytes]] = field(default_factory=set)  # (timestamp, body) used
+    sender: WebhookSender
 
     def post(self, endpoint: str, event_id: str, text: str, *, deadline: float = 90) -> Any:
-        """POST like a webhook sender: retry while the daemon is down or answers 503 (not
-        acknowledged), with the same event id; the first other answer (status, JSON)."""
-        body = json.dumps({"event_id": event_id, "text": text}).encode()
-        end = time.monotonic() + deadline
-        while True:
-            # Each attempt signed afresh, as a sender does: the same signature twice within the
-            # window is a replay (409), whatever the event.
-            stamp = int(time.time())
-            while (stamp, body) in self.signed:
-                stamp -= 1
-            self.signed.add((stamp, body))
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{self.port}/hooks/{endpoint}", data=body, method="POST",
-                headers={"Content-Type": "application/json",
-                         HEADER: sign(SECRET.encode(), stamp, body)},
-            )  # fmt: skip
-            try:
-                with urllib.request.urlopen(request, timeout=60) as answer:
-                    return answer.status, json.loads(answer.read() or b"{}")
-            except urllib.error.HTTPError as exc:
-                if exc.code != 503:
-                    return exc.code, json.loads(exc.read() or b"{}")
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > end:
-                pytest.fail(f"POST {endpoint} {event_id}: no answer within {deadline:g}s")
-            time.sleep(0.2)
+        """POST like a webhook sender (channels_world.WebhookSender): retried while the daemon
+        is down or answers 503, the same event id, each attempt signed afresh."""
+        return self.sender.post(endpoint, event_id, text, deadline)
 
     def seen(self) -> list[dict[str, Any]]:
         lines = self.log.read_text().splitlines() if self.log.exists() else []
@@ -179,57 +149,34 @@ def put_back(sysd: SystemdHarness, kind: str, payload: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def world(daemon: SystemdHarness) -> Iterator[World]:
-    tag = secrets.token_hex(3)
-    octet = int(tag[:2], 16) % 250 + 1
-    cidr, inside, outside = f"198.18.{octet}.0/24", f"198.18.{octet}.1", f"198.18.{octet}.2"
-    ns, veth_host, veth_ns = f"ictest-ch-{tag}", f"icch{tag}h", f"icch{tag}n"
-    unit = f"ictest-channel-receiver-{tag}.service"
-    logs = RESULTS / f"channels-test-{tag}"
-    logs.mkdir(parents=True)
     port = free_port()
-    python, script = sys.executable, ROOT / "tests/integration/channel_receiver.py"
     setup = f"""
-        set -e
-        ip netns add {ns}
-        ip link add {veth_host} type veth peer name {veth_ns} netns {ns}
-        ip addr add {outside}/24 dev {veth_host}
-        ip link set {veth_host} up
-        ip -n {ns} addr add {inside}/24 dev {veth_ns}
-        ip -n {ns} link set {veth_ns} up
-        ip -n {ns} link set lo up
-        systemd-run --quiet --unit={unit} -p NetworkNamespacePath=/run/netns/{ns} \
-            {python} {script} --listen {inside}:{RECEIVER_PORT} --log {logs}/receiver.jsonl
         mkdir -p /etc/ironclaw/credentials
         (umask 077; printf %s '{SECRET}' > /etc/ironclaw/credentials/{CREDENTIAL})
     """
     teardown = f"""
-        systemctl stop {unit} 2>/dev/null
-        ip link del {veth_host} 2>/dev/null
-        ip netns del {ns} 2>/dev/null
         rm -f /etc/ironclaw/credentials/{CREDENTIAL} {CONFIG}
         systemctl reset-failed ironclawd; systemctl restart ironclawd
     """
-    try:
-        proc = sh(daemon, setup)
-        assert proc.returncode == 0, out(proc)
-        wait_for("the receiver", (logs / "receiver.jsonl").exists, bool, 20)
-        daemon.run(["tee", CONFIG], input=config(port, cidr).encode(), check=True)
-        proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
-        assert proc.returncode == 0, out(proc)
-        receiver = f"http://{inside}:{RECEIVER_PORT}"
-        approve(daemon, "wiring", {"routes": [
-            {"channel": "hooks", "where": "ci", "reply_url": f"{receiver}/ci"},
-            {"channel": "hooks", "where": "stranger", "reply_url": f"{receiver}/stranger"},
-        ]})  # fmt: skip
-        approve(daemon, "permissions", {"allow": ["hooks:ci"], "unknown": "hold"})
-        with grpc.insecure_channel(f"unix:{daemon.host_path(ADMIN_SOCKET)}") as channel:
-            yield World(daemon, port, receiver, logs / "receiver.jsonl",
-                        admin_pb2_grpc.AdminServiceStub(channel))  # fmt: skip
-    finally:
-        put_back(daemon, "wiring", {"routes": []})
-        put_back(daemon, "permissions", {"allow": [], "unknown": "drop"})
-        sh(daemon, teardown, timeout=120)
-        shutil.rmtree(logs, ignore_errors=True)
+    with receiver_netns(daemon) as rx:
+        try:
+            proc = sh(daemon, setup)
+            assert proc.returncode == 0, out(proc)
+            daemon.run(["tee", CONFIG], input=config(port, rx.cidr).encode(), check=True)
+            proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
+            assert proc.returncode == 0, out(proc)
+            approve(daemon, "wiring", {"routes": [
+                {"channel": "hooks", "where": "ci", "reply_url": f"{rx.url}/ci"},
+                {"channel": "hooks", "where": "stranger", "reply_url": f"{rx.url}/stranger"},
+            ]})  # fmt: skip
+            approve(daemon, "permissions", {"allow": ["hooks:ci"], "unknown": "hold"})
+            with grpc.insecure_channel(f"unix:{daemon.host_path(ADMIN_SOCKET)}") as channel:
+                yield World(daemon, port, rx.url, rx.log, admin_pb2_grpc.AdminServiceStub(channel),
+                            WebhookSender(port, SECRET))  # fmt: skip
+        finally:
+            put_back(daemon, "wiring", {"routes": []})
+            put_back(daemon, "permissions", {"allow": [], "unknown": "drop"})
+            sh(daemon, teardown, timeout=120)
 
 
 def test_a_signed_message_is_answered_signed_at_the_reply_url(world: World) -> None:
