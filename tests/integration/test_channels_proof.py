@@ -106,6 +106,11 @@ def _config(port: int, hs: Homeserver, bot: Account, cidr: str) -> str:
 [gateway]
 submissions_per_hour = 1000
 
+[sockets]
+# A backlog after a kill lets the agent call the model faster than the default 50 calls/s of
+# its socket (test_messages' stress runs lift it too).
+calls_per_second = 2000
+
 [egress]
 internal_cidrs = ["{cidr}"]
 
