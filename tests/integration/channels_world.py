@@ -150,8 +150,11 @@ class Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
+        """Stop and close the loop: an unclosed loop (and its self-pipe sockets) would be
+        reported as an unraisable ResourceWarning in whichever test collects it later."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
 
 class MatrixUser:

@@ -137,58 +137,60 @@ endpoints = [{{name = "load", secret_credential = "proof-hook"}}]
 @pytest.fixture(scope="module")
 def proof(daemon: SystemdHarness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proof]:
     loop = Loop()
-    with synapse_homeserver(tmp_path_factory.mktemp("synapse")) as hs, \
-            receiver_netns(daemon) as receiver:  # fmt: skip
-        registered = hs.register("ironclaw")
-        bot = hs.login(registered, "IRONCLAW")
-        people = [hs.register(name) for name in ("alice", "bob")]
-        alice, bob = (MatrixUser(loop, hs.url, a.user_id, a.device_id, a.token) for a in people)
-        wired = alice.create_room([bot.user_id, bob.user_id])
-        unwired = alice.create_room([bot.user_id])
-        loaded = alice.create_room([bot.user_id])
-        bob.join(wired)
-        port = _free_port()
-        setup = f"""
-            set -e
-            install -d -m 0700 {CREDENTIALS}
-            umask 077
-            printf %s '{bot.token}' > {CREDENTIALS}/proof-matrix
-            printf %s '{SECRET}' > {CREDENTIALS}/proof-hook
-        """
-        assert daemon.run(["bash", "-c", setup]).returncode == 0
-        daemon.run(["tee", CONFIG], input=_config(port, hs, bot, receiver.cidr).encode(),
-                   check=True)  # fmt: skip
-        proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
-        assert proc.returncode == 0, out(proc)
-        try:
-            approve(daemon, "wiring", {"routes": [
-                {"channel": "chat", "where": wired, "sessions": "per_room"}]})  # fmt: skip
-            approve(daemon, "permissions", {
-                "allow": [f"chat:{alice.user_id}"], "unknown": "hold"})  # fmt: skip
-            approve(daemon, "wiring", {"routes": [
-                {"channel": "chat", "where": loaded, "sessions": "per_room"},
-                {"channel": "hooks", "where": "load", "reply_url": f"{receiver.url}/load"},
-            ]}, RELAY)  # fmt: skip
-            approve(daemon, "permissions", {
-                "allow": [f"chat:{alice.user_id}", "hooks:load"]}, RELAY)  # fmt: skip
-            # The bot joins a wired room it was invited to (within ~5 s of the approval); what
-            # was said in a room before the bot joined is never answered.
-            for room in (wired, loaded):
-                wait_for(f"the bot in {room}", functools.partial(alice.membership, room,
-                         bot.user_id), lambda m: m == "join", 90)  # fmt: skip
-            yield Proof(daemon, hs, bot, alice, bob, wired, unwired, loaded,
-                        WebhookSender(port, SECRET), receiver)  # fmt: skip
-        finally:
-            for agent in ("demo", RELAY):
-                put_back(daemon, "wiring", {"routes": []}, agent)
-                put_back(daemon, "permissions", {"allow": [], "unknown": "drop"}, agent)
-            for session in ctl(daemon, "session", "list")["sessions"]:
-                daemon.run(["ironctl", "session", "rm", "--force", session["sid"]], timeout=120)
-            daemon.run(["bash", "-c", f"rm -f {CONFIG} {CREDENTIALS}/proof-*; "
-                        "systemctl restart ironclawd"], timeout=120)  # fmt: skip
-            alice.close()
-            bob.close()
-            loop.close()
+    try:
+        with synapse_homeserver(tmp_path_factory.mktemp("synapse")) as hs, \
+                receiver_netns(daemon) as receiver:  # fmt: skip
+            registered = hs.register("ironclaw")
+            bot = hs.login(registered, "IRONCLAW")
+            people = [hs.register(name) for name in ("alice", "bob")]
+            alice, bob = (MatrixUser(loop, hs.url, a.user_id, a.device_id, a.token) for a in people)
+            wired = alice.create_room([bot.user_id, bob.user_id])
+            unwired = alice.create_room([bot.user_id])
+            loaded = alice.create_room([bot.user_id])
+            bob.join(wired)
+            port = _free_port()
+            setup = f"""
+                set -e
+                install -d -m 0700 {CREDENTIALS}
+                umask 077
+                printf %s '{bot.token}' > {CREDENTIALS}/proof-matrix
+                printf %s '{SECRET}' > {CREDENTIALS}/proof-hook
+            """
+            assert daemon.run(["bash", "-c", setup]).returncode == 0
+            daemon.run(["tee", CONFIG], input=_config(port, hs, bot, receiver.cidr).encode(),
+                       check=True)  # fmt: skip
+            proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
+            assert proc.returncode == 0, out(proc)
+            try:
+                approve(daemon, "wiring", {"routes": [
+                    {"channel": "chat", "where": wired, "sessions": "per_room"}]})  # fmt: skip
+                approve(daemon, "permissions", {
+                    "allow": [f"chat:{alice.user_id}"], "unknown": "hold"})  # fmt: skip
+                approve(daemon, "wiring", {"routes": [
+                    {"channel": "chat", "where": loaded, "sessions": "per_room"},
+                    {"channel": "hooks", "where": "load", "reply_url": f"{receiver.url}/load"},
+                ]}, RELAY)  # fmt: skip
+                approve(daemon, "permissions", {
+                    "allow": [f"chat:{alice.user_id}", "hooks:load"]}, RELAY)  # fmt: skip
+                # The bot joins a wired room it was invited to (within ~5 s of the approval); what
+                # was said in a room before the bot joined is never answered.
+                for room in (wired, loaded):
+                    wait_for(f"the bot in {room}", functools.partial(alice.membership, room,
+                             bot.user_id), lambda m: m == "join", 90)  # fmt: skip
+                yield Proof(daemon, hs, bot, alice, bob, wired, unwired, loaded,
+                            WebhookSender(port, SECRET), receiver)  # fmt: skip
+            finally:
+                for agent in ("demo", RELAY):
+                    put_back(daemon, "wiring", {"routes": []}, agent)
+                    put_back(daemon, "permissions", {"allow": [], "unknown": "drop"}, agent)
+                for session in ctl(daemon, "session", "list")["sessions"]:
+                    daemon.run(["ironctl", "session", "rm", "--force", session["sid"]], timeout=120)
+                daemon.run(["bash", "-c", f"rm -f {CONFIG} {CREDENTIALS}/proof-*; "
+                            "systemctl restart ironclawd"], timeout=120)  # fmt: skip
+                alice.close()
+                bob.close()
+    finally:
+        loop.close()
 
 
 def _free_port() -> int:
