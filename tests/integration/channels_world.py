@@ -10,6 +10,7 @@ import contextlib
 import json
 import secrets
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -36,6 +37,39 @@ def out(proc: Any) -> str:
     return (proc.stdout or b"").decode(errors="replace") + (proc.stderr or b"").decode(
         errors="replace"
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ctl(sysd: SystemdHarness, *args: str) -> Any:
+    """``ironctl ARGS --json`` inside the test's systemd: its JSON, or fail with the daemon's
+    journal tail."""
+    proc = sysd.run(["ironctl", *args, "--json"], timeout=120)
+    if proc.returncode != 0:
+        journal = sysd.run(["journalctl", "-u", "ironclawd", "-n", "40", "--no-pager", "-o", "cat"])
+        raise AssertionError((args, out(proc), out(journal)))
+    return json.loads(proc.stdout.decode())
+
+
+def approve(sysd: SystemdHarness, kind: str, payload: dict[str, Any], agent: str = "demo") -> None:
+    """Submit a change and approve it, as an operator would; it must apply."""
+    change = ctl(sysd, "change", "submit", "--kind", kind, "--agent", agent, "--payload",
+                 json.dumps(payload), "--reason", "channels test")  # fmt: skip
+    done = ctl(sysd, "change", "approve", change["id"], "--yes")
+    assert done["state"] == "applied", done
+
+
+def put_back(sysd: SystemdHarness, kind: str, payload: dict[str, Any], agent: str = "demo") -> None:
+    """The agent's default again (nothing to do when the test never changed it)."""
+    proc = sysd.run(["ironctl", "change", "submit", "--kind", kind, "--agent", agent,
+                     "--payload", json.dumps(payload), "--json"], timeout=120)  # fmt: skip
+    if "would change nothing" not in out(proc):
+        assert proc.returncode == 0, out(proc)
+        ctl(sysd, "change", "approve", json.loads(proc.stdout.decode())["id"], "--yes")
 
 
 @dataclass

@@ -15,7 +15,6 @@ is in the session's queue once and answered by exactly one delivery id.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +28,15 @@ from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.formats.webhook_sig import DELIVERY_HEADER, HEADER, verify
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
-from tests.integration.channels_world import WebhookSender, receiver_netns
+from tests.integration.channels_world import (
+    WebhookSender,
+    approve,
+    ctl,
+    free_port,
+    out,
+    put_back,
+    receiver_netns,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,31 +48,8 @@ MOCK = "mock: "  # the mock model answers "mock: <text>"
 READY_BOUND = 60
 
 
-def out(proc: Any) -> str:
-    return (proc.stdout or b"").decode(errors="replace") + (proc.stderr or b"").decode(
-        errors="replace"
-    )
-
-
 def sh(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
     return sysd.run(["bash", "-c", script], **kwargs)
-
-
-def journal(sysd: SystemdHarness, lines: int = 40) -> str:
-    return out(sysd.run(["journalctl", "-u", "ironclawd", "-n", str(lines), "--no-pager", "-o",
-                         "cat"]))  # fmt: skip
-
-
-def ok(sysd: SystemdHarness, *args: str) -> Any:
-    proc = sysd.run(["ironctl", *args, "--json"], timeout=120)
-    assert proc.returncode == 0, (args, out(proc), journal(sysd))
-    return json.loads(proc.stdout.decode())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -130,23 +114,6 @@ endpoints = [
 """
 
 
-def approve(sysd: SystemdHarness, kind: str, payload: dict[str, Any]) -> None:
-    change = ok(sysd, "change", "submit", "--kind", kind, "--agent", "demo", "--payload",
-                json.dumps(payload), "--reason", "channels test")  # fmt: skip
-    done = ok(sysd, "change", "approve", change["id"], "--yes")
-    assert done["state"] == "applied", done
-
-
-def put_back(sysd: SystemdHarness, kind: str, payload: dict[str, Any]) -> None:
-    """The demo agent's default again (nothing to do when the test never changed it)."""
-    proc = sysd.run(["ironctl", "change", "submit", "--kind", kind, "--agent", "demo",
-                     "--payload", json.dumps(payload), "--json"], timeout=120)  # fmt: skip
-    if "would change nothing" not in out(proc):
-        assert proc.returncode == 0, out(proc)
-        change = json.loads(proc.stdout.decode())
-        ok(sysd, "change", "approve", change["id"], "--yes")
-
-
 @pytest.fixture(scope="module")
 def world(daemon: SystemdHarness) -> Iterator[World]:
     port = free_port()
@@ -196,23 +163,23 @@ def test_a_signed_message_is_answered_signed_at_the_reply_url(world: World) -> N
 def test_an_endpoint_nothing_is_wired_to_is_refused(world: World) -> None:
     status, doc = world.post("idle", "nowhere-1", "anyone?")
     assert status == 404, doc
-    assert not [h for h in ok(world.sysd, "channel", "held")["held"] if h["event_id"] ==
+    assert not [h for h in ctl(world.sysd, "channel", "held")["held"] if h["event_id"] ==
                 "nowhere-1"]  # fmt: skip
 
 
 def test_an_unknown_sender_is_held_then_admitted_or_dropped(world: World) -> None:
     assert world.post("stranger", "held-1", "please answer me")[0] == 202
     assert world.post("stranger", "held-2", "spam")[0] == 202
-    held = {h["event_id"]: h for h in ok(world.sysd, "channel", "held")["held"]}
+    held = {h["event_id"]: h for h in ctl(world.sysd, "channel", "held")["held"]}
     assert held["held-1"]["sender"] == "hooks:stranger"
     assert held["held-1"]["text"] == "please answer me"
-    admitted = ok(world.sysd, "channel", "admit", str(held["held-1"]["id"]))
+    admitted = ctl(world.sysd, "channel", "admit", str(held["held-1"]["id"]))
     assert admitted["admission"] == "queued", admitted
     (seen,) = world.replies_to("held-1")
     assert json.loads(seen["body"])["text"] == MOCK + "please answer me"
     assert seen["path"] == "/stranger"
-    ok(world.sysd, "channel", "drop", str(held["held-2"]["id"]))
-    left = {h["event_id"] for h in ok(world.sysd, "channel", "held")["held"]}
+    ctl(world.sysd, "channel", "drop", str(held["held-2"]["id"]))
+    left = {h["event_id"] for h in ctl(world.sysd, "channel", "held")["held"]}
     assert not left & {"held-1", "held-2"}, left
     proc = world.sysd.run(["ironctl", "channel", "admit", str(held["held-2"]["id"]), "--json"])
     assert proc.returncode != 0
@@ -222,13 +189,13 @@ def test_an_unknown_sender_is_held_then_admitted_or_dropped(world: World) -> Non
 def test_channel_commands_and_doctor(world: World) -> None:
     world.post("ci", "status-1", "ping")
     world.replies_to("status-1")
-    (listed,) = ok(world.sysd, "channel", "list")["channels"]
+    (listed,) = ctl(world.sysd, "channel", "list")["channels"]
     assert (listed["name"], listed["kind"], listed["connected"]) == ("hooks", "webhook", True)
-    shown = ok(world.sysd, "channel", "show", "hooks")
+    shown = ctl(world.sysd, "channel", "show", "hooks")
     assert int(shown["deliveries"]["delivered"]) >= 1, shown
     assert f"127.0.0.1:{world.port}" in shown["detail"], shown
-    assert ok(world.sysd, "channel", "test", "hooks")["detail"]
-    checks = ok(world.sysd, "doctor", "--only", "channel.")["checks"]
+    assert ctl(world.sysd, "channel", "test", "hooks")["detail"]
+    checks = ctl(world.sysd, "doctor", "--only", "channel.")["checks"]
     assert [(c["name"], c["status"]) for c in checks] == [("channel.hooks", "CHECK_STATUS_PASS")]
     proc = world.sysd.run(["ironctl", "channel", "show", "nope", "--json"])
     assert proc.returncode != 0

@@ -18,7 +18,6 @@ import functools
 import json
 import operator
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -36,7 +35,11 @@ from tests.integration.channels_world import (
     MatrixUser,
     Receiver,
     WebhookSender,
+    approve,
+    ctl,
+    free_port,
     out,
+    put_back,
     receiver_netns,
 )
 
@@ -50,25 +53,6 @@ MOCK = "mock: "
 PER_CHANNEL = int(os.environ.get("IRONCLAW_CHANNEL_STRESS", "500"))
 STRESS_DEADLINE = 600.0
 RELAY = "relay"
-
-
-def ctl(sysd: SystemdHarness, *args: str) -> Any:
-    proc = sysd.run(["ironctl", *args, "--json"], timeout=120)
-    assert proc.returncode == 0, (args, out(proc))
-    return json.loads(proc.stdout.decode())
-
-
-def approve(sysd: SystemdHarness, kind: str, payload: dict[str, Any], agent: str = "demo") -> None:
-    change = ctl(sysd, "change", "submit", "--kind", kind, "--agent", agent, "--payload",
-                 json.dumps(payload), "--reason", "channels proof")  # fmt: skip
-    assert ctl(sysd, "change", "approve", change["id"], "--yes")["state"] == "applied"
-
-
-def put_back(sysd: SystemdHarness, kind: str, payload: dict[str, Any], agent: str = "demo") -> None:
-    proc = sysd.run(["ironctl", "change", "submit", "--kind", kind, "--agent", agent,
-                     "--payload", json.dumps(payload), "--json"], timeout=120)  # fmt: skip
-    if "would change nothing" not in out(proc) and proc.returncode == 0:
-        sysd.run(["ironctl", "change", "approve", json.loads(proc.stdout)["id"], "--yes"])
 
 
 def kill_daemon(sysd: SystemdHarness) -> None:
@@ -148,7 +132,7 @@ def proof(daemon: SystemdHarness, tmp_path_factory: pytest.TempPathFactory) -> I
             unwired = alice.create_room([bot.user_id])
             loaded = alice.create_room([bot.user_id])
             bob.join(wired)
-            port = _free_port()
+            port = free_port()
             setup = f"""
                 set -e
                 install -d -m 0700 {CREDENTIALS}
@@ -191,12 +175,6 @@ def proof(daemon: SystemdHarness, tmp_path_factory: pytest.TempPathFactory) -> I
                 bob.close()
     finally:
         loop.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_alice_is_answered_in_the_wired_room_and_the_unwired_room_gets_nothing(
