@@ -15,6 +15,7 @@ from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import paths
 from ironclawd.ctl import (
     agents,
+    api,
     argtypes,
     audit,
     changes,
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     packages.register(sub)
     wiring.register(sub)
     channels.register(sub)
+    api.register(sub)
     return parser
 
 
