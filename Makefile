@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv synapse-venv
+.PHONY: docs check-docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv synapse-venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -24,7 +24,7 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-check: check-proto lint test-unit
+check: check-proto check-docs lint test-unit
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit tests/contract
@@ -80,8 +80,14 @@ demo: venv
 bench: venv mcp-venv synapse-venv
 	$(PY) -m benchmarks.run $(BENCH)
 
+# Man pages, shell completion, docs/ironctl.md and docs/config.md from the parsers and the config
+# schema (scripts/gen-cli-docs). Re-run after changing a parser's help or the schema; commit.
 docs: venv
-	scripts/gen-config-doc
+	scripts/gen-cli-docs
+
+# Fails naming each committed generated file that differs from what make docs writes now.
+check-docs: venv
+	scripts/gen-cli-docs --check
 
 clean:
 	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache  # build/e2e: the cached Debian root

@@ -161,7 +161,8 @@ class Daemon:
         log.info("configuration reloaded from %s", new.source)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """ironclawd's command line (also read by ironclawd/docgen for ironclawd(8))."""
     parser = argparse.ArgumentParser(
         prog="ironclawd",
         description="IronClaw host daemon. Normally started by systemd (ironclawd.service).",
@@ -173,7 +174,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--print-config-reference", action="store_true", help="print the config keys (Markdown)"
     )
     parser.add_argument("--version", action="version", version=f"ironclawd {__version__}")
-    return parser.parse_args(argv)
+    return parser
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

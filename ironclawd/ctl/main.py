@@ -12,7 +12,7 @@ import traceback
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd import paths
+from ironclawd import __version__, paths
 from ironclawd.ctl import (
     agents,
     api,
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(top=True, socket_default=socket_default)],
     )
+    parser.add_argument("--version", action="version", version=f"ironctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_command(
         sub,

@@ -1,0 +1,55 @@
+"""``ironctl --version`` and ``ironclawd --version``: the package's version, one short line;
+ironctl answers it before importing grpc or the command modules."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ironclawd import __version__, daemon
+from ironclawd.ctl import cli
+from ironclawd.ctl.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_is_the_package_version() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["version"] == __version__
+    assert project["scripts"]["ironctl"] == "ironclawd.ctl.cli:main"
+
+
+def test_ironctl_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"ironctl {__version__}\n"
+    # Through the full parser too (another option beside it), the same line.
+    assert main(["--json", "--version"]) == 0
+    assert capsys.readouterr().out == f"ironctl {__version__}\n"
+
+
+def test_ironctl_version_imports_nothing_heavy() -> None:
+    # Only the standard library's sys and ironclawd/__init__ at module level; the rest is lazy.
+    tree = ast.parse((ROOT / "ironclawd/ctl/cli.py").read_text(encoding="utf-8"))
+    imported: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+    assert imported == {"__future__", "sys", "ironclawd"}
+    assert (ROOT / "ironclawd/__init__.py").read_text(encoding="utf-8").count("import") == 0
+
+
+def test_ironctl_delegates_everything_else(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--bogus"]) == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_ironclawd_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        daemon.build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"ironclawd {__version__}\n"
