@@ -12,8 +12,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, decode_stdin, print_json, read_stdin, to_dict
+from ironclawd.ctl import editor, exitcodes, render
+from ironclawd.ctl.caller import BY_HELP, confirm_caller
+from ironclawd.ctl.common import (
+    CtlError,
+    Stub,
+    UsageError,
+    add_command,
+    decode_stdin,
+    print_json,
+    read_stdin,
+    to_dict,
+)
 
 
 def _when(stamp: float) -> str:
@@ -27,10 +37,28 @@ def _payload(args: argparse.Namespace) -> str:
         return str(args.payload)
     fields: dict[str, Any] = {}
     if getattr(args, "persona", None) is not None:
-        fields["persona"] = args.persona
+        fields["persona"] = read_stdin() if args.persona == "-" else args.persona
     if getattr(args, "tools", None) is not None:
         fields["tools"] = [t for t in args.tools.split(",") if t]
     return json.dumps(fields)
+
+
+def _persona_from_file(args: argparse.Namespace) -> None:
+    try:
+        with open(args.persona_file, "rb") as handle:
+            args.persona = decode_stdin(handle.read()).removesuffix("\n")
+    except OSError as exc:
+        raise CtlError("INVALID_INPUT", exitcodes.INVALID,
+                       f"--persona-file {args.persona_file}: {exc.strerror}") from None  # fmt: skip
+
+
+# The kinds ironctl opens in $EDITOR when no payload is given: a persona is one text, the
+# agent's current one (GetAgent) is what the operator starts from.
+EDITED_KINDS = frozenset({"persona"})
+
+
+def _persona_missing(args: argparse.Namespace) -> bool:
+    return args.kind in EDITED_KINDS and args.payload is None and args.persona is None
 
 
 def show_change(
@@ -64,6 +92,17 @@ def show_change(
 
 
 def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
+    if args.persona_file is not None:
+        _persona_from_file(args)
+    if _persona_missing(args) and not editor.on_terminal():
+        raise UsageError(
+            "change submit --kind persona: no persona given, and no editor can open off a "
+            "terminal: pass --persona-file FILE, --persona - (standard input) or --persona TEXT"
+        )
+    confirm_caller(args, stub)
+    if _persona_missing(args):
+        agent = stub.GetAgent(admin_pb2.GetAgentRequest(name=args.agent), timeout=args.timeout)
+        args.persona = editor.edit(agent.agent.persona, f"persona of {args.agent}", ".md")
     request = admin_pb2.SubmitChangeRequest(
         kind=args.kind, agent=args.agent, payload_json=_payload(args), reason=args.reason or ""
     )
@@ -111,6 +150,7 @@ def _confirm(args: argparse.Namespace, change: admin_pb2.Change, verb: str) -> b
 
 
 def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
+    confirm_caller(args, stub)
     change = stub.GetChange(admin_pb2.GetChangeRequest(id=args.id), timeout=args.timeout).change
     if not _confirm(args, change, args.verb):
         return exitcodes.FAILED
@@ -140,16 +180,23 @@ def register(sub: Any) -> None:
     submit = add_command(
         verbs, "submit", "submit a change; it waits for a human decision",
         "ironctl change submit --kind persona --agent demo --persona 'You are terse.'\n"
+        "  ironctl change submit --kind persona --group demo --by alice   # opens $EDITOR\n"
         "  ironctl change submit --kind tools --agent demo --tools read_file,list_files\n"
         "  echo '{\"persona\": \"...\"}' | ironctl change submit --kind persona --agent demo "
         "--payload -", cmd_submit,
     )  # fmt: skip
     submit.add_argument("--kind", required=True, help="persona, tools, create_agent, ...")
-    submit.add_argument("--agent", required=True, help="target agent")
+    submit.add_argument("--agent", "--group", dest="agent", required=True,
+                        help="target agent (--group is the same option)")  # fmt: skip
     submit.add_argument("--payload", help="payload JSON, or - for standard input")
-    submit.add_argument("--persona", help="shortcut for a persona payload")
+    persona = submit.add_mutually_exclusive_group()
+    persona.add_argument("--persona", help="shortcut for a persona payload: the text, or - for "
+                         "standard input; without it (and --payload), $EDITOR opens on the "
+                         "current persona when run on a terminal")  # fmt: skip
+    persona.add_argument("--persona-file", metavar="FILE", help="the persona from a UTF-8 file")
     submit.add_argument("--tools", help="shortcut for a tools payload: comma-separated names")
     submit.add_argument("--reason", help="why (shown to the approver)")
+    submit.add_argument("--by", metavar="NAME", help=BY_HELP)
     listing = add_command(verbs, "list", "list changes", "ironctl change list --state applied",
                           cmd_list)  # fmt: skip
     listing.add_argument("--state", help="pending, approved, applied, rejected, expired, failed")
@@ -163,6 +210,7 @@ def register(sub: Any) -> None:
         cmd = add_command(verbs, verb, helptext, f"ironctl change {verb} ID --yes", cmd_decide)
         cmd.add_argument("id", metavar="ID")
         cmd.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        cmd.add_argument("--by", metavar="NAME", help=BY_HELP)
         if verb == "approve":
             cmd.add_argument("--hash", help="the change hash you reviewed (default: as shown)")
         else:
