@@ -168,7 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="IronClaw host daemon. Normally started by systemd (ironclawd.service).",
         epilog="Exit codes: 0 clean stop; 1 runtime error; 78 invalid configuration.",
     )
-    parser.add_argument("--config", type=Path, default=paths.CONFIG_PATH, help="config file")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=paths.CONFIG_PATH,
+        metavar="PATH",
+        help=f"config file (default: {paths.CONFIG_PATH})",
+    )
     parser.add_argument("--check-config", action="store_true", help="validate config and exit")
     parser.add_argument(
         "--print-config-reference", action="store_true", help="print the config keys (Markdown)"

@@ -13,17 +13,22 @@ from pathlib import Path
 FIX = "run `make docs` (scripts/gen-cli-docs) and commit the result"
 
 
-def outputs() -> dict[str, Callable[[], str]]:
+def outputs(root: Path) -> dict[str, Callable[[], str]]:
     """Each generated file (relative to the repository) and how to make its text."""
     from ironclawd import daemon  # noqa: PLC0415 (heavy: imported only to generate)
     from ironclawd.config import reference_markdown  # noqa: PLC0415
     from ironclawd.ctl.main import build_parser  # noqa: PLC0415
     from ironclawd.docgen import completion, markdown, pages  # noqa: PLC0415
+    from ironclawd.docgen.configref import toml_defaults  # noqa: PLC0415
 
+    changelog = root / "debian/changelog"
+    date = pages.release_date(changelog.read_text(encoding="utf-8") if changelog.exists() else "")
     return {
-        "docs/man/ironctl.1": lambda: pages.ironctl_page(build_parser()),
-        "docs/man/ironclawd.8": lambda: pages.ironclawd_page(daemon.build_parser()),
-        "docs/man/ironclawd.toml.5": lambda: pages.toml_page(reference_markdown()),
+        "docs/man/ironctl.1": lambda: pages.ironctl_page(build_parser(), date),
+        "docs/man/ironclawd.8": lambda: pages.ironclawd_page(daemon.build_parser(), date),
+        "docs/man/ironclawd.toml.5": lambda: pages.toml_page(
+            reference_markdown(), toml_defaults(), date
+        ),
         "docs/ironctl.md": lambda: markdown.ironctl_markdown(build_parser()),
         "docs/config.md": lambda: config_markdown(reference_markdown()),
         "completions/ironctl.bash": lambda: completion.bash(build_parser()),
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail on drift; write nothing")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="the repository")
     args = parser.parse_args(argv)
-    generated = {name: make() for name, make in outputs().items()}
+    generated = {name: make() for name, make in outputs(args.root).items()}
     if args.check:
         problems = drift(args.root, generated)
         for problem in problems:

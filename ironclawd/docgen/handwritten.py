@@ -186,3 +186,82 @@ listen = "127.0.0.1:8787"
 endpoints = [{ name = "ci", secret_credential = "ci-hook" }]"""
 
 TOML_SEE_ALSO = ("ironclawd(8)", "ironctl(1)")
+
+# More than a command's --help says, shown below its description (keys: its words after
+# "ironctl"; a unit test fails for a key that is no command).
+CTL_NOTES: dict[str, str] = {
+    "doctor": "Exit 0 only if every required check passes; each failure comes with a fix hint.",
+    "mcp add": (
+        "The server is probed in its own hardened unit, without network and without its"
+        " credentials; the `mcp` register change then submitted shows in its diff the command,"
+        " the environment (credential names only), the network and every tool with its"
+        " description and schema. Arguments that start with `-` go in one quoted word with the"
+        " command (`--command '/opt/mcp/bin/mcp-server-time --local-timezone UTC'`, split as a"
+        " shell would). See [docs/mcp.md](mcp.md)."
+    ),
+    "mcp grant": (
+        "Replaces the agent's grants of server NAME; no TOOL revokes them all. Each grant is"
+        " pinned to the tool's definition as registered."
+    ),
+    "mcp list": "The agent's registered servers and granted tools, as the approver saw them.",
+    "channel list": (
+        "The configured channels (`[[channels]]`: Matrix, signed webhooks): connected or not,"
+        " where, last error. See [docs/channels.md](channels.md)."
+    ),
+    "channel show": (
+        "Also the adapter's counters, deliveries by state and the newest failed or retrying ones"
+        " (delivery id, attempts, error)."
+    ),
+    "channel test": "Logs in, binds and reads the channel's credentials; sends nothing.",
+    "channel held": (
+        'Messages from senders an agent\'s permissions hold (`unknown = "hold"`): id, channel,'
+        " room or endpoint, sender identity, text (escapes made visible)."
+    ),
+    "channel admit": "Audited as `channel.admitted`.",
+    "channel drop": "Audited as `channel.dropped`.",
+    "containment verify": (
+        "Offline: checks the report's minisign signature by the trusted key, then its format,"
+        " prints its table and a verdict line. See [docs/containment-report.md]"
+        "(containment-report.md)."
+    ),
+    "package list": (
+        "Dependencies included: version, architecture, `.deb` SHA-256 and size, requested or"
+        " dependency."
+    ),
+    "package add": (
+        "Submits a `packages` change with the agent's requested names plus these; the daemon"
+        " resolves them with apt and holds the change (its diff lists every `.deb` with its"
+        " hash). See [docs/packages.md](packages.md)."
+    ),
+    "package remove": "Submits a `packages` change with the agent's requested names less these.",
+    "wiring list": (
+        "Routes: channel, room or webhook endpoint, when the agent engages (`always`, `mention`,"
+        " `pattern REGEX`), how sessions form, where webhook replies go. They change only by an"
+        " approved `wiring` change: `ironctl change submit --kind wiring --agent A --payload"
+        ' \'{"routes": [{"channel": "chat", "where": "!room:example.org",'
+        ' "engage": "mention"}]}\'`. See [docs/channels.md](channels.md).'
+    ),
+    "permissions show": (
+        "Who may talk to the agent (channel identities such as `chat:@alice:example.org`, host"
+        " `user:`/`group:` entries for `ironctl send`), what happens to an unknown sender"
+        " (`drop` or `hold`), and which host group decides which change kind for it. They change"
+        ' only by an approved `permissions` change (`--kind permissions --payload \'{"allow":'
+        ' [...], "unknown": "hold", "approvers": {"wiring": "netops"}}\'`).'
+    ),
+    "skill add": (
+        "Reads the folder, checks its form here, and submits a `skills` change carrying every"
+        " file and `SKILL.minisig`; the daemon verifies the signature against"
+        " `/etc/ironclaw/skills.d/trusted/*.pub` and holds the change for a human (its diff"
+        " lists the signer, every file's hash and every grant). See [docs/skills.md](skills.md)."
+    ),
+    "skill remove": "Removes the skill and exactly the grants it brought.",
+    "skill show": (
+        "Description, signer, manifest digest, grants, each file's path, size and SHA-256."
+    ),
+    "skill sign": (
+        "Offline: writes `PATH/SKILL.minisig` with an unencrypted minisign key (`minisign -G -W`);"
+        " `minisign -V` accepts it over the manifest."
+    ),
+    "skill manifest": "Offline: to sign with `minisign -S` yourself.",
+    "skill verify": "Offline.",
+}

@@ -50,6 +50,9 @@ def ironctl_markdown(parser: argparse.ArgumentParser) -> str:
 
 def _leaf(cmd: Command) -> list[str]:
     out = ["```", cmd.synopsis, "```", "", _sentence(cmd.description), ""]
+    note = hw.CTL_NOTES.get(" ".join(cmd.words))
+    if note:
+        out += [note, ""]
     if cmd.options:
         out += _options(cmd.options)
         out += [""]

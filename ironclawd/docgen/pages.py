@@ -4,6 +4,8 @@ config reference (the same rows as docs/config.md)."""
 from __future__ import annotations
 
 import argparse
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 
 from ironclawd import __version__
 from ironclawd.docgen import handwritten as hw
@@ -11,12 +13,10 @@ from ironclawd.docgen import roff
 from ironclawd.docgen.model import Command, Option, common_options, read_option
 from ironclawd.docgen.model import read as read_commands
 
-EMPTY = '""'
 
-
-def ironctl_page(parser: argparse.ArgumentParser) -> str:
+def ironctl_page(parser: argparse.ArgumentParser, date: str) -> str:
     root = read_commands(parser)
-    out = roff.title("ironctl", "1", __version__)
+    out = roff.title("ironctl", "1", __version__, date)
     out += [*roff.section("NAME"), f"ironctl \\- {roff.escape(hw.CTL_SUMMARY)}"]
     out += roff.section("SYNOPSIS")
     out += [".B ironctl", "[\\fIOPTIONS\\fR] \\fICOMMAND\\fR [\\fIVERB\\fR] [\\fIARGUMENTS\\fR]"]
@@ -49,12 +49,12 @@ def ironctl_page(parser: argparse.ArgumentParser) -> str:
     out += _pairs("ENVIRONMENT", hw.CTL_ENVIRONMENT)
     out += _pairs("FILES", hw.CTL_FILES)
     out += [*roff.section("SEE ALSO"), *roff.see_also(hw.CTL_SEE_ALSO)[1:]]
-    return "\n".join(out) + "\n"
+    return roff.finish(out)
 
 
-def ironclawd_page(parser: argparse.ArgumentParser) -> str:
+def ironclawd_page(parser: argparse.ArgumentParser, date: str) -> str:
     options = [read_option(a) for a in parser._actions if a.option_strings]
-    out = roff.title("ironclawd", "8", __version__)
+    out = roff.title("ironclawd", "8", __version__, date)
     out += [*roff.section("NAME"), f"ironclawd \\- {roff.escape(hw.DAEMON_SUMMARY)}"]
     out += roff.section("SYNOPSIS")
     out += [".B ironclawd", " ".join(_usage(o) for o in options if o.flags[0] != "-h")]
@@ -69,32 +69,45 @@ def ironclawd_page(parser: argparse.ArgumentParser) -> str:
     out += _pairs("ENVIRONMENT", hw.DAEMON_ENVIRONMENT)
     out += _pairs("FILES", hw.DAEMON_FILES)
     out += [*roff.section("SEE ALSO"), *roff.see_also(hw.DAEMON_SEE_ALSO)[1:]]
-    return "\n".join(out) + "\n"
+    return roff.finish(out)
 
 
-def toml_page(reference_markdown: str) -> str:
-    out = roff.title("ironclawd.toml", "5", __version__)
+def toml_page(reference_markdown: str, defaults: dict[str, str], date: str) -> str:
+    """``defaults``: each key's default as TOML (configref.toml_defaults); a key without one is
+    required."""
+    out = roff.title("ironclawd.toml", "5", __version__, date)
     out += [*roff.section("NAME"), "ironclawd.toml \\- configuration of ironclawd(8)"]
     out += roff.section("DESCRIPTION")
     for text in hw.TOML_DESCRIPTION:
         out += roff.paragraph(text)
     out += roff.section("KEYS")
     table = ""
-    for key, default, expected, meaning in reference_rows(reference_markdown):
+    for key, _default, expected, meaning in reference_rows(reference_markdown):
         here, _, name = key.rpartition(".")
         here = "[[channels]]" if here == "channels[]" else f"[{here}]"
         if here != table:
             out += roff.subsection(here)
             table = here
-        shown = "required" if default == "(required)" else f"default {default or EMPTY}"
-        out += [".TP", f"{roff.bold(name)} ({roff.escape(shown)})", roff.inline(meaning)]
+        value = defaults.get(key)
+        shown = " (required)" if value is None else f" = {value}"
+        out += [".TP", roff.bold(name) + roff.escape(shown), roff.inline(meaning)]
         out += [".br", roff.inline(f"Expected: {expected}.")]
     out += roff.section("EXAMPLE")
     out += roff.literal(hw.TOML_EXAMPLE.splitlines())
     out += [*roff.section("FILES"), ".TP", roff.bold("/etc/ironclaw/ironclawd.toml")]
     out += ["the file ironclawd reads (\\fB\\-\\-config\\fR names another)"]
     out += [*roff.section("SEE ALSO"), *roff.see_also(hw.TOML_SEE_ALSO)[1:]]
-    return "\n".join(out) + "\n"
+    return roff.finish(out)
+
+
+def release_date(changelog: str) -> str:
+    """The date of the newest entry of a debian/changelog (its first trailer line), as
+    YYYY-MM-DD in UTC; "" without one."""
+    for line in changelog.splitlines():
+        if line.startswith(" -- ") and "  " in line[4:]:
+            when = parsedate_to_datetime(line[4:].split("  ", 1)[1].strip())
+            return when.astimezone(UTC).date().isoformat()  # as SOURCE_DATE_EPOCH is read
+    return ""
 
 
 def reference_rows(markdown: str) -> list[tuple[str, str, str, str]]:
@@ -111,6 +124,9 @@ def reference_rows(markdown: str) -> list[tuple[str, str, str, str]]:
 
 def _leaf(cmd: Command) -> list[str]:
     out = [".PP", _synopsis(cmd), ".RS 4", roff.inline(cmd.description)]
+    note = hw.CTL_NOTES.get(" ".join(cmd.words))
+    if note:
+        out += roff.paragraph(note)
     for option in cmd.options:
         out += roff.tagged(_option_tag(option), option.help or "")
     out += _notes(cmd)

@@ -16,14 +16,16 @@ from ironclawd.ctl import exitcodes
 from ironclawd.ctl.main import build_parser
 from ironclawd.docgen import __main__ as docgen
 from ironclawd.docgen import completion, handwritten, markdown, pages, roff
+from ironclawd.docgen.configref import toml_defaults
 from tests.harness.ctl_commands import commands
 
 ROOT = Path(__file__).resolve().parents[2]
+DATE = "2026-11-30"
 
 
 @pytest.fixture(scope="module")
 def generated() -> dict[str, str]:
-    return {name: make() for name, make in docgen.outputs().items()}
+    return {name: make() for name, make in docgen.outputs(ROOT).items()}
 
 
 def _section(text: str, start: str, stops: tuple[str, ...]) -> str:
@@ -92,7 +94,7 @@ def test_a_changed_help_text_is_drift(
         return parser
 
     monkeypatch.setattr("ironclawd.ctl.main.build_parser", changed)
-    now = {name: make() for name, make in docgen.outputs().items()}
+    now = {name: make() for name, make in docgen.outputs(ROOT).items()}
     problems = docgen.drift(tmp_path, now)
     named = sorted(p.split(" ", 1)[0] for p in problems)
     # bash completion carries no help texts; zsh shows them beside each option.
@@ -114,6 +116,24 @@ def test_generation_is_deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
     assert completion.bash(build_parser()) == completion.bash(build_parser())
 
 
+def test_every_note_is_of_a_command(generated: dict[str, str]) -> None:
+    names = {cmd.name for cmd in commands()}
+    assert set(handwritten.CTL_NOTES) <= names
+    assert "Audited as `channel.dropped`." in generated["docs/ironctl.md"]
+    assert "Audited as \\fBchannel.dropped\\fR." in generated["docs/man/ironctl.1"]
+
+
+def test_the_date_is_the_release_date() -> None:
+    changelog = (
+        "ironclaw (0.2.0-1) unstable; urgency=medium\n\n  * x\n\n"
+        " -- A <a@b.c>  Tue, 01 Dec 2026 23:30:00 -0200\n\n"
+        " -- A <a@b.c>  Mon, 30 Nov 2026 05:00:00 +0000\n"
+    )
+    assert pages.release_date(changelog) == "2026-12-02"  # in UTC
+    assert pages.release_date("") == ""
+    assert '.TH IRONCLAWD 8 "2026-11-30"' in pages.ironclawd_page(daemon.build_parser(), DATE)
+
+
 def test_every_exit_code_is_documented() -> None:
     codes = {v for k, v in vars(exitcodes).items() if k.isupper() and isinstance(v, int)}
     assert {code for code, _ in handwritten.EXIT_STATUS} == codes
@@ -121,7 +141,7 @@ def test_every_exit_code_is_documented() -> None:
 
 
 def test_ironclawd_page_has_every_option() -> None:
-    page = pages.ironclawd_page(daemon.build_parser())
+    page = pages.ironclawd_page(daemon.build_parser(), DATE)
     for option in ("--config", "--check-config", "--print-config-reference", "--version"):
         assert f"\\fB{roff.escape(option)}\\fR" in page
     assert str(daemon.EX_CONFIG) in page
@@ -129,10 +149,14 @@ def test_ironclawd_page_has_every_option() -> None:
 
 def test_toml_page_has_every_key() -> None:
     rows = pages.reference_rows(reference_markdown())
-    page = pages.toml_page(reference_markdown())
+    page = pages.toml_page(reference_markdown(), toml_defaults(), DATE)
     assert len(rows) > 80
+    defaults = toml_defaults()
     for key, *_ in rows:
-        assert roff.bold(key.rpartition(".")[2]) in page, key
+        name = key.rpartition(".")[2]
+        assert roff.bold(name) + (" (required)" if key not in defaults else " = ") in page, key
+    assert set(defaults) < {key for key, *_ in rows}
+    assert roff.escape('log_level = "info"') in page.replace("\\fR", "")
     for table in ("[gateway]", "[agents.NAME]", "[[channels]]"):
         assert f'.SS "{table}"' in page
 
@@ -141,7 +165,10 @@ def test_roff_escapes_what_would_be_read_as_requests() -> None:
     assert roff.escape(".hidden") == "\\&.hidden"
     assert roff.escape("a\\b-c") == "a\\eb\\-c"
     assert roff.inline("'quoted `x-y`") == "\\&'quoted \\fBx\\-y\\fR"
-    for page in (pages.ironctl_page(build_parser()), pages.toml_page(reference_markdown())):
+    for page in (
+        pages.ironctl_page(build_parser(), DATE),
+        pages.toml_page(reference_markdown(), toml_defaults(), DATE),
+    ):
         for line in page.splitlines():
             assert not line.startswith("'"), line
             assert not line.startswith(".") or re.match(
