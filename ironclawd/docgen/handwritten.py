@@ -97,6 +97,11 @@ CTL_ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ),
     ("IRONCTL_DEBUG", "`1`: an internal error in ironctl prints its traceback"),
     ("NO_COLOR", "set (to anything): no colour, even on a terminal"),
+    (
+        "VISUAL, EDITOR",
+        "the editor `change submit --kind persona` without `--persona` opens on a terminal"
+        " (VISUAL first; either may carry arguments)",
+    ),
 )
 
 CTL_FILES: tuple[tuple[str, str], ...] = (
