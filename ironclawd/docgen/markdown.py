@@ -32,6 +32,8 @@ def ironctl_markdown(parser: argparse.ArgumentParser) -> str:
             continue
         out += [_sentence(top.description)]
         out += _notes(top)
+        if top.examples:
+            out += ["", "Examples:", "", "```", *top.examples, "```"]
         for leaf in top.leaves():
             out += ["", f"### {leaf.name}", ""]
             out += _leaf(leaf)

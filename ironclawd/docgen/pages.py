@@ -36,6 +36,8 @@ def ironctl_page(parser: argparse.ArgumentParser, date: str) -> str:
         if top.children:
             out += roff.paragraph(top.description)
             out += _notes(top)
+            if top.examples:
+                out += [".PP", "Examples:", *roff.literal(top.examples)]
             for leaf in top.leaves():
                 out += _leaf(leaf)
         else:

@@ -17,6 +17,7 @@ from ironclawd.ctl.main import build_parser
 from ironclawd.docgen import __main__ as docgen
 from ironclawd.docgen import completion, handwritten, markdown, pages, roff
 from ironclawd.docgen.configref import toml_defaults
+from ironclawd.docgen.model import read as read_commands
 from tests.harness.ctl_commands import commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,12 @@ def test_every_command_and_option_is_in_the_markdown(generated: dict[str, str]) 
 
 def test_the_examples_of_the_help_texts_are_in_the_docs(generated: dict[str, str]) -> None:
     doc = generated["docs/ironctl.md"]
+    examples = [e for c in read_commands(build_parser()).walk() for e in c.examples]
+    assert "ironctl containment verify REPORT.json --pubkey KEY.pub" in examples  # the top's
+    for example in examples:
+        if not example.startswith("("):
+            assert example in doc, example
+            assert roff.escape(example) in generated["docs/man/ironctl.1"], example
     for example in ("ironctl session logs SID --follow", "ironctl doctor --only runsc"):
         assert example in doc
         assert roff.escape(example) in generated["docs/man/ironctl.1"]
