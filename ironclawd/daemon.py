@@ -21,6 +21,7 @@ from ironclawd.api.preflight import check_host
 from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.config import Config, load_config, reference_markdown
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.journal import SystemdJournal
@@ -91,7 +92,9 @@ class Daemon:
         )
         self._admin = await start_admin_server(self._config.admin, self._servicer)
         status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"
-        log.info("ironclawd %s ready: %s", __version__, status)
+        log.info(
+            "ironclawd %s ready: %s", __version__, status, extra=message_id(MessageId.DAEMON_READY)
+        )
         _notify(ready=1, status=status)
         async with asyncio.TaskGroup() as tasks:
             watchdog = tasks.create_task(self._watchdog())
@@ -107,7 +110,10 @@ class Daemon:
             resume.cancel()
             channels.cancel()
         _notify(stopping=1, status="stopping")
-        log.info("stopping: SIGTERM received; sandboxes keep running and are adopted on start")
+        log.info(
+            "stopping: SIGTERM received; sandboxes keep running and are adopted on start",
+            extra=message_id(MessageId.DAEMON_STOPPING),
+        )
         await wired.inbox.stop()
         await self._admin.stop(grace=2.0)
         await sessions.close()
@@ -118,7 +124,7 @@ class Daemon:
         wired.audit.close()
         wired.store.close()
         wired.master.zero()
-        log.info("stopped")
+        log.info("stopped", extra=message_id(MessageId.DAEMON_STOPPED))
 
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)
@@ -142,10 +148,17 @@ class Daemon:
         try:
             self._apply(load_config(self._config_path))
         except ConfigError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
+            log.error(
+                "reload refused, keeping the running configuration: %s",
+                exc,
+                extra=message_id(MessageId.CONFIG_RELOAD_FAILED),
+            )
             _notify(ready=1, status=f"reload refused: {exc}")
         except Exception:
-            log.exception("reload failed, keeping the running configuration")
+            log.exception(
+                "reload failed, keeping the running configuration",
+                extra=message_id(MessageId.CONFIG_RELOAD_FAILED),
+            )
             _notify(ready=1, status="reload failed (see the journal)")
         else:
             _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
@@ -158,7 +171,15 @@ class Daemon:
         set_level(new.daemon.log_level)
         ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
         self._config = new
-        log.info("configuration reloaded from %s", new.source)
+        log.info(
+            "configuration reloaded from %s",
+            new.source,
+            extra=message_id(MessageId.CONFIG_RELOADED),
+        )
+
+
+def _config_error(exc: ConfigError) -> dict[str, object]:
+    return message_id(MessageId.CONFIG_INVALID, IRONCLAW_CONFIG_ERROR=str(exc))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,13 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         # Before anything is bound: the journal names the bad key, systemd sees the failure.
-        log.error("invalid configuration: %s", exc, extra={"IRONCLAW_CONFIG_ERROR": str(exc)})
+        log.error("invalid configuration: %s", exc, extra=_config_error(exc))
         print(f"ironclawd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
     try:
         check_host(config)
     except ConfigError as exc:
-        log.error("invalid configuration: %s", exc, extra={"IRONCLAW_CONFIG_ERROR": str(exc)})
+        log.error("invalid configuration: %s", exc, extra=_config_error(exc))
         print(f"ironclawd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
     if args.check_config:
@@ -217,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(Daemon(args.config, config).run())
     except IronclawError as exc:
-        log.error("ironclawd failed: %s", exc)
+        log.error("ironclawd failed: %s", exc, extra=message_id(MessageId.DAEMON_FAILED))
         print(f"ironclawd: {exc}", file=sys.stderr)
         _notify(status=f"failed: {exc}")
         return EX_CONFIG if isinstance(exc, ConfigError) else 1

@@ -26,6 +26,7 @@ from ironclawd.config import Config
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
 from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.checks import CheckResult
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
@@ -224,7 +225,9 @@ def _rootfs(config: Config) -> Path:
         )
     except IronclawError as exc:
         # The daemon still serves doctor and status; creating a session will say why not.
-        log.error("agent image unavailable: %s", exc)
+        log.error(
+            "agent image unavailable: %s", exc, extra=message_id(MessageId.SANDBOX_UNAVAILABLE)
+        )
         return state_dir / "rootfs" / "unavailable"
 
 
@@ -392,7 +395,7 @@ def _runtime(config: Config) -> SandboxRuntime:
         info = runsc.detect(config.sandbox.runsc)
         platform = runsc.choose_platform(config.sandbox.platform, info)
     except IronclawError as exc:
-        log.error("runsc unavailable: %s", exc)
+        log.error("runsc unavailable: %s", exc, extra=message_id(MessageId.SANDBOX_UNAVAILABLE))
         return UnavailableRuntime(str(exc))
     ensure_private_dir(paths.RUN_DIR, 0o755)
     return RunscRuntime(info, paths.RUN_DIR / "runsc", platform)

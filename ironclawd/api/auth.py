@@ -15,6 +15,7 @@ import grpc
 
 from ironclawd.api.boundary import admit_request, lenient, refuse
 from ironclawd.api.peer import Caller, PeerRegistry
+from ironclawd.domain.message_ids import MessageId, message_id
 
 log = logging.getLogger("ironclawd.admin")
 
@@ -89,7 +90,7 @@ class CallerInterceptor(_Interceptor):
                 method,
                 caller.describe(),
                 self._group,
-                extra=fields,
+                extra=message_id(MessageId.ADMIN_CALL_REFUSED, **fields),
             )
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,

@@ -7,6 +7,7 @@ import queue
 import threading
 from typing import Any
 
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import HostError
 from ironclawd.ports import AuditHead, AuditLogFile, AuditSink, Clock, VerifyResult
 
@@ -44,7 +45,8 @@ class Audit:
             self._store.set_audit_head(int(record["seq"]), str(record["mac"]))
         except HostError as exc:
             # Losing an audit record silently would be worse than a loud error in the journal.
-            log.critical("AUDIT RECORD LOST (%s by %s): %s", event, actor, exc)
+            log.critical("AUDIT RECORD LOST (%s by %s): %s", event, actor, exc,
+                         extra=message_id(MessageId.AUDIT_RECORD_LOST))  # fmt: skip
             raise
 
     def record_soon(self, event: str, actor: str, **fields: Any) -> None:
@@ -68,7 +70,8 @@ class Audit:
                     self._log.sync()
                     self._store.set_audit_head(int(last["seq"]), str(last["mac"]))
             except (HostError, ValueError) as exc:  # the writer outlives a bad batch
-                log.critical("AUDIT RECORDS LOST (%d queued): %s", len(items), exc)
+                log.critical("AUDIT RECORDS LOST (%d queued): %s", len(items), exc,
+                             extra=message_id(MessageId.AUDIT_RECORD_LOST))  # fmt: skip
             if stop:
                 return
 
@@ -78,7 +81,12 @@ class Audit:
         self._writer.join(timeout=10)
 
     def verify(self) -> VerifyResult:
-        return self._log.verify(self._store.audit_head())
+        result = self._log.verify(self._store.audit_head())
+        if not result.ok:
+            log.critical("audit log verification failed at record %d of %d: %s",
+                         result.first_bad, result.records, result.problem,
+                         extra=message_id(MessageId.AUDIT_CHAIN_BROKEN))  # fmt: skip
+        return result
 
     def read(self, after: int, limit: int) -> list[dict[str, Any]]:
         return self._log.read(after, limit)

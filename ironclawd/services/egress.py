@@ -42,6 +42,7 @@ from ironclawd.domain.egress_secrets import (
     checked_head,
     secret_variants,
 )
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import (
     InvalidArgument,
     IronclawError,
@@ -61,6 +62,7 @@ from ironclawd.ports import (
 from ironclawd.services.egress_budget import EgressBudget
 
 log = logging.getLogger("ironclawd.egress")
+_DENIED = message_id(MessageId.EGRESS_DENIED)
 CHUNK_BYTES = 64 * 1024
 
 Recorder = Callable[[EgressDecision], None]
@@ -307,7 +309,8 @@ class EgressBroker:
                    "IRONCLAW_REASON": decision.reason, "IRONCLAW_STATUS": decision.status,
                    "IRONCLAW_BYTES_IN": decision.bytes_in,
                    "IRONCLAW_BYTES_OUT": decision.bytes_out,
-                   "IRONCLAW_DURATION_MS": round(decision.duration_ms, 1)},
+                   "IRONCLAW_DURATION_MS": round(decision.duration_ms, 1),
+                   **(_DENIED if decision.verdict == "denied" else {})},
         )  # fmt: skip
         try:
             self._record(decision)

@@ -30,6 +30,7 @@ from ironclawd.domain.changes import (
     transition,
 )
 from ironclawd.domain.channels import ChannelConfig, approver_group
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import (
     Conflict,
     InvalidArgument,
@@ -140,7 +141,14 @@ class Gateway:
             "change.submitted", submitter, change=change.id, kind=kind, agent=agent,
             hash=change.hash,
         )  # fmt: skip
-        log.info("change %s (%s on %s) submitted by %s: pending", change.id, kind, agent, submitter)
+        log.info(
+            "change %s (%s on %s) submitted by %s: pending",
+            change.id,
+            kind,
+            agent,
+            submitter,
+            extra=_change_fields(MessageId.CHANGE_PENDING, change),
+        )
         return change
 
     def _verify(
@@ -255,6 +263,8 @@ class Gateway:
                                 decided_at=self._clock.time(), note=note[:2000])  # fmt: skip
             self._store.save_change(change)
             self._audit.record("change.rejected", approver, change=change.id, note=note[:500])
+            log.info("change %s (%s on %s) rejected by %s", change.id, change.kind, change.agent,
+                     approver, extra=_change_fields(MessageId.CHANGE_REJECTED, change))  # fmt: skip
             return change
 
     def _check_approver_group(
@@ -297,7 +307,8 @@ class Gateway:
         self._audit.record("change.applied", "ironclawd", change=change.id, agent=change.agent,
                            restarted_sessions=restarted, **fields)  # fmt: skip
         log.info("change %s applied to agent %s; restarted sessions: %s", change.id,
-                 change.agent, ", ".join(restarted) or "none")  # fmt: skip
+                 change.agent, ", ".join(restarted) or "none",
+                 extra=_change_fields(MessageId.CHANGE_APPLIED, change))  # fmt: skip
         return applied
 
     def _new_spec(self, change: Change) -> AgentSpec:
@@ -327,12 +338,17 @@ class Gateway:
                 else:
                     await self._apply(change, **fields)
             except (Conflict, InvalidArgument, PolicyDenied) as exc:
-                log.warning("change %s could not be applied after restart: %s", change.id, exc)
+                log.warning("change %s could not be applied after restart: %s", change.id, exc,
+                            extra=_change_fields(MessageId.CHANGE_NOT_APPLIED, change))  # fmt: skip
             except IronclawError as exc:
                 # One change that cannot be applied now (its agent gone, a full disk) must not
                 # stop the daemon from starting: it stays approved and is tried at next start.
-                log.error("change %s stays approved, not applied after restart: %s", change.id,
-                          exc)  # fmt: skip
+                log.error(
+                    "change %s stays approved, not applied after restart: %s",
+                    change.id,
+                    exc,
+                    extra=_change_fields(MessageId.CHANGE_NOT_APPLIED, change),
+                )
             else:
                 log.info("change %s approved by %s before a restart: applied now", change.id,
                          change.decided_by)  # fmt: skip
@@ -347,3 +363,7 @@ def _retrieve(task: asyncio.Task[Change]) -> None:
 
 def _same_person(approver: str, submitter: str) -> bool:
     return approver.partition("(")[0] == submitter.partition("(")[0]
+
+
+def _change_fields(event: MessageId, change: Change) -> dict[str, object]:
+    return message_id(event, IRONCLAW_CHANGE=change.id, IRONCLAW_AGENT=change.agent)

@@ -21,6 +21,7 @@ from typing import Protocol
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import Route, admission, engages, session_key
 from ironclawd.domain.checks import CheckResult, failed, passed
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
 from ironclawd.domain.session import Session
 from ironclawd.errors import ChannelFailed, InvalidArgument, IronclawError, NotFound
@@ -276,7 +277,12 @@ class Inbox:
             try:
                 await adapter.start(self)
             except IronclawError as exc:
-                log.error("channel %s: not started: %s", adapter.name, exc)
+                log.error(
+                    "channel %s: not started: %s",
+                    adapter.name,
+                    exc,
+                    extra=message_id(MessageId.CHANNEL_FAILED, IRONCLAW_CHANNEL=adapter.name),
+                )
 
     async def stop(self) -> None:
         for adapter in self.adapters.values():

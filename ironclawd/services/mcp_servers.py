@@ -28,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 
 from ironclawd.domain.kinds.mcp import tool_def
 from ironclawd.domain.mcp import McpLimits, McpServer, McpToolDef
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import InvalidArgument, McpServerFailed
 from ironclawd.ports import Credentials
 from ironclawd.ports.mcp import McpCallResult, McpLauncher, McpTransport
@@ -282,8 +283,14 @@ class McpSupervisor:
             self._limits.backoff_max_seconds,
         )
         backoff.not_before, backoff.last = self._now() + delay, why
-        log.warning("MCP server %s of agent %s failed (%s); restart held off %.1fs",
-                    key[1], key[0], why, delay)  # fmt: skip
+        log.warning(
+            "MCP server %s of agent %s failed (%s); restart held off %.1fs",
+            key[1],
+            key[0],
+            why,
+            delay,
+            extra=message_id(MessageId.MCP_SERVER_FAILED, IRONCLAW_AGENT=key[0]),
+        )
 
     def _succeeded(self, key: _Key) -> None:
         self._backoff.pop(key, None)

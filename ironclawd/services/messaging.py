@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ironclawd import ratelog
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import (
     QueueLimits,
     Reply,
@@ -54,6 +55,8 @@ RESTART_WINDOW_SECONDS = 60.0
 # it takes them: waiting for the agent's next announcement would leave them unseen until then.
 INGEST_RETRY_SECONDS = 1.0
 WATCH_BATCH = 1000
+
+_DISK_FULL = message_id(MessageId.DISK_FULL)
 
 
 @dataclass(frozen=True)
@@ -252,13 +255,23 @@ class MessageService:
         try:
             self._sessions.touch(sid)
         except DiskFull as exc:
-            ratelog.warning(log, sid, "touch disk full", "session %s: activity time: %s", sid, exc)
+            ratelog.AGENT_LOG.log(
+                log,
+                logging.WARNING,
+                sid,
+                "touch disk full",
+                "session %s: activity time: %s",
+                sid,
+                exc,
+                extra=_DISK_FULL,
+            )
 
     def _retry_ingest(self, sid: str, exc: DiskFull) -> None:
         """The state DB could not take the agent's replies: try again until it can (the agent
         announced them once and will not again), so no restart is needed when space is back."""
-        ratelog.warning(log, sid, "ingest disk full", "session %s: replies wait in its outbound "
-                        "queue: %s", sid, exc)  # fmt: skip
+        ratelog.AGENT_LOG.log(log, logging.WARNING, sid, "ingest disk full",
+                              "session %s: replies wait in its outbound queue: %s", sid, exc,
+                              extra=_DISK_FULL)  # fmt: skip
         self._full.add(sid)
         if sid not in self._retries:
             self._retries[sid] = asyncio.get_running_loop().create_task(

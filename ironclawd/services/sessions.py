@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ironclawd.domain.agents import AgentSpec, find_agent
+from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, SandboxError
 from ironclawd.ports import AuditSink, Clock, SessionRecords
@@ -214,7 +215,7 @@ class SessionService:
             session.sid,
             event,
             f": {session.error}" if session.error else "",
-            extra={"IRONCLAW_SID": session.sid, "IRONCLAW_SESSION_EVENT": event},
+            extra=_session_fields(session.sid, event),
         )
 
     def _audit_quietly(self, session: Session, event: str) -> None:
@@ -273,7 +274,12 @@ class SessionService:
                     return
                 result = await self.lifecycle.wait_exit(session)
                 reason = f"sandbox exited (unit result: {result})"
-                log.warning("session %s: %s", sid, reason)
+                # A unit the kernel's OOM killer ended has Result "oom-kill"
+                # (org.freedesktop.systemd1(5)); its fix (memory_bytes) differs from others'.
+                oom = message_id(MessageId.SESSION_OOM, IRONCLAW_SID=sid)
+                log.warning(
+                    "session %s: %s", sid, reason, extra=oom if result == "oom-kill" else {}
+                )
                 await self._guarded(
                     sid, "failing", self.stop_locked(session, State.FAILED, error=reason)
                 )
@@ -311,3 +317,9 @@ def describe(exc: BaseException, what: str) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return f"{what}: cancelled (the daemon is stopping)"
     return f"{what}: {exc}"
+
+
+def _session_fields(sid: str, event: str) -> dict[str, object]:
+    fields: dict[str, object] = {"IRONCLAW_SID": sid, "IRONCLAW_SESSION_EVENT": event}
+    tagged = SESSION_EVENTS.get(event)
+    return message_id(tagged, **fields) if tagged is not None else fields

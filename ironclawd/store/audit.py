@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import DiskFull, HostError
 from ironclawd.ports import VerifyResult
 from ironclawd.store.diskspace import is_disk_full
@@ -74,7 +75,8 @@ class AuditLog:
         self._seq, self._prev = self._tail()
         self._size = self._whole_size()
         if not self._cut(self._size, "a torn record at the end (a crash or a full disk)"):
-            log.critical("audit log %s: cannot cut its torn tail: new records refused", path)
+            log.critical("audit log %s: cannot cut its torn tail: new records refused", path,
+                         extra=message_id(MessageId.AUDIT_LOG_DAMAGED))  # fmt: skip
 
     def _tail(self) -> tuple[int, str]:
         seq, prev = 0, GENESIS
@@ -202,11 +204,17 @@ class AuditLog:
                     _set_flag(self._fd, True)
         except OSError as exc:
             self._torn, self._cut_reason = True, reason
-            log.critical("audit log %s: cutting %s back to %d bytes: %s", self._path, reason,
-                         size, exc.strerror)  # fmt: skip
+            log.critical(
+                "audit log %s: cutting %s back to %d bytes: %s",
+                self._path,
+                reason,
+                size,
+                exc.strerror,
+                extra=message_id(MessageId.AUDIT_LOG_DAMAGED),
+            )
             return False
         log.warning("audit log %s: cut %d bytes of %s back to the last whole record", self._path,
-                    extra, reason)  # fmt: skip
+                    extra, reason, extra=message_id(MessageId.AUDIT_LOG_DAMAGED))  # fmt: skip
         self._torn = False
         self._cut_bytes += extra
         self._cut_reason = reason
