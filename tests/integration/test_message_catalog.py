@@ -6,6 +6,7 @@ with the entry's own fields filled in."""
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,3 +93,26 @@ def test_a_change_is_found_by_its_ids_and_explained_with_its_fields(
     assert f"ironctl change approve {change_id}" in text
     text = explained(daemon, MessageId.CHANGE_REJECTED, this)
     assert f"Subject: Change {change_id} to agent demo was rejected" in text
+
+
+def test_a_sessions_start_and_stop_are_found_by_their_ids_and_explained(
+    daemon: Any, catalog: None
+) -> None:
+    sid = "catalog" + secrets.token_hex(4)
+    run(daemon, "ironctl", "session", "create", "--agent", "demo", "--sid", sid)
+    try:
+        run(daemon, "ironctl", "session", "stop", sid)
+    finally:
+        daemon.run(["ironctl", "session", "rm", "--force", sid], timeout=120)
+    this = f"IRONCLAW_SID={sid}"
+    (started,) = entries(daemon, MessageId.SESSION_STARTED, this)
+    assert started["MESSAGE"] == f"session {sid} running"
+    (stopped,) = entries(daemon, MessageId.SESSION_STOPPED, this)
+    assert stopped["MESSAGE"] == f"session {sid} stopped"
+    assert entries(daemon, MessageId.SESSION_FAILED, this) == []
+    assert f"Subject: Session {sid} is running" in explained(
+        daemon, MessageId.SESSION_STARTED, this
+    )
+    assert f"ironctl session start {sid} starts it" in explained(
+        daemon, MessageId.SESSION_STOPPED, this
+    )
