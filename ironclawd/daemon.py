@@ -200,7 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config-reference", action="store_true", help="print the config keys (Markdown)"
     )
-    parser.add_argument("--version", action="version", version=f"ironclawd {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"ironclawd {__version__}",
+        help="print ironclawd's version and exit",
+    )
     return parser
 
 

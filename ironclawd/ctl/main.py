@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(top=True, socket_default=socket_default)],
     )
-    parser.add_argument("--version", action="version", version=f"ironctl {__version__}")
+    parser.add_argument("--version", action="version", version=f"ironctl {__version__}",
+                        help="print ironctl's version and exit")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_command(
         sub,
