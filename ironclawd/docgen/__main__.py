@@ -21,11 +21,12 @@ def outputs(root: Path) -> dict[str, Callable[[], str]]:
     from ironclawd.docgen import completion, markdown, pages  # noqa: PLC0415
     from ironclawd.docgen.configref import toml_defaults  # noqa: PLC0415
 
-    changelog = root / "debian/changelog"
-    date = pages.release_date(changelog.read_text(encoding="utf-8") if changelog.exists() else "")
+    date = pages.release_date(_text(root / "debian/changelog"))
     return {
         "docs/man/ironctl.1": lambda: pages.ironctl_page(build_parser(), date),
-        "docs/man/ironclawd.8": lambda: pages.ironclawd_page(daemon.build_parser(), date),
+        "docs/man/ironclawd.8": lambda: pages.ironclawd_page(
+            daemon.build_parser(), date, _text(root / "units/ironclaw.catalog")
+        ),
         "docs/man/ironclawd.toml.5": lambda: pages.toml_page(
             reference_markdown(), toml_defaults(), date
         ),
@@ -34,6 +35,10 @@ def outputs(root: Path) -> dict[str, Callable[[], str]]:
         "completions/ironctl.bash": lambda: completion.bash(build_parser()),
         "completions/_ironctl": lambda: completion.zsh(build_parser()),
     }
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
 def config_markdown(reference: str) -> str:

@@ -134,6 +134,14 @@ DAEMON_SIGNALS: tuple[tuple[str, str], ...] = (
     ("SIGTERM", "stop serving and exit 0; sandboxes keep running and are adopted on start"),
 )
 
+DAEMON_JOURNAL = (
+    "ironclawd logs to the journal (`journalctl -u ironclawd`). The events an operator acts on"
+    " carry a fixed `MESSAGE_ID`, listed below: `journalctl MESSAGE_ID=ID` finds every"
+    " occurrence whatever the wording, and `journalctl -x` shows each one's explanation and what"
+    " to do, from `/usr/lib/systemd/catalog/ironclaw.catalog`. Entries name the session, change,"
+    " agent or channel in fields of their own (`IRONCLAW_SID`, `IRONCLAW_CHANGE`, ...)."
+)
+
 DAEMON_EXIT_STATUS: tuple[tuple[int, str], ...] = (
     (0, "a clean stop (SIGTERM), or `--check-config` found the file valid"),
     (1, "a runtime error (the journal says which)"),
@@ -160,6 +168,7 @@ DAEMON_FILES: tuple[tuple[str, str], ...] = (
     ("/run/ironclaw/admin.sock", "the admin socket (group `ironclaw-admin`)"),
     ("/usr/lib/ironclaw/agent/", "the frozen in-box agent"),
     ("/usr/share/ironclaw/agent-rootfs/", "files of the agent's root filesystem"),
+    ("/usr/lib/systemd/catalog/ironclaw.catalog", "the journal's explanations of its events"),
 )
 
 DAEMON_SEE_ALSO = ("ironctl(1)", "ironclawd.toml(5)", "systemctl(1)", "journalctl(1)", "runsc(8)")

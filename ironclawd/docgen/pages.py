@@ -54,7 +54,8 @@ def ironctl_page(parser: argparse.ArgumentParser, date: str) -> str:
     return roff.finish(out)
 
 
-def ironclawd_page(parser: argparse.ArgumentParser, date: str) -> str:
+def ironclawd_page(parser: argparse.ArgumentParser, date: str, catalog: str) -> str:
+    """``catalog``: the text of units/ironclaw.catalog (its ids and subjects are listed)."""
     options = [read_option(a) for a in parser._actions if a.option_strings]
     out = roff.title("ironclawd", "8", __version__, date)
     out += [*roff.section("NAME"), f"ironclawd \\- {roff.escape(hw.DAEMON_SUMMARY)}"]
@@ -67,6 +68,12 @@ def ironclawd_page(parser: argparse.ArgumentParser, date: str) -> str:
     for option in options:
         out += roff.tagged(_option_tag(option), option.help)
     out += _pairs("SIGNALS", hw.DAEMON_SIGNALS)
+    out += roff.section("JOURNAL")
+    out += roff.paragraph(hw.DAEMON_JOURNAL)
+    for message_id, subject in catalog_entries(catalog):
+        fields = [roff.inline(part) if i % 2 == 0 else roff.italic(part)
+                  for i, part in enumerate(subject.split("@"))]  # fmt: skip
+        out += [".TP", roff.bold(message_id), "".join(fields)]
     out += _exit_status(hw.DAEMON_EXIT_STATUS)
     out += _pairs("ENVIRONMENT", hw.DAEMON_ENVIRONMENT)
     out += _pairs("FILES", hw.DAEMON_FILES)
@@ -100,6 +107,19 @@ def toml_page(reference_markdown: str, defaults: dict[str, str], date: str) -> s
     out += ["the file ironclawd reads (\\fB\\-\\-config\\fR names another)"]
     out += [*roff.section("SEE ALSO"), *roff.see_also(hw.TOML_SEE_ALSO)[1:]]
     return roff.finish(out)
+
+
+def catalog_entries(catalog: str) -> list[tuple[str, str]]:
+    """(MESSAGE_ID, Subject) of each entry of a journal message catalog (journalctl(1))."""
+    entries: list[tuple[str, str]] = []
+    message_id = ""
+    for line in catalog.splitlines():
+        if line.startswith("-- "):
+            message_id = line[3:].strip()
+        elif line.startswith("Subject:") and message_id:
+            entries.append((message_id, line.removeprefix("Subject:").strip()))
+            message_id = ""
+    return entries
 
 
 def release_date(changelog: str) -> str:

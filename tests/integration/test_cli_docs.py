@@ -76,7 +76,7 @@ def test_bash_completes_paths_for_files() -> None:
 
 def test_check_docs_names_the_stale_file_and_the_fix(tmp_path: Path) -> None:
     names = [*PAGES, "docs/ironctl.md", "docs/config.md", "completions/ironctl.bash"]
-    for name in [*names, "completions/_ironctl", "debian/changelog"]:
+    for name in [*names, "completions/_ironctl", "debian/changelog", "units/ironclaw.catalog"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
     fine = _run(["scripts/gen-cli-docs", "--check", "--root", str(tmp_path)])

@@ -18,10 +18,12 @@ from ironclawd.docgen import __main__ as docgen
 from ironclawd.docgen import completion, handwritten, markdown, pages, roff
 from ironclawd.docgen.configref import toml_defaults
 from ironclawd.docgen.model import read as read_commands
+from ironclawd.domain.message_ids import MessageId
 from tests.harness.ctl_commands import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 DATE = "2026-11-30"
+CATALOG = (ROOT / "units/ironclaw.catalog").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,9 @@ def test_the_date_is_the_release_date() -> None:
     )
     assert pages.release_date(changelog) == "2026-12-02"  # in UTC
     assert pages.release_date("") == ""
-    assert '.TH IRONCLAWD 8 "2026-11-30"' in pages.ironclawd_page(daemon.build_parser(), DATE)
+    assert '.TH IRONCLAWD 8 "2026-11-30"' in pages.ironclawd_page(
+        daemon.build_parser(), DATE, CATALOG
+    )
 
 
 def test_every_exit_code_is_documented() -> None:
@@ -148,10 +152,17 @@ def test_every_exit_code_is_documented() -> None:
 
 
 def test_ironclawd_page_has_every_option() -> None:
-    page = pages.ironclawd_page(daemon.build_parser(), DATE)
+    page = pages.ironclawd_page(daemon.build_parser(), DATE, CATALOG)
     for option in ("--config", "--check-config", "--print-config-reference", "--version"):
         assert f"\\fB{roff.escape(option)}\\fR" in page
     assert str(daemon.EX_CONFIG) in page
+
+
+def test_ironclawd_page_lists_every_message_id() -> None:
+    page = pages.ironclawd_page(daemon.build_parser(), DATE, CATALOG)
+    for message_id in MessageId:
+        assert f"\\fB{message_id.value}\\fR" in page, message_id
+    assert "Session \\fIIRONCLAW_SID\\fR is running" in page
 
 
 def test_toml_page_has_every_key() -> None:
