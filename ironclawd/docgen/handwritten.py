@@ -134,9 +134,10 @@ DAEMON_SIGNALS: tuple[tuple[str, str], ...] = (
     ("SIGTERM", "stop serving and exit 0; sandboxes keep running and are adopted on start"),
 )
 
+# {field}: the journal field message_ids.message_id() sets (named once, there).
 DAEMON_JOURNAL = (
     "ironclawd logs to the journal (`journalctl -u ironclawd`). The events an operator acts on"
-    " carry a fixed `MESSAGE_ID`, listed below: `journalctl MESSAGE_ID=ID` finds every"
+    " carry a fixed `{field}`, listed below: `journalctl {field}=ID` finds every"
     " occurrence whatever the wording, and `journalctl -x` shows each one's explanation and what"
     " to do, from `/usr/lib/systemd/catalog/ironclaw.catalog`. Entries name the session, change,"
     " agent or channel in fields of their own (`IRONCLAW_SID`, `IRONCLAW_CHANGE`, ...)."

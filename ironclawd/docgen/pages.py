@@ -12,6 +12,7 @@ from ironclawd.docgen import handwritten as hw
 from ironclawd.docgen import roff
 from ironclawd.docgen.model import Command, Option, common_options, read_option
 from ironclawd.docgen.model import read as read_commands
+from ironclawd.domain.message_ids import MessageId, message_id
 
 
 def ironctl_page(parser: argparse.ArgumentParser, date: str) -> str:
@@ -69,11 +70,12 @@ def ironclawd_page(parser: argparse.ArgumentParser, date: str, catalog: str) -> 
         out += roff.tagged(_option_tag(option), option.help)
     out += _pairs("SIGNALS", hw.DAEMON_SIGNALS)
     out += roff.section("JOURNAL")
-    out += roff.paragraph(hw.DAEMON_JOURNAL)
-    for message_id, subject in catalog_entries(catalog):
+    field = next(iter(message_id(MessageId.DAEMON_READY)))
+    out += roff.paragraph(hw.DAEMON_JOURNAL.format(field=field))
+    for entry_id, subject in catalog_entries(catalog):
         fields = [roff.inline(part) if i % 2 == 0 else roff.italic(part)
                   for i, part in enumerate(subject.split("@"))]  # fmt: skip
-        out += [".TP", roff.bold(message_id), "".join(fields)]
+        out += [".TP", roff.bold(entry_id), "".join(fields)]
     out += _exit_status(hw.DAEMON_EXIT_STATUS)
     out += _pairs("ENVIRONMENT", hw.DAEMON_ENVIRONMENT)
     out += _pairs("FILES", hw.DAEMON_FILES)
@@ -110,15 +112,15 @@ def toml_page(reference_markdown: str, defaults: dict[str, str], date: str) -> s
 
 
 def catalog_entries(catalog: str) -> list[tuple[str, str]]:
-    """(MESSAGE_ID, Subject) of each entry of a journal message catalog (journalctl(1))."""
+    """(message id, Subject) of each entry of a journal message catalog (journalctl(1))."""
     entries: list[tuple[str, str]] = []
-    message_id = ""
+    entry_id = ""
     for line in catalog.splitlines():
         if line.startswith("-- "):
-            message_id = line[3:].strip()
-        elif line.startswith("Subject:") and message_id:
-            entries.append((message_id, line.removeprefix("Subject:").strip()))
-            message_id = ""
+            entry_id = line[3:].strip()
+        elif line.startswith("Subject:") and entry_id:
+            entries.append((entry_id, line.removeprefix("Subject:").strip()))
+            entry_id = ""
     return entries
 
 
