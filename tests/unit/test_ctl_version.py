@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_version_is_the_package_version() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert project["version"] == __version__
+    assert project["version"] == __version__, (
+        "pyproject.toml's version and ironclawd/__init__.py's __version__ (what --version and"
+        " the man pages say) change together; then make docs"
+    )
     assert project["scripts"]["ironctl"] == "ironclawd.ctl.cli:main"
 
 
