@@ -6,13 +6,10 @@ import argparse
 import json
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.changes import show_change
-from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
+from ironclawd.ctl.common import Stub, add_command, print_json
 
 
 def cmd_agent_list(args: argparse.Namespace, stub: Stub) -> int:
@@ -20,26 +17,23 @@ def cmd_agent_list(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(reply)
         return exitcodes.OK
-    table = Table()
-    for column in ("NAME", "PROVIDER", "MODEL", "TOOLS"):
-        table.add_column(column, overflow="fold")
-    for a in reply.agents:
-        table.add_row(a.name, a.provider, escape(a.model), ", ".join(a.tools))
-    render.console().print(table)
+    rows = [[a.name, a.provider, render.visible(a.model), ", ".join(a.tools)] for a in reply.agents]
+    render.table(("NAME", "PROVIDER", "MODEL", "TOOLS"), rows, legend=not args.no_legend)
     return exitcodes.OK
 
 
 def cmd_agent_show(args: argparse.Namespace, stub: Stub) -> int:
     agent = stub.GetAgent(admin_pb2.GetAgentRequest(name=args.name), timeout=args.timeout).agent
     if args.json:
-        print(json.dumps(to_dict(agent), indent=2))
+        print_json(agent)
         return exitcodes.OK
-    table = Table(show_header=False, box=None)
-    for key in ("name", "provider", "model", "base_url", "credential"):
-        table.add_row(key, escape(str(getattr(agent, key)) or "-"))
-    table.add_row("tools", ", ".join(agent.tools) or "-")
-    table.add_row("persona", escape(render.visible(agent.persona, newlines=True)))
-    render.console().print(table)
+    rows: list[tuple[str, render.Cell]] = [
+        (key, render.visible(str(getattr(agent, key))))
+        for key in ("name", "provider", "model", "base_url", "credential")
+    ]
+    rows.append(("tools", ", ".join(agent.tools)))
+    rows.append(("persona", render.visible(agent.persona, newlines=True)))
+    render.fields(rows)
     return exitcodes.OK
 
 

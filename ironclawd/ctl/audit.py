@@ -4,35 +4,38 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import argtypes, exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, to_dict
+from ironclawd.ctl.common import Stub, add_command, print_json
 
 
 def cmd_audit_list(args: argparse.Namespace, stub: Stub) -> int:
     reply = stub.ListAudit(
         admin_pb2.ListAuditRequest(after_seq=args.after, limit=args.limit), timeout=args.timeout
     )
-    for record in reply.records:
-        if args.json:
+    if args.json:
+        # Each record as the log holds it, a line each (its MAC covers exactly these bytes).
+        for record in reply.records:
             print(record)
-        else:
-            r = json.loads(record)
-            extra = {k: v for k, v in r.items() if k not in ("seq", "time", "event", "actor",
-                                                           "prev", "mac")}  # fmt: skip
-            stamp = datetime.fromtimestamp(r["time"], UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            print(render.visible(f"{r['seq']:>6} {stamp} {r['event']:<22} {r['actor']} "
-                                 f"{json.dumps(extra, sort_keys=True)}"))  # fmt: skip
+        return exitcodes.OK
+    rows = []
+    for record in reply.records:
+        r = json.loads(record)
+        extra = {k: v for k, v in r.items() if k not in ("seq", "time", "event", "actor",
+                                                       "prev", "mac")}  # fmt: skip
+        rows.append([str(r["seq"]), render.when(r["time"]), render.visible(r["event"]),
+                     render.visible(str(r["actor"])),
+                     render.visible(json.dumps(extra, sort_keys=True))])  # fmt: skip
+    render.table(("SEQ", "TIME", "EVENT", "ACTOR", "DETAIL"), rows, legend=not args.no_legend)
     return exitcodes.OK
 
 
 def cmd_audit_verify(args: argparse.Namespace, stub: Stub) -> int:
     reply = stub.VerifyAudit(admin_pb2.VerifyAuditRequest(), timeout=args.timeout)
     if args.json:
-        print(json.dumps(to_dict(reply)))
+        print_json(reply)
     elif reply.ok:
         flag = "with" if reply.append_only else "WITHOUT"
         note = f"; {reply.problem}" if reply.problem else ""

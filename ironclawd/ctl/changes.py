@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import editor, exitcodes, render
@@ -22,12 +20,7 @@ from ironclawd.ctl.common import (
     decode_stdin,
     print_json,
     read_stdin,
-    to_dict,
 )
-
-
-def _when(stamp: float) -> str:
-    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M") if stamp else "-"
 
 
 def _payload(args: argparse.Namespace) -> str:
@@ -65,22 +58,20 @@ def show_change(
     args: argparse.Namespace, change: admin_pb2.Change, *, diff_only: bool = False
 ) -> None:
     if args.json:
-        print(json.dumps(to_dict(change), indent=2))
+        print_json(change)
         return
     console = render.console()
     if not diff_only:
-        table = Table(show_header=False, box=None)
-        for key, value in (
-            ("id", change.id), ("kind", change.kind), ("agent", change.agent),
-            ("state", change.state), ("submitter", change.submitter),
-            ("reason", render.visible(change.reason) or "-"), ("hash", change.hash),
-            ("created", _when(change.created_at)), ("expires", _when(change.expires_at)),
-            ("decided", f"{change.decided_by} {_when(change.decided_at)}" if change.decided_by
-             else "-"),
-            ("note", render.visible(change.note) or "-"),
-        ):  # fmt: skip
-            table.add_row(key, escape(value))
-        console.print(table)
+        when = render.when
+        render.fields([
+            ("id", change.id), ("kind", change.kind), ("agent", render.visible(change.agent)),
+            ("state", change.state), ("submitter", render.visible(change.submitter)),
+            ("reason", render.visible(change.reason)), ("hash", change.hash),
+            ("created", when(change.created_at)), ("expires", when(change.expires_at)),
+            ("decided", f"{render.visible(change.decided_by)} {when(change.decided_at)}"
+             if change.decided_by else ""),
+            ("note", render.visible(change.note)),
+        ])  # fmt: skip
     # Every character of the diff is shown as what it is: control, escape and bidi characters
     # arrive here already JSON-escaped, and visible() catches anything left.
     # soft_wrap: a diff line is printed whole, never folded at the console's width, which would
@@ -119,13 +110,11 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(reply)
         return exitcodes.OK
-    table = Table()
-    # Ids and submitters are what an operator copies into the next command: never cut them.
-    for column in ("ID", "KIND", "AGENT", "STATE", "SUBMITTER", "CREATED"):
-        table.add_column(column, no_wrap=column in ("ID", "SUBMITTER"), overflow="fold")
-    for c in reply.changes:
-        table.add_row(c.id, c.kind, c.agent, c.state, escape(c.submitter), _when(c.created_at))
-    render.console().print(table)
+    # Ids and submitters are what an operator copies into the next command: never cut (render).
+    rows = [[c.id, c.kind, render.visible(c.agent), c.state, render.visible(c.submitter),
+             render.when(c.created_at)] for c in reply.changes]  # fmt: skip
+    render.table(("ID", "KIND", "AGENT", "STATE", "SUBMITTER", "CREATED"), rows,
+                 legend=not args.no_legend)  # fmt: skip
     return exitcodes.OK
 
 
@@ -165,7 +154,7 @@ def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
             admin_pb2.RejectChangeRequest(id=args.id, note=args.note or ""), timeout=args.timeout
         ).change
     if args.json:
-        print(json.dumps(to_dict(decided), indent=2))
+        print_json(decided)
     else:
         print(f"change {decided.id}: {decided.state}")
     return exitcodes.OK

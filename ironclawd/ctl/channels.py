@@ -2,21 +2,17 @@
 counters and failed deliveries, an end-to-end test, and messages held for an operator.
 
 Everything a channel shows came from its senders: text is printed with control, escape and
-bidi characters made visible (``render.visible``), never as markup."""
+bidi characters made visible (``render.visible``), as text (render's cells are never markup)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from typing import Any
-
-from rich.markup import escape
-from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
+from ironclawd.ctl.common import Stub, add_command, print_json
 
 HELD_TEXT = 200  # characters of a held message shown in the table
 
@@ -25,11 +21,7 @@ def _shown(text: str, limit: int = 0) -> str:
     text = render.visible(text)
     if limit and len(text) > limit:
         text = text[:limit] + "…"
-    return escape(text)
-
-
-def _when(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else "-"
+    return text
 
 
 def _counts(values: Any) -> str:
@@ -41,15 +33,14 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(reply)
         return exitcodes.OK
-    table = Table()
-    for column in ("CHANNEL", "KIND", "STATUS", "WHERE", "HELD", "DELIVERIES", "LAST ERROR"):
-        table.add_column(column, overflow="fold")
-    for c in reply.channels:
-        table.add_row(
-            c.name, c.kind, "connected" if c.connected else "[bold red]down[/]",
-            _shown(c.detail), str(c.held), _counts(c.deliveries), _shown(c.last_error, 120),
-        )  # fmt: skip
-    render.console().print(table if reply.channels else "no channels configured")
+    rows: list[list[render.Cell]] = [
+        [c.name, c.kind, ("connected", "") if c.connected else ("down", "bold red"),
+         _shown(c.detail), str(c.held), _counts(c.deliveries), _shown(c.last_error, 120)]
+        for c in reply.channels
+    ]  # fmt: skip
+    render.table(("CHANNEL", "KIND", "STATUS", "WHERE", "HELD", "DELIVERIES", "ERROR"), rows,
+                 legend=not args.no_legend,
+                 summary="" if rows else "no channels configured")  # fmt: skip
     return exitcodes.OK
 
 
@@ -58,29 +49,21 @@ def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(c)
         return exitcodes.OK
-    table = Table(show_header=False, box=None)
-    rows = [
-        ("channel", f"{c.name} ({c.kind})"),
-        ("status", "connected" if c.connected else "down"),
-        ("where", c.detail),
-        ("last error", f"{c.last_error} ({_when(c.last_error_at)})" if c.last_error else "-"),
+    last_error = f"{c.last_error} ({render.when(c.last_error_at)})" if c.last_error else ""
+    render.fields([
+        ("channel", _shown(f"{c.name} ({c.kind})")),
+        ("status", ("connected", "") if c.connected else ("down", "bold red")),
+        ("where", _shown(c.detail)),
+        ("last error", _shown(last_error)),
         ("counters", _counts(c.counters)),
         ("deliveries", _counts(c.deliveries)),
         ("held", str(c.held)),
-    ]
-    for key, value in rows:
-        table.add_row(key, _shown(value))
-    console = render.console()
-    console.print(table)
+    ])  # fmt: skip
     if c.failures:
-        failures = Table(title="failed or retrying deliveries")
-        for column in ("DELIVERY", "STATE", "ATTEMPTS", "WHEN", "ERROR"):
-            failures.add_column(column, overflow="fold")
-        for d in c.failures:
-            failures.add_row(
-                d.delivery_id, d.state, str(d.attempts), _when(d.updated_at), _shown(d.last_error)
-            )
-        console.print(failures)
+        rows = [[_shown(d.delivery_id), d.state, str(d.attempts), render.when(d.updated_at),
+                 _shown(d.last_error)] for d in c.failures]  # fmt: skip
+        render.table(("DELIVERY", "STATE", "ATTEMPTS", "WHEN", "ERROR"), rows,
+                     legend=not args.no_legend, title="failed or retrying deliveries")  # fmt: skip
     return exitcodes.OK
 
 
@@ -96,17 +79,12 @@ def cmd_test(args: argparse.Namespace, stub: Stub) -> int:
 def cmd_held(args: argparse.Namespace, stub: Stub) -> int:
     reply = stub.ListHeld(admin_pb2.ListHeldRequest(), timeout=args.timeout)
     if args.json:
-        print(json.dumps({"held": [to_dict(h) for h in reply.held]}, indent=2))
+        print_json(reply)
         return exitcodes.OK
-    table = Table()
-    for column in ("ID", "CHANNEL", "WHERE", "SENDER", "RECEIVED", "TEXT"):
-        table.add_column(column, overflow="fold")
-    for h in reply.held:
-        table.add_row(
-            str(h.id), h.channel, _shown(h.where), _shown(h.sender), _when(h.received_at),
-            _shown(h.text, HELD_TEXT),
-        )  # fmt: skip
-    render.console().print(table if reply.held else "no held messages")
+    rows = [[h.id, h.channel, _shown(h.where), _shown(h.sender), render.when(h.received_at),
+             _shown(h.text, HELD_TEXT)] for h in reply.held]  # fmt: skip
+    render.table(("ID", "CHANNEL", "WHERE", "SENDER", "RECEIVED", "TEXT"), rows,
+                 legend=not args.no_legend, summary="" if rows else "no held messages")  # fmt: skip
     return exitcodes.OK
 
 

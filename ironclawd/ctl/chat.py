@@ -17,6 +17,7 @@ from ironclawd.ctl.common import (
     UsageError,
     add_command,
     decode_stdin,
+    print_json,
     read_stdin,
     to_dict,
 )
@@ -96,7 +97,7 @@ def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
 def cmd_verify(args: argparse.Namespace, stub: Stub) -> int:
     report = stub.VerifySession(admin_pb2.VerifySessionRequest(sid=args.sid), timeout=args.timeout)
     if args.json:
-        print(json.dumps(to_dict(report)))
+        print_json(report)
     elif report.ok:
         print(f"session {render.visible(args.sid)}: {report.checked} ingested replies verified")
     else:

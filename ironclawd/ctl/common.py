@@ -1,4 +1,5 @@
-"""Pieces every ironctl command shares: options, sub-command registration, JSON output."""
+"""Pieces every ironctl command shares: options, sub-command registration, JSON output (its
+shapes: ctl/shapes.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from ironclaw.admin.v1 import admin_pb2_grpc
-from ironclawd.ctl import argtypes, exitcodes
+from ironclawd.ctl import argtypes, exitcodes, shapes
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -79,6 +79,12 @@ def common_options(*, top: bool, socket_default: str = "") -> argparse.ArgumentP
         help="machine-readable output",
     )
     common.add_argument(
+        "--no-legend",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="listings without the header line and any title or summary line (for scripts)",
+    )
+    common.add_argument(
         "--socket",
         default=socket_default if top else argparse.SUPPRESS,
         help="admin socket (default: /run/ironclaw/admin.sock; env IRONCLAW_ADMIN_SOCKET)",
@@ -108,9 +114,8 @@ def add_command(
 
 
 def to_dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    """A message as ironctl's JSON shows it (ctl/shapes.py)."""
+    return shapes.to_dict(message)
 
 
 def print_json(message: Message, **extra: Any) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ironclawd.errors import MalformedReport, MinisignFormatError, SignatureMism
 from ironclawd.formats import containment, minisign
 
 PUBKEY_ENV = "IRONCLAW_CONTAINMENT_PUBKEY"
+REPORT_TIME = "%Y-%m-%dT%H:%M:%SZ"  # generated_at, as formats/containment.py checks it
 _OUTCOME_EXIT = {
     containment.Outcome.CONTAINED: exitcodes.OK,
     containment.Outcome.INCONCLUSIVE: exitcodes.INCONCLUSIVE,
@@ -82,7 +84,10 @@ def cmd_verify(args: argparse.Namespace, _stub: Stub) -> int:
             "exit": code,
             "key_id": result["key_id"],
             "trusted_comment": result["trusted_comment"],
-            "generated_at": report.generated_at,
+            # ironctl's one timestamp format (ctl/shapes.py); the report's own text is validated.
+            "generated_at": datetime.strptime(report.generated_at, REPORT_TIME)
+            .replace(tzinfo=UTC)
+            .timestamp(),
             "versions": dict(report.versions),
             "summary": {
                 "attacks": containment.summarize(report.attacks),

@@ -60,7 +60,7 @@ def cmd_doctor(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(admin_pb2.DoctorResponse(checks=checks), ok=ok)
     else:
-        render.doctor(checks, ok)
+        render.doctor(checks, ok, legend=not args.no_legend)
     return exitcodes.OK if ok else exitcodes.FAILED
 
 

@@ -10,7 +10,6 @@ import shlex
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
@@ -99,9 +98,12 @@ def cmd_remove(args: argparse.Namespace, stub: Stub) -> int:
 
 
 def _view(args: argparse.Namespace, stub: Stub) -> dict[str, Any]:
+    """The agent's servers and grants, both lists always present (the daemon's view leaves out
+    an empty one): ``mcp list`` prints this, ``mcp show`` one server of it."""
     request = admin_pb2.ListMcpServersRequest(agent=args.agent)
-    view: dict[str, Any] = json.loads(stub.ListMcpServers(request, timeout=args.timeout).view_json)
-    return view
+    view = json.loads(stub.ListMcpServers(request, timeout=args.timeout).view_json)
+    return {"agent": args.agent, "servers": view.get("mcp_servers", []),
+            "grants": view.get("mcp_grants", [])}  # fmt: skip
 
 
 def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
@@ -110,42 +112,42 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
         print(json.dumps(view, indent=2))
         return exitcodes.OK
     granted: dict[str, list[str]] = {}
-    for g in view.get("mcp_grants", []):
+    for g in view["grants"]:
         granted.setdefault(g["server"], []).append(g["name"])
-    table = Table()
-    for column in ("NAME", "COMMAND", "NETWORK", "TOOLS", "GRANTED"):
-        table.add_column(column, overflow="fold")
-    for s in view.get("mcp_servers", []):
+    rows = []
+    for s in view["servers"]:
         network = s["network"] if isinstance(s["network"], str) else ", ".join(s["network"])
         command = s.get("url") or " ".join(s["command"])
-        table.add_row(escape(s["name"]), escape(render.visible(command)),
-                      escape(network), str(len(s["tools"])),
-                      escape(", ".join(granted.get(s["name"], [])) or "-"))  # fmt: skip
-    render.console().print(table)
+        rows.append([render.visible(s["name"]), render.visible(command), render.visible(network),
+                     str(len(s["tools"])),
+                     render.visible(", ".join(granted.get(s["name"], [])))])  # fmt: skip
+    render.table(("NAME", "COMMAND", "NETWORK", "TOOLS", "GRANTED"), rows,
+                 legend=not args.no_legend)  # fmt: skip
     return exitcodes.OK
 
 
 def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
     view = _view(args, stub)
-    server = next((s for s in view.get("mcp_servers", []) if s["name"] == args.name), None)
+    server = next((s for s in view["servers"] if s["name"] == args.name), None)
     if server is None:
         raise UsageError(f"ironctl: mcp show: agent {args.agent} has no MCP server {args.name}")
-    grants = [g for g in view.get("mcp_grants", []) if g["server"] == args.name]
+    grants = [g for g in view["grants"] if g["server"] == args.name]
     if args.json:
-        print(json.dumps({"server": server, "grants": grants}, indent=2))
+        print(json.dumps({"agent": args.agent, "server": server, "grants": grants}, indent=2))
         return exitcodes.OK
-    console = render.console()
-    table = Table(show_header=False, box=None)
-    table.add_row("name", escape(server["name"]))
+    rows: list[tuple[str, render.Cell]] = [("name", render.visible(server["name"]))]
     if server.get("url"):
-        table.add_row("url", escape(render.visible(server["url"])))
+        rows.append(("url", render.visible(server["url"])))
     else:
-        table.add_row("command", escape(render.visible(json.dumps(server["command"]))))
-    table.add_row("env", escape(render.visible(json.dumps(server["env"]))))
-    table.add_row("credentials", escape(json.dumps(server["credentials"])))
-    table.add_row("network", escape(json.dumps(server["network"])))
-    table.add_row("granted", escape(", ".join(g["name"] for g in grants) or "-"))
-    console.print(table)
+        rows.append(("command", render.visible(json.dumps(server["command"]))))
+    rows += [
+        ("env", render.visible(json.dumps(server["env"]))),
+        ("credentials", render.visible(json.dumps(server["credentials"]))),
+        ("network", render.visible(json.dumps(server["network"]))),
+        ("granted", render.visible(", ".join(g["name"] for g in grants))),
+    ]
+    render.fields(rows)
+    console = render.console()
     for tool in server["tools"]:
         console.print(f"[bold]{escape(render.visible(tool['name']))}[/]: "
                       + escape(render.visible(tool["description"], newlines=True)),

@@ -12,9 +12,6 @@ import argparse
 import json
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.changes import show_change
@@ -88,16 +85,12 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print(json.dumps({"packages": packages}, indent=2))
         return exitcodes.OK
-    table = Table()
-    for column in ("AGENT", "PACKAGE", "VERSION", "ARCH", "SHA256", "SIZE", "WHY"):
-        # Versions and hashes whole on one line: they are compared and copied, not read.
-        table.add_column(column, overflow="fold", no_wrap=column in {"VERSION", "SHA256"})
-    for p in packages:
-        table.add_row(
-            p["agent"], p["name"], escape(p["version"]), p["architecture"], p["sha256"],
-            str(p["size"]), "requested" if p["requested"] else "dependency",
-        )  # fmt: skip
-    render.console().print(table)
+    # Versions and hashes are compared and copied: render never splits a word.
+    rows = [[p["agent"], p["name"], render.visible(p["version"]), p["architecture"], p["sha256"],
+             str(p["size"]), "requested" if p["requested"] else "dependency"]
+            for p in packages]  # fmt: skip
+    render.table(("AGENT", "PACKAGE", "VERSION", "ARCH", "SHA256", "SIZE", "WHY"), rows,
+                 legend=not args.no_legend)  # fmt: skip
     return exitcodes.OK
 
 

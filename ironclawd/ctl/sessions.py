@@ -11,11 +11,6 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import argtypes, exitcodes, render
 from ironclawd.ctl.common import Stub, add_command, print_json, to_dict
 
-STATE_NAMES: dict[int, str] = {
-    int(value): name.removeprefix("SESSION_STATE_").lower()
-    for name, value in admin_pb2.SessionState.items()
-}
-
 
 def cmd_create(args: argparse.Namespace, stub: Stub) -> int:
     reply = stub.CreateSession(
@@ -30,7 +25,7 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(reply)
     else:
-        render.sessions(reply.sessions, STATE_NAMES)
+        render.sessions(reply.sessions, legend=not args.no_legend)
     return exitcodes.OK
 
 
@@ -78,11 +73,9 @@ def cmd_logs(args: argparse.Namespace, stub: Stub) -> int:
 
 def _show(args: argparse.Namespace, session: Any) -> None:
     if args.json:
-        doc = to_dict(session)
-        doc["state"] = STATE_NAMES.get(session.state, "unknown")
-        print(json.dumps(doc, indent=2))
+        print_json(session)
     else:
-        render.session(session, STATE_NAMES)
+        render.session(session)
 
 
 def register(sub: Any) -> Any:

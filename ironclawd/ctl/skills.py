@@ -13,9 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.changes import show_change
@@ -123,19 +120,12 @@ def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print(json.dumps({"skills": skills}, indent=2))
         return exitcodes.OK
-    table = Table()
-    for column in ("AGENT", "SKILL", "VERSION", "SIGNER", "FILES", "GRANTS"):
-        table.add_column(column, overflow="fold")
-    for s in skills:
-        table.add_row(
-            s["agent"],
-            s["name"],
-            escape(s["version"]),
-            s["signer"],
-            str(len(s["files"])),
-            escape("\n".join(_grants(s["grants"])) or "-"),
-        )
-    render.console().print(table)
+    # A skill's grants a line each on a terminal, joined by "; " off one (render.table).
+    rows = [[s["agent"], s["name"], render.visible(s["version"]), s["signer"],
+             str(len(s["files"])), render.visible("\n".join(_grants(s["grants"])), newlines=True)]
+            for s in skills]  # fmt: skip
+    render.table(("AGENT", "SKILL", "VERSION", "SIGNER", "FILES", "GRANTS"), rows,
+                 legend=not args.no_legend)  # fmt: skip
     return exitcodes.OK
 
 
@@ -151,17 +141,16 @@ def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print(json.dumps(found, indent=2))
         return exitcodes.OK
-    console = render.console()
-    table = Table(show_header=False, box=None)
-    for key in ("agent", "name", "version", "signer", "manifest_sha256"):
-        table.add_row(key, escape(str(found[key])))
-    table.add_row("description", escape(render.visible(found["description"], newlines=True)))
-    table.add_row("grants", escape("\n".join(_grants(found["grants"])) or "none"))
-    console.print(table)
-    files = Table("PATH", "BYTES", "SHA256")
-    for f in found["files"]:
-        files.add_row(escape(f["path"]), str(f["size"]), f["sha256"])
-    console.print(files)
+    rows: list[tuple[str, render.Cell]] = [
+        (key, render.visible(str(found[key])))
+        for key in ("agent", "name", "version", "signer", "manifest_sha256")
+    ]
+    rows.append(("description", render.visible(found["description"], newlines=True)))
+    rows.append(("grants", render.visible("\n".join(_grants(found["grants"])) or "none",
+                                          newlines=True)))  # fmt: skip
+    render.fields(rows)
+    files = [[render.visible(f["path"]), str(f["size"]), f["sha256"]] for f in found["files"]]
+    render.table(("PATH", "BYTES", "SHA256"), files, legend=not args.no_legend)
     return exitcodes.OK
 
 

@@ -3,8 +3,8 @@ endpoints reach which agent, and who may talk to it and approve its changes.
 
 Both are read from the agent's view the daemon already returns (``Agent.view_json``); they are
 changed only by approved ``wiring`` and ``permissions`` changes (``ironctl change submit --kind
-wiring --payload …``, docs/channels.md). Every value is shown escaped: a pattern's brackets are
-text, not terminal markup.
+wiring --payload …``, docs/channels.md). Every value is shown as text: a pattern's brackets
+are not terminal markup.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Any
-
-from rich.markup import escape
-from rich.table import Table
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
@@ -37,20 +34,19 @@ def permissions_of(agent: admin_pb2.Agent) -> dict[str, Any]:
 
 
 def _shown(text: str) -> str:
-    return escape(render.visible(text)) if text else "-"
+    return render.visible(text)
 
 
-def _routes_table(rows: list[dict[str, Any]], with_agent: bool) -> Table:
-    table = Table()
+def _routes_table(args: argparse.Namespace, rows: list[dict[str, Any]], with_agent: bool) -> None:
     columns = ["AGENT"] if with_agent else []
-    for column in (*columns, "CHANNEL", "WHERE", "ENGAGE", "SESSIONS", "REPLY_URL"):
-        table.add_column(column, overflow="fold")
+    cells = []
     for r in rows:
         engage = r["engage"] + (f" {r['pattern']}" if r["pattern"] else "")
-        cells = [r["agent"]] if with_agent else []
-        table.add_row(*(_shown(c) for c in (*cells, r["channel"], r["where"], engage,
-                                             r["sessions"], r["reply_url"])))  # fmt: skip
-    return table
+        first = [r["agent"]] if with_agent else []
+        cells.append([_shown(c) for c in (*first, r["channel"], r["where"], engage,
+                                          r["sessions"], r["reply_url"])])  # fmt: skip
+    render.table((*columns, "CHANNEL", "WHERE", "ENGAGE", "SESSIONS", "REPLY_URL"), cells,
+                 legend=not args.no_legend)  # fmt: skip
 
 
 def cmd_wiring_list(args: argparse.Namespace, stub: Stub) -> int:
@@ -60,9 +56,10 @@ def cmd_wiring_list(args: argparse.Namespace, stub: Stub) -> int:
         print(json.dumps({"routes": rows}, indent=2))
         return exitcodes.OK
     if not rows:
-        print("no agent is wired to a channel (ironctl change submit --kind wiring ...)")
+        if not args.no_legend:
+            print("no agent is wired to a channel (ironctl change submit --kind wiring ...)")
         return exitcodes.OK
-    render.console().print(_routes_table(rows, with_agent=True))
+    _routes_table(args, rows, with_agent=True)
     return exitcodes.OK
 
 
@@ -78,9 +75,10 @@ def cmd_wiring_show(args: argparse.Namespace, stub: Stub) -> int:
         print(json.dumps({"agent": agent.name, "routes": rows}, indent=2))
         return exitcodes.OK
     if not rows:
-        print(f"agent {render.visible(agent.name)} is wired to no channel")
+        if not args.no_legend:
+            print(f"agent {render.visible(agent.name)} is wired to no channel")
         return exitcodes.OK
-    render.console().print(_routes_table(rows, with_agent=False))
+    _routes_table(args, rows, with_agent=False)
     return exitcodes.OK
 
 
@@ -91,21 +89,17 @@ def cmd_permissions_show(args: argparse.Namespace, stub: Stub) -> int:
         print(json.dumps({"agent": agent.name, **perms}, indent=2))
         return exitcodes.OK
     hosts = [a for a in perms["allow"] if a.startswith(("user:", "group:"))]
-    table = Table(show_header=False, box=None)
-    table.add_row("agent", _shown(agent.name))
-    table.add_row("allow", escape(", ".join(render.visible(a) for a in perms["allow"])) or "-")
-    table.add_row("unknown senders", perms["unknown"])
-    table.add_row(
-        "ironctl send",
-        "only " + escape(", ".join(hosts)) if hosts else "any ironclaw-admin member",
-    )
     approvers = perms["approvers"]
-    table.add_row(
-        "approvers",
-        escape(", ".join(f"{k}: group {g}" for k, g in sorted(approvers.items())))
-        or "any ironclaw-admin member",
-    )
-    render.console().print(table)
+    render.fields([
+        ("agent", _shown(agent.name)),
+        ("allow", ", ".join(render.visible(a) for a in perms["allow"])),
+        ("unknown senders", render.visible(perms["unknown"])),
+        ("ironctl send", "only " + render.visible(", ".join(hosts)) if hosts
+         else "any ironclaw-admin member"),
+        ("approvers", render.visible(", ".join(f"{k}: group {g}"
+                                               for k, g in sorted(approvers.items())))
+         or "any ironclaw-admin member"),
+    ])  # fmt: skip
     return exitcodes.OK
 
 

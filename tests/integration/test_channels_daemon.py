@@ -192,11 +192,11 @@ def test_channel_commands_and_doctor(world: World) -> None:
     (listed,) = ctl(world.sysd, "channel", "list")["channels"]
     assert (listed["name"], listed["kind"], listed["connected"]) == ("hooks", "webhook", True)
     shown = ctl(world.sysd, "channel", "show", "hooks")
-    assert int(shown["deliveries"]["delivered"]) >= 1, shown
+    assert shown["deliveries"]["delivered"] >= 1, shown
     assert f"127.0.0.1:{world.port}" in shown["detail"], shown
     assert ctl(world.sysd, "channel", "test", "hooks")["detail"]
     checks = ctl(world.sysd, "doctor", "--only", "channel.")["checks"]
-    assert [(c["name"], c["status"]) for c in checks] == [("channel.hooks", "CHECK_STATUS_PASS")]
+    assert [(c["name"], c["status"]) for c in checks] == [("channel.hooks", "pass")]
     proc = world.sysd.run(["ironctl", "channel", "show", "nope", "--json"])
     assert proc.returncode != 0
     assert "channel 'nope' not found" in out(proc)

@@ -40,11 +40,8 @@ SETTLED = {"running", "stopped", "failed"}
 
 
 def states_of(sysd: Any) -> dict[str, str]:
-    """{sid: state} of every session (``session list`` names states SESSION_STATE_X)."""
-    return {
-        s["sid"]: str(s["state"]).lower().removeprefix("session_state_")
-        for s in list_sessions(sysd)
-    }
+    """{sid: state} of every session."""
+    return {s["sid"]: s["state"] for s in list_sessions(sysd)}
 
 
 READY_BOUND = 40.0  # seconds from the kill to READY=1 (TimeoutStartSec is 60)

@@ -161,5 +161,6 @@ def test_operator_registers_probes_grants_and_the_real_clients_call_the_time_ser
     assert json.loads(d["now"]["text"])["timezone"] == "UTC", d["now"]
     # Unregistering drops the server and its grants.
     _approve(daemon, _ctl(daemon, "mcp", "remove", "time", "--agent", "demo"))
-    assert _ctl(daemon, "mcp", "list", "--agent", "demo") == {}
+    assert _ctl(daemon, "mcp", "list", "--agent", "demo") == {
+        "agent": "demo", "servers": [], "grants": []}  # fmt: skip
     assert _ctl(daemon, "status")["state"] == "running"

@@ -234,7 +234,7 @@ def test_create_starts_a_runsc_sandbox_in_its_unit_netns_and_limits(clean: Any) 
     listed = out(sysd.run(["systemctl", "list-units", "--plain", "--no-legend", "ironclaw-sbx-*"]))
     assert re.search(rf"^{re.escape(unit)}\s+loaded\s+active\s+running\b", listed, re.M), listed
     listed_sessions = list_sessions(sysd)
-    assert [(s["sid"], s["state"]) for s in listed_sessions] == [(sid, "SESSION_STATE_RUNNING")]
+    assert [(s["sid"], s["state"]) for s in listed_sessions] == [(sid, "running")]
 
     # The unit's main process is runsc, started in the session's netns; every process of the
     # sandbox (runsc, gofer, sandbox and its stubs) is in the unit's cgroup.

@@ -141,16 +141,23 @@ def test_a_closed_pipe_ends_quietly_with_141(
     assert capsys.readouterr().err == ""
 
 
-def test_a_closed_pipe_under_a_rich_table_ends_with_141_too(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+class ClosedTerminal(ClosedPipe):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stdout", [ClosedPipe, ClosedTerminal])
+def test_a_closed_pipe_under_a_table_ends_with_141_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, stdout: type[ClosedPipe]
 ) -> None:
-    # rich turns a closed pipe into a silent exit 1 unless told otherwise.
+    # rich (the table on a terminal) turns a closed pipe into a silent exit 1 unless told
+    # otherwise; plain columns off a terminal are print()s.
     def listing(args: Any, stub: Any) -> int:
-        render.sessions([], {})
+        render.sessions([])
         return exitcodes.OK
 
     monkeypatch.setattr(sessions, "cmd_list", listing)
-    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    monkeypatch.setattr("sys.stdout", stdout())
     assert main(["session", "list"]) == exitcodes.PIPE_CLOSED
     assert capsys.readouterr().err == ""
 
