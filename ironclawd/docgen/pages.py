@@ -30,8 +30,9 @@ def ironctl_page(parser: argparse.ArgumentParser, date: str) -> str:
     for option in common_options(parser):
         out += roff.tagged(_option_tag(option), option.help)
     out += roff.section("COMMANDS")
-    out += [".PP", "Every command also takes \\fB\\-\\-json\\fR, \\fB\\-\\-socket\\fR,"
-            " \\fB\\-\\-timeout\\fR and \\fB\\-h\\fR (see \\fBOPTIONS\\fR)."]  # fmt: skip
+    out += [".PP", "Every command also takes \\fB\\-\\-json\\fR, \\fB\\-\\-no\\-legend\\fR,"
+            " \\fB\\-\\-socket\\fR, \\fB\\-\\-timeout\\fR and \\fB\\-h\\fR"
+            " (see \\fBOPTIONS\\fR)."]  # fmt: skip
     for top in root.children:
         out += roff.subsection(top.name)
         if top.children:
