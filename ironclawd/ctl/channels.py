@@ -18,9 +18,13 @@ HELD_TEXT = 200  # characters of a held message shown in the table
 
 
 def _shown(text: str, limit: int = 0) -> str:
+    """Text from outside, made visible; past ``limit`` characters cut at a word boundary (a
+    first word longer than that is kept whole: a table never splits a word)."""
     text = render.visible(text)
     if limit and len(text) > limit:
-        text = text[:limit] + "…"
+        cut = text.rfind(" ", 0, limit + 1)
+        end = cut if cut > 0 else len(text.split(" ", 1)[0])
+        text = text[:end].rstrip() + "…" if end < len(text) else text
     return text
 
 

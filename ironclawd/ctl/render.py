@@ -31,7 +31,7 @@ Cell = str | tuple[str, str]
 GAP = "  "  # between plain columns
 EMPTY = "-"  # an empty cell, so that every row has every column
 
-# The JSON spelling of each check status (common.enum_name), and how a terminal colours it.
+# The JSON spelling of each check status (shapes.enum_name), and how a terminal colours it.
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl import channels, exitcodes, render
 from ironclawd.ctl.main import main
 from tests.unit import ctl_world as world
 
@@ -136,3 +136,10 @@ def test_fit_keeps_every_column_at_least_its_widest_word() -> None:
     widths = fit([10, 30], [4, 4], 20)
     assert sum(widths) <= 20
     assert min(widths) >= 4
+
+
+def test_long_held_text_and_errors_are_cut_between_words() -> None:
+    shown: Any = channels._shown
+    assert shown("hello world this is long", 12) == "hello world…"
+    assert shown("A" * 30, 10) == "A" * 30  # one word: kept whole
+    assert shown("short", 10) == "short"
