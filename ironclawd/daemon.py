@@ -63,12 +63,13 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         netns = NetnsAdapter()
+        wired = wire(self._config, netns)
+        sessions, control = wired.sessions, wired.control
         doctor = Doctor(
             config_path=self._config_path, config=self._config, netns=netns,
             units=SystemdUnitManager(), probes=HostProbeSet(), clock=SystemClock(),
+            platform_in_use=lambda: sessions.lifecycle.platform,
         )  # fmt: skip
-        wired = wire(self._config, netns)
-        sessions, control = wired.sessions, wired.control
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)
         await wired.sandbox_api.start()
         await wired.mcp.close()  # MCP server units an earlier run left behind

@@ -25,7 +25,7 @@ from ironclawd.bundle.writer import BundleDirs
 from ironclawd.config import Config
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID, BUILTIN
 from ironclawd.domain.channels import ChannelConfig
-from ironclawd.domain.checks import CheckResult
+from ironclawd.domain.checks import CheckResult, Status
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host import probes, runsc
@@ -391,11 +391,17 @@ class HostProbeSet:
 
 
 def _runtime(config: Config) -> SandboxRuntime:
+    def trial(platform: str) -> str | None:
+        # The doctor's trial: a trivial sandbox in a unit hardened like a session's (~0.2 s).
+        result = probes.probe_platform(SystemdUnitManager(), config.sandbox.runsc, platform)
+        return None if result.status is Status.PASS else result.detail
+
     try:
         info = runsc.detect(config.sandbox.runsc)
-        platform = runsc.choose_platform(config.sandbox.platform, info)
+        platform, why = runsc.choose_working_platform(config.sandbox.platform, info, trial)
     except IronclawError as exc:
         log.error("runsc unavailable: %s", exc, extra=message_id(MessageId.SANDBOX_UNAVAILABLE))
         return UnavailableRuntime(str(exc))
+    log.info("runsc %s: platform %s (%s)", info.version, platform, why)
     ensure_private_dir(paths.RUN_DIR, 0o755)
     return RunscRuntime(info, paths.RUN_DIR / "runsc", platform)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from pystemd.systemd1 import Manager
 
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import HostError
-from ironclawd.host.runsc import RunscInfo, detect
+from ironclawd.host.runsc import RunscInfo, detect, extra_capabilities
 from ironclawd.ports import UnitManager, UnitSpec
 
 RUNSC_TRY_TIMEOUT = 20.0
@@ -52,7 +53,13 @@ def probe_runsc(runsc: Path) -> tuple[CheckResult, RunscInfo | None]:
     return passed(name, f"{runsc} {info.version}"), info
 
 
-def probe_platform(units: UnitManager, runsc: Path, platform: str) -> CheckResult:
+def probe_platform(
+    units: UnitManager,
+    runsc: Path,
+    platform: str,
+    *,
+    detect_runsc: Callable[[Path], RunscInfo] = detect,
+) -> CheckResult:
     """Run a trivial sandbox (``runsc do /bin/true``, no network) on one platform, in a transient
     unit hardened like a session's (host/hardening.py): the daemon's own unit lets runsc do too
     little, and a platform must work where the sandboxes will run."""
@@ -61,8 +68,12 @@ def probe_platform(units: UnitManager, runsc: Path, platform: str) -> CheckResul
     argv = [str(runsc), "--root=/tmp", "--network=none", f"--platform={platform}",
             "--ignore-cgroups", "do", "/bin/true"]  # fmt: skip
     # inactive: a unit that succeeded is collected at once, one that failed stays with its result.
+    try:
+        extra = extra_capabilities(detect_runsc(runsc))
+    except HostError as exc:
+        return failed(name, str(exc), "apt-get install runsc", required=False)
     spec = UnitSpec(unit, argv, f"IronClaw doctor: runsc on {platform}", None,
-                    collect_mode="inactive")  # fmt: skip
+                    collect_mode="inactive", extra_capabilities=extra)  # fmt: skip
     try:
         units.start_transient(spec, RUNSC_TRY_TIMEOUT)
         state = units.wait_inactive(unit, RUNSC_TRY_TIMEOUT)

@@ -98,6 +98,45 @@ def choose_platform(configured: str, info: RunscInfo) -> str:
     return configured
 
 
+# The newest runsc known to start its gofer under SANDBOX_CAPABILITIES alone (Debian 12's).
+_LAST_WITHOUT_SETFCAP = 20221219
+
+
+def extra_capabilities(info: RunscInfo) -> tuple[str, ...]:
+    """Capabilities this runsc needs in its unit beyond host/hardening.py's set.
+
+    runsc 20240729 (Debian 13) maps uid 0 into the gofer's user namespace from the parent, and
+    since Linux 5.12 writing a uid_map that maps root needs CAP_SETFCAP: without it the gofer
+    fails "fork/exec /proc/self/exe: operation not permitted". 20221219 runs without it, so it
+    is granted only to a runsc newer than that (or of unknown date).
+    """
+    if info.release_date is not None and info.release_date <= _LAST_WITHOUT_SETFCAP:
+        return ()
+    return ("CAP_SETFCAP",)
+
+
+def choose_working_platform(
+    configured: str, info: RunscInfo, trial: Callable[[str], str | None]
+) -> tuple[str, str]:
+    """(platform, why): like ``choose_platform``, but ``auto`` takes a platform preferred over
+    ptrace only if ``trial(name)`` (a trivial sandbox on it) returns None, not a reason it
+    failed. The last candidate is taken untried: with nothing left, doctor says why it fails.
+    """
+    if configured != "auto":
+        return choose_platform(configured, info), "configured"
+    offered = [name for name in AUTO_ORDER if name in info.platforms]
+    if not offered:
+        choose_platform(configured, info)  # raises, naming what runsc offers
+    skipped = []
+    for name in offered[:-1]:
+        reason = trial(name)
+        if reason is None:
+            return name, f"auto: {name} offered and a trial sandbox ran on it"
+        skipped.append(f"{name} failed its trial: {reason}")
+    why = "; ".join(skipped) or f"runsc {info.version} offers no {AUTO_ORDER[0]}"
+    return offered[-1], f"auto: {offered[-1]} ({why})"
+
+
 def _check_id(container_id: str) -> str:
     if not _CONTAINER_ID_RE.fullmatch(container_id):
         raise InvalidArgument(f"container id {container_id!r}: expected [A-Za-z0-9_.-], <= 128")

@@ -30,6 +30,7 @@ class Doctor:
         units: UnitManager,
         probes: HostProbes,
         clock: Clock,
+        platform_in_use: Callable[[], str] | None = None,
     ) -> None:
         self._config_path = config_path
         self._config = config
@@ -37,6 +38,9 @@ class Doctor:
         self._units = units
         self._probes = probes
         self._clock = clock
+        # The platform the daemon's sandboxes run on ("" when runsc is unusable); None: doctor
+        # reports what it would choose from its own trials.
+        self._platform_in_use = platform_in_use
 
     async def run(self) -> list[CheckResult]:
         runsc = self._config.sandbox.runsc
@@ -76,13 +80,29 @@ class Doctor:
             if r.name.startswith("runsc.platform.") and r.status is Status.PASS
         ]
         configured = self._config.sandbox.platform
-        chosen = (
+        in_use = self._platform_in_use() if self._platform_in_use is not None else ""
+        chosen = in_use or (
             configured
             if configured != "auto"
             else next((p for p in ("systrap", "ptrace") if p in working), "")
         )
         if chosen and chosen in working:
-            return passed("runsc.platform", f"will use '{chosen}' (working: {', '.join(working)})")
+            # ("will use" is what tests/redteam/report.py reads.)
+            detail = f"will use '{chosen}' ({'in use; ' if in_use else ''}working: "
+            detail += f"{', '.join(working)})"
+            # A faster platform runsc offers but the daemon does not use: say why.
+            for r in results:
+                if r.name == "runsc.platform.systrap" and chosen != "systrap":
+                    detail += f"; systrap not used: {r.detail}"
+            return passed("runsc.platform", detail)
+        if in_use:
+            return failed(
+                "runsc.platform",
+                f"the daemon uses '{in_use}', which failed its trial (working: "
+                f"{', '.join(working) or 'none'})",
+                "see the platform checks above; set sandbox.platform, then systemctl restart "
+                "ironclawd",
+            )
         return failed(
             "runsc.platform",
             f"no usable platform (offered: {', '.join(offered) or 'none'}; configured: "

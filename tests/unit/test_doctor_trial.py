@@ -7,11 +7,20 @@ from pathlib import Path
 
 from ironclawd.domain.checks import Status
 from ironclawd.errors import HostError
+from ironclawd.host.hardening import capability_mask
 from ironclawd.host.probes import probe_platform
+from ironclawd.host.runsc import RunscInfo
 from ironclawd.host.systemd import build_properties
 from ironclawd.ports import UnitSpec, UnitState
 
 RUNSC = Path("/usr/bin/runsc")
+
+
+def runsc_of(date: int) -> RunscInfo:
+    return RunscInfo(RUNSC, f"0.0~{date}.0", date, ("ptrace", "systrap"), frozenset())
+
+
+DEBIAN_12 = runsc_of(20221219)
 
 
 class Units:
@@ -44,7 +53,7 @@ class Units:
 
 def test_a_collected_unit_passed_and_ran_hardened_without_the_hosts_network() -> None:
     units = Units(final=None)
-    result = probe_platform(units, RUNSC, "ptrace")
+    result = probe_platform(units, RUNSC, "ptrace", detect_runsc=lambda _: DEBIAN_12)
     assert result.status is Status.PASS, result
     [spec] = units.specs
     assert spec.name.startswith("ironclaw-doctor-ptrace-")
@@ -64,7 +73,7 @@ def test_a_collected_unit_passed_and_ran_hardened_without_the_hosts_network() ->
 
 def test_a_failed_unit_is_a_failed_check_naming_result_and_journal() -> None:
     units = Units(final=UnitState("x.service", "failed", "failed", 0, "exit-code"))
-    result = probe_platform(units, RUNSC, "systrap")
+    result = probe_platform(units, RUNSC, "systrap", detect_runsc=lambda _: DEBIAN_12)
     assert result.status is Status.FAIL
     assert not result.required
     assert "exit-code" in result.detail
@@ -75,7 +84,37 @@ def test_a_failed_unit_is_a_failed_check_naming_result_and_journal() -> None:
 
 def test_a_unit_that_cannot_start_is_stopped_and_reported() -> None:
     units = Units(final=None, start_error="starting unit x: job failed: failed")
-    result = probe_platform(units, RUNSC, "ptrace")
+    result = probe_platform(units, RUNSC, "ptrace", detect_runsc=lambda _: DEBIAN_12)
     assert result.status is Status.FAIL
     assert "job failed" in result.detail
     assert units.stopped == [units.specs[0].name]
+
+
+def test_the_trial_unit_grants_what_this_runsc_needs() -> None:
+    """Debian 13's runsc needs CAP_SETFCAP to map root into its gofer's user namespace; Debian
+    12's runs without it and keeps the tighter set."""
+    masks = {}
+    for date in (20221219, 20240729):
+        units = Units(final=None)
+        found = runsc_of(date)
+
+        def detect(_: Path, found: RunscInfo = found) -> RunscInfo:
+            return found
+
+        result = probe_platform(units, RUNSC, "ptrace", detect_runsc=detect)
+        assert result.status is Status.PASS, result
+        props = {name: value for name, _, value in build_properties(units.specs[0])}
+        masks[date] = props["CapabilityBoundingSet"]
+    assert masks[20240729] == masks[20221219] | capability_mask(["CAP_SETFCAP"])
+    assert not masks[20221219] & capability_mask(["CAP_SETFCAP"])
+
+
+def test_a_runsc_that_cannot_be_read_is_a_failed_trial() -> None:
+    def broken(_: Path) -> RunscInfo:
+        raise HostError("reading runsc version: no such file")
+
+    units = Units(final=None)
+    result = probe_platform(units, RUNSC, "systrap", detect_runsc=broken)
+    assert result.status is Status.FAIL
+    assert "no such file" in result.detail
+    assert not units.specs

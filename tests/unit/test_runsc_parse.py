@@ -89,6 +89,44 @@ def test_explicit_platform_must_be_offered() -> None:
         runsc.choose_platform("systrap", info(("kvm", "ptrace")))
 
 
+def test_auto_takes_systrap_only_when_its_trial_runs() -> None:
+    tried: list[str] = []
+
+    def works(name: str) -> str | None:
+        tried.append(name)
+        return None
+
+    def fails(name: str) -> str | None:
+        tried.append(name)
+        return "trivial sandbox failed (exit-code)"
+
+    debian_13 = info(("ptrace", "kvm", "systrap"))
+    assert runsc.choose_working_platform("auto", debian_13, works) == (
+        "systrap",
+        "auto: systrap offered and a trial sandbox ran on it",
+    )
+    assert tried == ["systrap"]  # ptrace, the last resort, and kvm are never tried
+    platform, why = runsc.choose_working_platform("auto", debian_13, fails)
+    assert platform == "ptrace"
+    assert "systrap failed its trial: trivial sandbox failed (exit-code)" in why
+    tried.clear()
+    platform, why = runsc.choose_working_platform("auto", info(("kvm", "ptrace")), fails)
+    assert (platform, tried) == ("ptrace", [])
+    assert "offers no systrap" in why
+    assert runsc.choose_working_platform("ptrace", debian_13, fails) == ("ptrace", "configured")
+    assert tried == []  # a configured platform is the operator's: doctor reports on it
+    with pytest.raises(HostError, match="none of"):
+        runsc.choose_working_platform("auto", info(("kvm",)), works)
+
+
+def test_setfcap_only_for_runsc_newer_than_debian_12s() -> None:
+    assert runsc.extra_capabilities(info()) == ()
+    newer = replace(info(), version="0.0~20240729.0", release_date=20240729)
+    assert runsc.extra_capabilities(newer) == ("CAP_SETFCAP",)
+    unknown = replace(info(), version="custom", release_date=None)
+    assert runsc.extra_capabilities(unknown) == ("CAP_SETFCAP",)
+
+
 def test_argv_has_network_none_and_host_uds_open() -> None:
     argv = runsc.runsc_argv(
         info(), root=Path("/run/ironclaw/runsc"), bundle=Path("/var/lib/ironclaw/bundles/ab12"),
