@@ -10,6 +10,7 @@ import shtab
 HEADER = "# Generated from ironctl's parser by scripts/gen-cli-docs (make docs): do not edit.\n"
 # Arguments that name a file or folder on this host: completed as paths.
 _PATHS = {"path", "report", "pubkey", "signature", "key", "socket"}
+_PATH_METAVARS = {"FILE", "PATH", "DIR"}
 
 
 def bash(parser: argparse.ArgumentParser) -> str:
@@ -31,6 +32,6 @@ def _with_paths(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 _with_paths(child)
-        elif action.dest in _PATHS:
+        elif action.dest in _PATHS or action.metavar in _PATH_METAVARS:
             action.complete = shtab.FILE  # type: ignore[attr-defined]
     return parser

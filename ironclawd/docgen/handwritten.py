@@ -74,6 +74,18 @@ EXIT_STATUS: tuple[tuple[int, str], ...] = (
     ),
 )
 
+# A first session, after the examples of ironctl --help.
+CTL_TOUR = (
+    "ironctl doctor                                  # can this host run sandboxes?",
+    "ironctl session create --agent demo --json      # a sandboxed session; note its sid",
+    "ironctl chat SID                                # talk to the agent",
+    "ironctl change pending                          # what the agent (or a colleague) asked for",
+    "ironctl change show ID                          # the diff a decision is about",
+    "ironctl change approve ID                       # or: ironctl change reject ID --note WHY",
+    "ironctl audit verify                            # the tamper-evident record of all of it",
+    "ironctl session stop SID && ironctl session rm SID",
+)
+
 CTL_ERRORS = (
     "With `--json`, errors are printed on standard output as one line,"
     ' `{"error": {"code": "PERMISSION_DENIED", "message": "...", "exit": 4}}`, and nothing on'

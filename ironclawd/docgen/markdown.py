@@ -38,6 +38,7 @@ def ironctl_markdown(parser: argparse.ArgumentParser) -> str:
             out += ["", f"### {leaf.name}", ""]
             out += _leaf(leaf)
     out += ["", "## Examples", "", "```", *root.examples, "```"]
+    out += ["", "A first session:", "", "```", *hw.CTL_TOUR, "```"]
     out += ["", "## Exit codes", "", "| code | meaning |", "|---|---|"]
     out += [f"| {code} | {_cell(text)} |" for code, text in hw.EXIT_STATUS]
     out += ["", "## Errors", ""]

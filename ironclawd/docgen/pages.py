@@ -46,6 +46,8 @@ def ironctl_page(parser: argparse.ArgumentParser, date: str) -> str:
             out += _leaf(top)
     out += roff.section("EXAMPLES")
     out += roff.literal(root.examples)
+    out += roff.paragraph("A first session:")
+    out += roff.literal(hw.CTL_TOUR)
     out += _exit_status(hw.EXIT_STATUS)
     out += roff.section("DIAGNOSTICS")
     for text in hw.CTL_ERRORS:

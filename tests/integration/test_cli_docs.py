@@ -72,6 +72,7 @@ def test_bash_completes_every_command_and_option() -> None:
 def test_bash_completes_paths_for_files() -> None:
     assert "docs/man" in _complete("ironctl", "skill", "verify", "--pubkey", "docs/m")
     assert "docs/man" in _complete("ironctl", "containment", "verify", "docs/m")
+    assert "docs/man" in _complete("ironctl", "change", "submit", "--persona-file", "docs/m")
 
 
 def test_check_docs_names_the_stale_file_and_the_fix(tmp_path: Path) -> None:

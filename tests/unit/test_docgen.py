@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,15 @@ def test_the_date_is_the_release_date() -> None:
     assert '.TH IRONCLAWD 8 "2026-11-30"' in pages.ironclawd_page(
         daemon.build_parser(), DATE, CATALOG
     )
+
+
+def test_the_tour_parses() -> None:
+    # The hand-written first session must stay valid ironctl: each command parses as written.
+    for line in handwritten.CTL_TOUR:
+        for command in line.split("#")[0].split("&&"):
+            words = shlex.split(command.replace("SID", "abcdef12").replace(" ID", " 1"))
+            assert words[0] == "ironctl"
+            assert build_parser().parse_args(words[1:]).func, command
 
 
 def test_every_exit_code_is_documented() -> None:
