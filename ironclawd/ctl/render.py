@@ -55,7 +55,8 @@ class _Console(Console):
 
 
 def _text(cell: Cell) -> str:
-    return cell if isinstance(cell, str) else cell[0]
+    # A tab would throw columns out of line (and rich expands it past the width measured).
+    return (cell if isinstance(cell, str) else cell[0]).replace("\t", " ")
 
 
 def _style(cell: Cell) -> str:
@@ -142,11 +143,11 @@ def _rich_table(
     """rich's table with column widths chosen here: rich would narrow a column below its widest
     word and then fold that word; here no column is narrower than its widest word, and when
     those do not fit the screen the table is wider than the screen (the terminal wraps it)."""
-    width = len(rows[0]) if rows else len(headers)
-    if width == 0:
-        return
     texts = [[_text(c) or EMPTY for c in row] for row in rows]
     shown = [list(headers), *texts] if legend and headers else texts
+    if not shown:  # no rows, and no header asked for
+        return
+    width = len(shown[0])
     natural = [max(cell_len(line) for row in shown for line in row[i].split("\n"))
                for i in range(width)]  # fmt: skip
     least = [max(_words(row[i]) for row in shown) for i in range(width)]

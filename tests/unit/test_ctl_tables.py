@@ -113,6 +113,8 @@ def test_an_empty_listing_says_so_only_with_the_legend(
         "no sessions (create one: ironctl session create --agent demo)",
     ]
     assert run([*argv["session list"], "--no-legend"]) == ""
+    assert run([*argv["session list"], "--no-legend"], Terminal()) == ""
+    assert "no sessions" in run(argv["session list"], Terminal())
 
 
 @pytest.mark.parametrize("name", [*sorted(LISTINGS), "change show", "skill show", "agent show"])
