@@ -142,10 +142,7 @@ class AptPackageImages:
             files = [f"/{p.relative_to(self._base)}" for p in _base_libraries(self._base)]
             if files:
                 # Exit 1 when some file is no package's (then it adds nothing to the status).
-                out = _host(["dpkg", "-S", *files], ok=(0, 1))
-                for line in out.splitlines():
-                    names, _, _path = line.partition(": ")
-                    owners.update(n.strip().split(":")[0] for n in names.split(","))
+                owners = owners_of(_host(["dpkg", "-S", *files], ok=(0, 1)))
             fields = "${Package}\t${Version}\t${Architecture}\t${Multi-Arch}\n"
             rows = _host(["dpkg-query", "-W", f"-f={fields}", *sorted(owners)]) if owners else ""
             packages = []
@@ -214,6 +211,21 @@ def _base_libraries(base: Path) -> list[Path]:
         if root.is_dir():
             out += [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
     return out
+
+
+def owners_of(dpkg_s: str) -> set[str]:
+    """The package names in ``dpkg -S FILE...`` output ("libc6:amd64, libfoo: /path" a line).
+
+    Lines about diversions are not owners: Debian 13's libc6 diverts /lib64/ld-linux-x86-64.so.2
+    (usrmerge), and ``dpkg -S`` prints "diversion by libc6 from: /lib64/..." before the owner.
+    """
+    owners: set[str] = set()
+    for line in dpkg_s.splitlines():
+        names, _, _path = line.partition(": ")
+        if names.startswith("diversion by "):
+            continue
+        owners.update(n.strip().split(":")[0] for n in names.split(","))
+    return owners
 
 
 def _host(argv: list[str], ok: tuple[int, ...] = (0,)) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ironclawd.bundle.packages import owners_of
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import Change, ChangeState, agent_view, parse_change
 from ironclawd.errors import InvalidArgument, PolicyDenied
@@ -98,3 +99,14 @@ def test_a_shorter_list_revokes_and_the_stored_form_parses_again(tmp_path: Path)
     assert w.approve(revoke).state is ChangeState.APPLIED
     assert w.registry["demo"].packages == ()
     assert "packages" not in (agent_view(w.registry["demo"]) or {})
+
+
+def test_dpkg_s_owners_skip_diversions() -> None:
+    """Debian 13: libc6 diverts the dynamic loader, and dpkg -S says so before the owner."""
+    out = (
+        "diversion by libc6 from: /lib64/ld-linux-x86-64.so.2\n"
+        "diversion by libc6 to: /lib64/ld-linux-x86-64.so.2.usr-is-merged\n"
+        "libc6:amd64: /lib64/ld-linux-x86-64.so.2\n"
+        "zlib1g:amd64, libfoo: /usr/lib/x86_64-linux-gnu/libz.so.1\n"
+    )
+    assert owners_of(out) == {"libc6", "zlib1g", "libfoo"}
