@@ -30,8 +30,8 @@ test-unit: venv
 	$(PY) -m pytest -q tests/unit tests/contract
 
 # The whole suite: unit tier on the host, then integration/redteam/e2e against a private systemd.
-# The e2e tier builds the .deb and installs it on a debootstrapped Debian (~2.5 min cold, ~30 s
-# warm; network to the Debian mirror): IRONCLAW_E2E=0 skips it.
+# The e2e tier builds the .deb of each suite and installs it on a debootstrapped Debian 12 and 13
+# (network to the Debian mirror): IRONCLAW_E2E=0 skips it.
 test: check probe mcp-venv synapse-venv
 	rm -f results/containment-report.json results/containment-report.json.minisig
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 $(wildcard tests/integration tests/redteam tests/e2e)
@@ -51,9 +51,11 @@ deb:
 	scripts/install-deps
 	packaging/build-deb
 
-# The .deb installed, run and purged on a clean Debian 12 under a private systemd.
-e2e: venv deb
-	IRONCLAW_E2E_DEB=$$(ls dist/ironclaw_*.deb) $(PY) -m pytest -q -p no:cacheprovider tests/e2e
+# The .deb of each suite installed, run, reloaded, restarted, upgraded, removed and purged on a
+# clean Debian 12 and 13 under a private systemd (the test builds each with
+# packaging/build-deb --suite, cached; IRONCLAW_E2E_DEB_BOOKWORM/_TRIXIE name prebuilt ones).
+e2e: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/e2e
 
 agent: venv
 	packaging/build-agent
