@@ -21,7 +21,7 @@ Property = tuple[str, str, Any]
 CAPABILITIES: Final[dict[str, int]] = {
     "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3,
     "CAP_FSETID": 4, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18,
-    "CAP_SYS_ADMIN": 21, "CAP_SETFCAP": 31,
+    "CAP_SYS_ADMIN": 21,
 }  # fmt: skip
 # What `runsc run` needs as root, each found by taking it away (runsc 20221219, ptrace): the
 # gofer keeps CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID and SYS_CHROOT (0x4001f);
@@ -94,22 +94,15 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def sandbox_properties(
-    writable: Sequence[str], extra_capabilities: Sequence[str] = ()
-) -> list[Property]:
+def sandbox_properties(writable: Sequence[str]) -> list[Property]:
     """The hardening properties of a sandbox unit whose runsc must write only ``writable``
-    (its state root, the session's outbound queue, read-write grants); ``extra_capabilities``:
-    what the installed runsc needs beyond SANDBOX_CAPABILITIES (host/runsc.py decides)."""
+    (its state root, the session's outbound queue, read-write grants)."""
     # A grant below /home may be read-write: ProtectHome=yes would hide it (systemd drops
     # ReadWritePaths= below an inaccessible directory), read-only lets ReadWritePaths= reopen it.
     home = "read-only" if any(_under(p, paths.HOME_DIRS) for p in writable) else "yes"
     return [
         ("NoNewPrivileges", "b", True),
-        (
-            "CapabilityBoundingSet",
-            "t",
-            capability_mask([*SANDBOX_CAPABILITIES, *extra_capabilities]),
-        ),
+        ("CapabilityBoundingSet", "t", capability_mask(SANDBOX_CAPABILITIES)),
         ("AmbientCapabilities", "t", 0),
         ("RestrictNamespaces", "t", namespace_mask(SANDBOX_NAMESPACES)),
         # runsc's processes talk over socketpairs and Unix sockets; with --network=none the

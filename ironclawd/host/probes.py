@@ -11,7 +11,7 @@ from pystemd.systemd1 import Manager
 
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import HostError
-from ironclawd.host.runsc import RunscInfo, detect, extra_capabilities
+from ironclawd.host.runsc import RunscInfo, detect, filesystem_flags
 from ironclawd.ports import UnitManager, UnitSpec
 
 RUNSC_TRY_TIMEOUT = 20.0
@@ -65,15 +65,16 @@ def probe_platform(
     little, and a platform must work where the sandboxes will run."""
     name = f"runsc.platform.{platform}"
     unit = f"ironclaw-doctor-{platform}-{secrets.token_hex(4)}.service"
-    argv = [str(runsc), "--root=/tmp", "--network=none", f"--platform={platform}",
-            "--ignore-cgroups", "do", "/bin/true"]  # fmt: skip
-    # inactive: a unit that succeeded is collected at once, one that failed stays with its result.
     try:
-        extra = extra_capabilities(detect_runsc(runsc))
+        # The sessions' file-access model (host/runsc.py): a platform must work with it.
+        fs_flags = filesystem_flags(detect_runsc(runsc))
     except HostError as exc:
         return failed(name, str(exc), "apt-get install runsc", required=False)
+    argv = [str(runsc), "--root=/tmp", "--network=none", f"--platform={platform}",
+            "--ignore-cgroups", *fs_flags, "do", "/bin/true"]  # fmt: skip
+    # inactive: a unit that succeeded is collected at once, one that failed stays with its result.
     spec = UnitSpec(unit, argv, f"IronClaw doctor: runsc on {platform}", None,
-                    collect_mode="inactive", extra_capabilities=extra)  # fmt: skip
+                    collect_mode="inactive")  # fmt: skip
     try:
         units.start_transient(spec, RUNSC_TRY_TIMEOUT)
         state = units.wait_inactive(unit, RUNSC_TRY_TIMEOUT)

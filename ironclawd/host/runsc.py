@@ -98,21 +98,16 @@ def choose_platform(configured: str, info: RunscInfo) -> str:
     return configured
 
 
-# The newest runsc known to start its gofer under SANDBOX_CAPABILITIES alone (Debian 12's).
-_LAST_WITHOUT_SETFCAP = 20221219
+def filesystem_flags(info: RunscInfo) -> list[str]:
+    """Flags that keep every runsc on the file-access model of Debian 12's (20221219).
 
-
-def extra_capabilities(info: RunscInfo) -> tuple[str, ...]:
-    """Capabilities this runsc needs in its unit beyond host/hardening.py's set.
-
-    runsc 20240729 (Debian 13) maps uid 0 into the gofer's user namespace from the parent, and
-    since Linux 5.12 writing a uid_map that maps root needs CAP_SETFCAP: without it the gofer
-    fails "fork/exec /proc/self/exe: operation not permitted". 20221219 runs without it, so it
-    is granted only to a runsc newer than that (or of unknown date).
+    Newer runsc (Debian 13's 20240729) defaults to ``--directfs``: the sandbox (the sentry)
+    opens the container's files itself, and runs as root in a user namespace mapping all of
+    the host's ids, with CAP_DAC_OVERRIDE and friends (which also needs CAP_SETFCAP in its unit,
+    to map root). With ``--directfs=false`` the gofer alone touches host files and the sandbox
+    runs as uid 65534 with no capabilities, as on 20221219 (docs/development.md, runsc).
     """
-    if info.release_date is not None and info.release_date <= _LAST_WITHOUT_SETFCAP:
-        return ()
-    return ("CAP_SETFCAP",)
+    return ["--directfs=false"] if "directfs" in info.flags else []
 
 
 def choose_working_platform(
@@ -174,6 +169,7 @@ def runsc_argv(
         "--network=none",
         f"--platform={platform}",
         "--ignore-cgroups",
+        *filesystem_flags(info),
     ]
     if host_uds:
         if not info.host_uds:

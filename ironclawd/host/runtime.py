@@ -37,9 +37,6 @@ class RunscRuntime:
     def writable_paths(self) -> tuple[Path, ...]:
         return (self._root,)
 
-    def capabilities(self) -> tuple[str, ...]:
-        return runsc.extra_capabilities(self._info)
-
     def delete(self, container_id: str) -> None:
         runsc.delete_state(self._root, container_id, self._info.path)
 
@@ -62,9 +59,6 @@ class UnavailableRuntime:
         raise SandboxError(f"runsc is unavailable: {self._reason} (see: ironctl doctor)")
 
     def writable_paths(self) -> tuple[Path, ...]:
-        return ()
-
-    def capabilities(self) -> tuple[str, ...]:
         return ()
 
     def delete(self, container_id: str) -> None:

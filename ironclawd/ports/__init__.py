@@ -238,8 +238,6 @@ class UnitSpec:
     stop_timeout_seconds: float = 10.0  # TimeoutStopUSec: SIGTERM to runsc, then SIGKILL to all
     # The only host paths the unit may write (ProtectSystem=strict + ReadWritePaths=).
     writable_paths: Sequence[Path] = ()
-    # Capabilities (CAP_*) beyond host/hardening.py's SANDBOX_CAPABILITIES that this runsc needs.
-    extra_capabilities: Sequence[str] = ()
     extra_properties: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -320,10 +318,6 @@ class SandboxRuntime(Protocol):
     def run_argv(self, bundle: Path, container_id: str) -> list[str]: ...
     def writable_paths(self) -> tuple[Path, ...]:
         """Host paths the runtime writes besides a session's own mounts (its state)."""
-        ...
-
-    def capabilities(self) -> tuple[str, ...]:
-        """Capabilities (CAP_*) it needs beyond host/hardening.py's SANDBOX_CAPABILITIES."""
         ...
 
     def delete(self, container_id: str) -> None: ...

@@ -230,7 +230,6 @@ class SandboxLifecycle:
             stop_timeout_seconds=self.layout.stop_timeout,
             collect_mode="inactive",
             writable_paths=(*self.runtime.writable_paths(), *writable),
-            extra_capabilities=self.runtime.capabilities(),
         )  # fmt: skip
 
 

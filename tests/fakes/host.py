@@ -159,9 +159,6 @@ class FakeRuntime(_Recording):
     def writable_paths(self) -> tuple[Path, ...]:
         return (Path("/run/ironclaw/runsc"),)
 
-    def capabilities(self) -> tuple[str, ...]:
-        return ()
-
     def delete(self, container_id: str) -> None:
         self._call("runtime.delete", container_id)
         self.ids.discard(container_id)

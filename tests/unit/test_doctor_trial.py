@@ -3,11 +3,12 @@ against a fake unit manager: what it starts, and how each outcome is reported.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ironclawd.domain.checks import Status
 from ironclawd.errors import HostError
-from ironclawd.host.hardening import capability_mask
+from ironclawd.host.hardening import SANDBOX_CAPABILITIES, capability_mask
 from ironclawd.host.probes import probe_platform
 from ironclawd.host.runsc import RunscInfo
 from ironclawd.host.systemd import build_properties
@@ -90,23 +91,24 @@ def test_a_unit_that_cannot_start_is_stopped_and_reported() -> None:
     assert units.stopped == [units.specs[0].name]
 
 
-def test_the_trial_unit_grants_what_this_runsc_needs() -> None:
-    """Debian 13's runsc needs CAP_SETFCAP to map root into its gofer's user namespace; Debian
-    12's runs without it and keeps the tighter set."""
-    masks = {}
-    for date in (20221219, 20240729):
-        units = Units(final=None)
-        found = runsc_of(date)
+def test_the_trial_runs_the_sessions_file_access_model() -> None:
+    """A runsc with --directfs (Debian 13's) is tried with it off, as sessions run it; Debian
+    12's has no such flag and gets none."""
+    argvs = {}
+    for flags in (frozenset(), frozenset({"directfs"})):
+        found = replace(DEBIAN_12, flags=flags)
 
         def detect(_: Path, found: RunscInfo = found) -> RunscInfo:
             return found
 
-        result = probe_platform(units, RUNSC, "ptrace", detect_runsc=detect)
+        units = Units(final=None)
+        result = probe_platform(units, RUNSC, "systrap", detect_runsc=detect)
         assert result.status is Status.PASS, result
-        props = {name: value for name, _, value in build_properties(units.specs[0])}
-        masks[date] = props["CapabilityBoundingSet"]
-    assert masks[20240729] == masks[20221219] | capability_mask(["CAP_SETFCAP"])
-    assert not masks[20221219] & capability_mask(["CAP_SETFCAP"])
+        argvs[flags] = list(units.specs[0].argv)
+    assert "--directfs=false" in argvs[frozenset({"directfs"})]
+    assert not [a for a in argvs[frozenset()] if "directfs" in a]
+    props = {name: value for name, _, value in build_properties(units.specs[0])}
+    assert props["CapabilityBoundingSet"] == capability_mask(SANDBOX_CAPABILITIES)
 
 
 def test_a_runsc_that_cannot_be_read_is_a_failed_trial() -> None:

@@ -119,12 +119,19 @@ def test_auto_takes_systrap_only_when_its_trial_runs() -> None:
         runsc.choose_working_platform("auto", info(("kvm",)), works)
 
 
-def test_setfcap_only_for_runsc_newer_than_debian_12s() -> None:
-    assert runsc.extra_capabilities(info()) == ()
-    newer = replace(info(), version="0.0~20240729.0", release_date=20240729)
-    assert runsc.extra_capabilities(newer) == ("CAP_SETFCAP",)
-    unknown = replace(info(), version="custom", release_date=None)
-    assert runsc.extra_capabilities(unknown) == ("CAP_SETFCAP",)
+def test_directfs_is_turned_off_where_runsc_has_it() -> None:
+    """Debian 13's runsc defaults to --directfs (the sandbox, as root with DAC_OVERRIDE in a
+    fully mapped user namespace, opens host files): off, as 20221219 runs, nobody and no caps."""
+
+    def argv(found: RunscInfo) -> list[str]:
+        return runsc.runsc_argv(
+            found, root=Path("/run/r"), bundle=Path("/b"), container_id="ironclaw-x",
+            platform="ptrace", host_uds=True,
+        )  # fmt: skip
+
+    assert "--directfs=false" not in argv(info())
+    built = argv(replace(info(), flags=info().flags | {"directfs"}))
+    assert built.index("--directfs=false") < built.index("run")
 
 
 def test_argv_has_network_none_and_host_uds_open() -> None:
