@@ -46,10 +46,12 @@ verify-report:
 		--pubkey build/containment/minisign.pub >results/containment-verify.txt 2>&1 \
 		|| { cat results/containment-verify.txt; exit 1; }
 
-# dist/ironclaw_<version>_<arch>.deb (packaging/build-deb; cached under build/deb/).
+# dist/$(SUITE)/ironclaw_<version>_<arch>.deb: dpkg-buildpackage in a clean chroot of the suite
+# (build/deb-chroot/), lintian-clean (packaging/build-deb). SUITE=bookworm|trixie.
+SUITE ?= bookworm
 deb:
 	scripts/install-deps
-	packaging/build-deb
+	packaging/build-deb --suite $(SUITE)
 
 # The .deb of each suite installed, run, reloaded, restarted, upgraded, removed and purged on a
 # clean Debian 12 and 13 under a private systemd (the test builds each with

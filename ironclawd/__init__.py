@@ -1,3 +1,3 @@
 """IronClaw host daemon: gVisor sandboxes for AI agents under systemd."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
