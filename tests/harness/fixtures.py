@@ -168,3 +168,17 @@ def daemon(private_systemd: SystemdHarness) -> Iterator[SystemdHarness]:
     private_systemd.run(
         ["bash", "-c", "rm -f /etc/ironclaw/ironclawd.toml; systemctl stop ironclawd"]
     )
+
+
+@pytest.fixture(scope="module")
+def roomy_gateway(daemon: SystemdHarness) -> Iterator[SystemdHarness]:
+    """The daemon with room for a module's change submissions: the gateway counts an hour of each
+    caller's changes in its store, across modules and restarts, and a whole run submits far more
+    as root than the default 20 an hour. The default configuration is put back afterwards."""
+    config = "/etc/ironclaw/ironclawd.toml"
+    room = "[gateway]\\nsubmissions_per_hour = 1000\\n"
+    script = f"printf '{room}' > {config}; systemctl restart ironclawd"
+    proc = daemon.run(["bash", "-c", script])
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    yield daemon
+    daemon.run(["bash", "-c", f"rm -f {config}; systemctl restart ironclawd"])

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("roomy_gateway")]
 
 CHANGE_ID = re.compile(r"chg-[0-9a-f]{12}")
 WORK = "/tmp/ironctl-editor"

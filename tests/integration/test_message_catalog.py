@@ -14,7 +14,7 @@ import pytest
 
 from ironclawd.domain.message_ids import MessageId
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("roomy_gateway")]
 
 CATALOG_DIR = "/usr/lib/systemd/catalog"
 
