@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import figure, machine
 from benchmarks.stats import summary_ms
 from ironclawd.domain.agents import DEFAULT_PERSONA
 from tests.harness.fake_providers import FakeProvider
@@ -163,7 +164,14 @@ def main() -> int:
         "target_added_median_ms": TARGET_MS,
         "within_target": added <= TARGET_MS,
         "upstream_requests_seen": len(fake.requests),
-    }
+        "figures": [
+            figure(
+                "model completion through the proxy (model.sock)", proxy,
+                "the same completion sent straight to the same fake upstream", direct,
+            )
+        ],
+        "machine": machine(),
+    }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench-model-proxy.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(

@@ -1,160 +1,171 @@
-"""Session start/stop latency and admin-call latency, each beside a baseline from the same run.
+"""Session start and stop, the admin front and ``ironctl status``, each beside a baseline doing
+the same work, interleaved round by round in one run.
 
-Run inside a systemd with ironclawd installed (``make bench`` does: scripts/with-systemd +
-scripts/install-dev). Prints medians and writes ``results/bench-sessions.json``.
+Run inside a systemd with ironclawd installed (``make bench`` does). Per round, in rotating
+order:
 
-Baselines:
-- ``runsc run`` of the same agent rootfs, bare (no unit, no netns, no bundle writing): the
-  agent starts, prints its usage (``-h``) and exits. IronClaw's figure is CreateSession returning
-  (sandbox up in its unit and netns, agent connected), so the difference is what IronClaw adds.
-- Admin ``GetStatus`` straight to the internal gRPC socket (root only) vs through the public
-  socket's peer-credential front.
+- ``grpc``: CreateSession(agent demo) until it returns (sandbox up in its unit and netns, the
+  agent's hello received), then StopSession + RemoveSession;
+- ``ironctl``: ``ironctl session create --agent demo --json`` as a process, then
+  ``ironctl session stop`` + ``ironctl session rm`` (the CLI as a person runs it);
+- ``bare``: the baseline (benchmarks/bare.py): the same spec (``build_spec``), image, key and
+  queues, the same ``runsc run`` argv in a fresh netns made in the round, up to the same hello;
+  then the same teardown. Set-up and teardown are each on their own side of the comparison.
+
+Then, interleaved the same way: ``ironctl status`` against ``systemctl status ironclawd`` (both
+processes asking a daemon for its state), and the admin front's GetStatus against the same call
+straight to the internal gRPC socket (refused there for lack of a kernel identity, which still
+measures the transport without the front). ``BENCH_ROUNDS`` (10), ``BENCH_CALLS`` (100).
+Writes ``results/bench-sessions.json``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from benchmarks import bare
+from benchmarks.common import (
+    ROUNDS,
+    daemon_platform,
+    env_int,
+    interleave,
+    ms_figure,
+    timed,
+    write_result,
+)
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, netns_path
-from ironclawd.bundle.writer import write_bundle
-from ironclawd.domain.agents import AGENT_GID, AGENT_UID
-from ironclawd.domain.policy import Mount, SandboxPolicy
+from ironclawd.host import runsc
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-ROOTFS_DIR = Path("/var/lib/ironclaw/rootfs")
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
-CALLS = int(os.environ.get("BENCH_CALLS", "300"))
+SOCKET = "/run/ironclaw/admin.sock"
+INTERNAL = "/run/ironclaw/internal/admin-grpc.sock"
+CALLS = env_int("BENCH_CALLS", 100)
+STATUS_ROUNDS = env_int("BENCH_STATUS_ROUNDS", 20)
 
 
-def _ms(samples: list[float]) -> dict[str, float]:
-    return summary_ms(samples)
+def host_runsc() -> tuple[runsc.RunscInfo, str]:
+    """The host's runsc and the platform the daemon chose (its journal), else ``auto``'s."""
+    info = runsc.detect(Path("/usr/bin/runsc"))
+    chosen = daemon_platform().split(" ")[0]
+    return info, chosen if chosen in info.platforms else runsc.choose_platform("auto", info)
 
 
-def bare_runsc(rootfs: Path) -> list[float]:
-    """The very spec ironclawd would write (``build_spec``), run by hand with ``runsc run`` in a
-    netns made with ``ip netns add``: no daemon, no unit, no control socket."""
-    sid = "benchbare0001"
-    sockets = Path("/run/ironclaw/sessions") / sid
-    sockets.mkdir(parents=True, exist_ok=True)
-    netns = f"ironclaw-{sid}"
-    subprocess.run(["ip", "netns", "add", netns], check=True)
-    policy = SandboxPolicy(
-        sid=sid, agent="demo", uid=AGENT_UID, gid=AGENT_GID, host_uid=AGENT_UID,
-        host_gid=AGENT_GID, rootfs=str(rootfs), netns=netns_path(sid),
-        argv=("/app/agent/agent", "-h"), mounts=(Mount(SOCKETS_DIR, str(sockets)),),
-    )  # fmt: skip
-    samples = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="ironclaw-bench-") as tmp:
-            bundle = Path(tmp) / "bundle"
-            spec = build_spec(policy)
-            # Outside a unit there is no cgroup of its own for runsc to configure (it fails on
-            # the harness's partial cgroup v1 mounts): limits and cgroups are off for the baseline.
-            del spec["linux"]["resources"]
-            write_bundle(bundle, spec)
-            for i in range(ROUNDS):
-                argv = ["ip", "netns", "exec", netns, "runsc", f"--root={tmp}/state",
-                        "--network=none", "--platform=ptrace", "--ignore-cgroups",
-                        "--host-uds=open", "run", "--bundle", str(bundle),
-                        f"bench-{i}"]  # fmt: skip
-                started = time.perf_counter()
-                proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-                samples.append(time.perf_counter() - started)
-                if proc.returncode != 0:
-                    raise SystemExit(f"bench: bare runsc run failed: {proc.stderr[-400:]}")
-    finally:
-        subprocess.run(["ip", "netns", "delete", netns], check=False)
-        shutil.rmtree(sockets, ignore_errors=True)
-    return samples
+def ctl(*args: str) -> str:
+    proc = subprocess.run(["ironctl", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: ironctl {' '.join(args)}: {proc.stderr.strip()[-300:]}")
+    return proc.stdout
 
 
-def sessions(stub: admin_pb2_grpc.AdminServiceStub) -> tuple[list[float], list[float]]:
-    create, stop_rm = [], []
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        reply = stub.CreateSession(admin_pb2.CreateSessionRequest(agent="demo"), timeout=60)
-        create.append(time.perf_counter() - started)
-        sid = reply.session.sid
-        started = time.perf_counter()
-        stub.StopSession(admin_pb2.StopSessionRequest(sid=sid), timeout=60)
-        stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid), timeout=60)
-        stop_rm.append(time.perf_counter() - started)
-    return create, stop_rm
+def session_ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
+    info, platform = host_runsc()
+    created = stub.CreateSession(admin_pb2.CreateSessionRequest(agent="demo"), timeout=60)
+    rootfs = bare.agent_rootfs()
+    stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=created.session.sid, force=True))
+
+    def grpc_way(_r: int) -> dict[str, float]:
+        holder: dict[str, str] = {}
+
+        def create() -> None:
+            reply = stub.CreateSession(admin_pb2.CreateSessionRequest(agent="demo"), timeout=60)
+            holder["sid"] = reply.session.sid
+
+        def stop_rm() -> None:
+            stub.StopSession(admin_pb2.StopSessionRequest(sid=holder["sid"]), timeout=60)
+            stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=holder["sid"]), timeout=60)
+
+        return {"grpc_create": timed(create), "grpc_stop_rm": timed(stop_rm)}
+
+    def ctl_way(_r: int) -> dict[str, float]:
+        holder: dict[str, str] = {}
+
+        def create() -> None:
+            holder["sid"] = json.loads(ctl("session", "create", "--agent", "demo", "--json"))["sid"]
+
+        def stop_rm() -> None:
+            ctl("session", "stop", holder["sid"])
+            ctl("session", "rm", holder["sid"])
+
+        return {"ctl_create": timed(create), "ctl_stop_rm": timed(stop_rm)}
+
+    def bare_way(_r: int) -> dict[str, float]:
+        box = bare.BareSandbox(info, platform, rootfs)
+        took = {"bare_create": timed(box.start), "bare_stop": timed(box.stop)}
+        return {**took, "bare_setup_part": box.steps["set-up"]}
+
+    samples = interleave({"grpc": grpc_way, "ironctl": ctl_way, "bare": bare_way}, ROUNDS)
+    return {"platform": platform, "rootfs": str(rootfs), "samples": samples}
 
 
-def admin_calls(path: str) -> list[float]:
-    with grpc.insecure_channel(f"unix:{path}") as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)  # channel set-up
-        samples = []
-        for _ in range(CALLS):
-            started = time.perf_counter()
-            stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
-            samples.append(time.perf_counter() - started)
-    return samples
+def status_ways() -> dict[str, list[float]]:
+    def run(*argv: str) -> float:
+        return timed(lambda: subprocess.run(argv, capture_output=True, check=False))
+
+    return interleave(
+        {
+            "ctl_status": lambda _r: run("ironctl", "status"),
+            "systemctl_status": lambda _r: run("systemctl", "status", "--no-pager", "ironclawd"),
+        },
+        STATUS_ROUNDS,
+    )
 
 
-def internal_calls(path: str) -> list[float] | None:
-    """The same call straight to the internal server; it refuses (no kernel identity), which
-    still measures the transport without the front. None if it cannot be reached."""
-    with grpc.insecure_channel(f"unix:{path}") as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        samples = []
-        for _ in range(CALLS):
-            started = time.perf_counter()
-            try:
-                stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAUTHENTICATED:
-                    return None
-            samples.append(time.perf_counter() - started)
-    return samples
+def admin_ways() -> dict[str, list[float]]:
+    with (
+        grpc.insecure_channel(f"unix:{SOCKET}") as front,
+        grpc.insecure_channel(f"unix:{INTERNAL}") as internal,
+    ):
+        front_stub = admin_pb2_grpc.AdminServiceStub(front)
+        internal_stub = admin_pb2_grpc.AdminServiceStub(internal)
+
+        def via_front(_r: int) -> float:
+            return timed(lambda: front_stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
+
+        def direct(_r: int) -> float:
+            def call() -> None:
+                try:
+                    internal_stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+                        raise
+
+            return timed(call)
+
+        return interleave({"front": via_front, "internal": direct}, CALLS, warmup=5)
 
 
 def main() -> None:
-    images = sorted(p for p in ROOTFS_DIR.iterdir() if p.is_dir()) if ROOTFS_DIR.is_dir() else []
-    rootfs = images[0] if images else None
-    if rootfs is None or shutil.which("runsc") is None:
+    if not Path(SOCKET).exists():
         raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
-    report: dict[str, Any] = {
-        "rounds": ROUNDS,
-        "calls": CALLS,
-        "runsc": subprocess.run(
-            ["runsc", "--version"], capture_output=True, text=True, check=True
-        ).stdout.split()[2],
-    }
-    report["bare_runsc_run_probe"] = _ms(bare_runsc(rootfs))
-    with grpc.insecure_channel("unix:/run/ironclaw/admin.sock") as channel:
-        create, stop_rm = sessions(admin_pb2_grpc.AdminServiceStub(channel))
-    report["ironclaw_create_session"] = _ms(create)
-    report["ironclaw_stop_and_remove"] = _ms(stop_rm)
-    report["admin_get_status_via_front"] = _ms(admin_calls("/run/ironclaw/admin.sock"))
-    internal = internal_calls("/run/ironclaw/internal/admin-grpc.sock")
-    if internal:
-        report["admin_call_direct_to_internal_baseline"] = _ms(internal)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "bench-sessions.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    width = max(len(k) for k in report)
-    for key, value in report.items():
-        shown = (
-            f"median {value['median_ms']} ms (p90 {value['p90_ms']}, n={value['n']})"
-            if (isinstance(value, dict))
-            else value
-        )
-        print(f"{key:<{width}}  {shown}")
-    print(f"written: {out}")
+    with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
+        ways = session_ways(admin_pb2_grpc.AdminServiceStub(channel))
+    s = ways["samples"]
+    bare_name = f"bare runsc run, same spec, fresh netns, to the agent's hello ({ways['platform']})"
+    status = status_ways()
+    admin = admin_ways()
+    figures = [
+        ms_figure("session create (gRPC CreateSession)", s["grpc_create"], bare_name,
+                  s["bare_create"]),
+        ms_figure("session create (ironctl session create)", s["ctl_create"], bare_name,
+                  s["bare_create"]),
+        ms_figure("session stop + rm (gRPC)", s["grpc_stop_rm"],
+                  "bare teardown (runsc delete, netns, bundle, key, queues)", s["bare_stop"]),
+        ms_figure("session stop + rm (ironctl, two processes)", s["ctl_stop_rm"],
+                  "bare teardown (runsc delete, netns, bundle, key, queues)", s["bare_stop"]),
+        ms_figure("ironctl status", status["ctl_status"], "systemctl status ironclawd",
+                  status["systemctl_status"]),
+        ms_figure("admin GetStatus through the public front", admin["front"],
+                  "the same call on the internal socket (refused: no identity)", admin["internal"]),
+    ]  # fmt: skip
+    write_result(
+        "sessions", figures, rounds=ROUNDS, rootfs=ways["rootfs"],
+        bare_setup_before_runsc=summary_ms(s["bare_setup_part"]),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 
@@ -10,7 +11,8 @@ def summary_ms(samples: list[float], digits: int = 2) -> dict[str, float]:
     ordered = sorted(samples)
 
     def rank(q: float) -> float:
-        return round(ordered[max(0, int(len(ordered) * q) - 1)] * 1e3, digits)
+        # Nearest rank: the smallest sample with at least q of them at or below it.
+        return round(ordered[max(0, math.ceil(len(ordered) * q) - 1)] * 1e3, digits)
 
     return {
         "median_ms": round(statistics.median(ordered) * 1e3, digits),

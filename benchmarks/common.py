@@ -1,0 +1,167 @@
+"""What every benchmark shares: interleaved A/B rounds, figures beside their baselines, the
+machine's facts and the result files (``results/bench-<name>.json``, read by benchmarks/table.py).
+
+A figure is one line of the table: what was measured, its median and p90, and the baseline doing
+the same work measured in the same run (``ratio`` = figure median / baseline median), or
+``None`` with a ``note`` saying why there is none (e.g. "not measured: ...").
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from benchmarks.stats import summary_ms
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+
+# round number -> seconds taken by the timed part, or several named timings of one round
+Way = Callable[[int], "float | Mapping[str, float]"]
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer knob from the environment (``BENCH_ROUNDS=20 make bench``)."""
+    return int(os.environ.get(name, str(default)))
+
+
+ROUNDS = env_int("BENCH_ROUNDS", 10)
+
+
+def interleave(ways: Mapping[str, Way], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Run every way once per round, the order rotating each round (A B C, B C A, ...), so that
+    drift on a shared machine hits every way alike; the first ``warmup`` rounds are dropped.
+    Samples are keyed by way, or by the names a way returns."""
+    names = list(ways)
+    samples: dict[str, list[float]] = {}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            took = ways[name](r)
+            if r < warmup:
+                continue
+            for key, value in took.items() if isinstance(took, Mapping) else [(name, took)]:
+                samples.setdefault(key, []).append(value)
+    return samples
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn()`` took."""
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def rate_summary(values: list[float], digits: int = 1) -> dict[str, float]:
+    """Median and p10 (the slow end) of rates (higher is better), and the count."""
+    ordered = sorted(values)
+    return {
+        "median": round(ordered[len(ordered) // 2], digits),
+        "p10": round(ordered[max(0, math.ceil(len(ordered) * 0.1) - 1)], digits),
+        "n": len(ordered),
+    }
+
+
+def figure(
+    name: str,
+    value: Mapping[str, float] | None,
+    baseline_name: str = "",
+    baseline: Mapping[str, float] | None = None,
+    *,
+    unit: str = "ms",
+    note: str = "",
+) -> dict[str, Any]:
+    """One table line. ``value``/``baseline`` are summaries (``summary_ms`` for ``ms``,
+    ``rate_summary`` for rates, ``{"median": x}`` for a single figure)."""
+    key = "median_ms" if unit == "ms" else "median"
+    ratio = None
+    if value and baseline and baseline.get(key):
+        ratio = round(value[key] / baseline[key], 2)
+    return {
+        "figure": name,
+        "unit": unit,
+        "value": dict(value) if value else None,
+        "baseline_name": baseline_name,
+        "baseline": dict(baseline) if baseline else None,
+        "ratio": ratio,
+        "note": note,
+    }
+
+
+def ms_figure(name: str, samples: list[float], baseline_name: str, base: list[float]) -> Any:
+    """A latency figure from samples in seconds, beside its baseline's samples."""
+    return figure(name, summary_ms(samples), baseline_name, summary_ms(base) if base else None)
+
+
+def not_measured(name: str, why: str, unit: str = "ms") -> dict[str, Any]:
+    return figure(name, None, unit=unit, note=f"not measured: {why}")
+
+
+def _run(*argv: str) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"({exc})"
+    return (proc.stdout + proc.stderr).strip()
+
+
+def daemon_platform() -> str:
+    """The platform the running daemon chose (its start-up journal line)."""
+    text = _run("journalctl", "-u", "ironclawd", "-b", "--no-pager", "-o", "cat", "-g", "platform")
+    found = re.findall(r"runsc (\S+): platform (\w+)", text)
+    return f"{found[-1][1]} (runsc {found[-1][0]})" if found else "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """The facts a figure is worthless without."""
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    runsc = _run("runsc", "--version").splitlines()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "runsc": runsc[0].removeprefix("runsc version ") if runsc else "unknown",
+        "platform": daemon_platform(),
+        "load_average_at_start": os.getloadavg(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def write_result(name: str, figures: list[dict[str, Any]], **extra: Any) -> Path:
+    """``results/bench-<name>.json``: the figures, the machine, anything else worth keeping."""
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"bench-{name}.json"
+    doc = {"benchmark": name, "machine": machine(), "figures": figures, **extra}
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    for f in figures:
+        print(one_line(f))
+    print(f"written: {out}")
+    return out
+
+
+def one_line(f: Mapping[str, Any]) -> str:
+    """A figure as a line of text (what a benchmark prints as it finishes)."""
+    key = "median_ms" if f["unit"] == "ms" else "median"
+    if f["value"] is None:
+        return f"{f['figure']}: {f['note']}"
+    shown = f"{f['figure']}: {f['value'][key]} {f['unit']}"
+    if f["baseline"]:
+        shown += f" vs {f['baseline_name']} {f['baseline'][key]} {f['unit']} ({f['ratio']}x)"
+    return shown
