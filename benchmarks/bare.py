@@ -79,7 +79,13 @@ class _StubModel(model_pb2_grpc.ModelServiceServicer):
 
 class BareSandbox:
     def __init__(
-        self, info: runsc.RunscInfo, platform: str, rootfs: Path, *, model: bool = True
+        self,
+        info: runsc.RunscInfo,
+        platform: str,
+        rootfs: Path,
+        *,
+        model: bool = True,
+        replies: queue.Queue[tuple[str, int, float]] | None = None,
     ) -> None:
         self.info, self.platform, self.rootfs, self.model = info, platform, rootfs, model
         self.sid = new_sid()
@@ -92,8 +98,12 @@ class BareSandbox:
         self.listener: socket.socket | None = None
         self.server: grpc.Server | None = None
         self.writer: InboundWriter | None = None
-        self.replies: queue.Queue[tuple[float, int]] = queue.Queue()
+        # (sid, seq of the message answered, perf_counter when the reply was read back)
+        self.replies: queue.Queue[tuple[str, int, float]] = (
+            queue.Queue() if replies is None else replies
+        )
         self._reader: threading.Thread | None = None
+        self._send_lock = threading.Lock()
         self.steps: dict[str, float] = {}  # seconds from the start of bring-up
 
     @property
@@ -167,7 +177,8 @@ class BareSandbox:
 
     def open_messages(self) -> None:
         """The host side of the message path: the inbound writer and a reader of the agent's
-        ``outbound <seq>`` lines that reads each reply back (``replies`` gets (time, seq))."""
+        ``outbound <seq>`` lines that reads each reply back (``replies`` gets (sid, seq answered,
+        time read))."""
         queues = self.state_dir / "queues" / self.sid
         self.writer = InboundWriter(queues / "inbound", self.key, AGENT_GID)
         scratch = self.work / "scratch"
@@ -185,21 +196,22 @@ class BareSandbox:
                 *lines, pending = pending.split(b"\n")
                 if not any(line.startswith(b"outbound ") for line in lines):
                     continue
-                for row in reader.read_after(last, 1000, 1 << 20):
-                    last = row[0]
-                    self.replies.put((time.perf_counter(), last))
+                for seq, in_reply_to, _at, _body in reader.read_after(last, 1000, 1 << 20):
+                    last = seq
+                    answered = in_reply_to if isinstance(in_reply_to, int) else -1
+                    self.replies.put((self.sid, answered, time.perf_counter()))
         except OSError:
             pass
         finally:
             reader.close()
 
     def send(self, text: str) -> int:
-        """Append and announce one message; its seq (its reply has the same seq: the agent
-        answers each message once, in order, in a fresh session)."""
+        """Append and announce one message; its seq."""
         assert self.writer is not None
         assert self.conn is not None
-        seq, _ = self.writer.append(text, time.time(), None)
-        self.conn.sendall(f"inbound {seq}\n".encode())
+        with self._send_lock:  # announces in seq order, one line at a time
+            seq, _ = self.writer.append(text, time.time(), None)
+            self.conn.sendall(f"inbound {seq}\n".encode())
         return seq
 
     # -- teardown ------------------------------------------------------------------------

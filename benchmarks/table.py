@@ -72,7 +72,10 @@ def _cell(summary: Mapping[str, Any] | None, unit: str, key: str) -> str:
 
 def render(results: Path = RESULTS) -> str:
     docs = list(load(results))
-    machine: dict[str, Any] = next((d["machine"] for _, d in docs if "machine" in d), {})
+    # The newest run's machine (the files of one make bench share it).
+    machines = sorted((d["machine"] for _, d in docs if "date" in d.get("machine", {})),
+                      key=lambda m: str(m["date"]))  # fmt: skip
+    machine: dict[str, Any] = machines[-1] if machines else {}
     run = results / "bench-run.json"
     run_doc = json.loads(run.read_text()) if run.exists() else {}
     lines = [
@@ -88,13 +91,13 @@ def render(results: Path = RESULTS) -> str:
         f"- kernel {machine.get('kernel', '?')}; runsc {machine.get('runsc', '?')}; daemon's "
         f"platform {machine.get('platform', '?')}",
         f"- date {machine.get('date', '?')}; load average at the start "
-        f"{', '.join(str(x) for x in machine.get('load_average_at_start', []))}",
+        f"{', '.join(f'{x:.1f}' for x in machine.get('load_average_at_start', []))}",
     ]
     if run_doc:
         failed = ", ".join(run_doc.get("failed", [])) or "none"
         lines.append(
-            f"- `make bench` (after its prerequisites) took {run_doc['seconds'] / 60:.1f} min; "
-            f"failed: {failed}"
+            f"- `make bench` (after its prerequisites) took {run_doc['seconds'] / 60:.1f} min for "
+            f"{' '.join(run_doc['benchmarks'])}; failed: {failed}"
         )
     if run_doc.get("note"):
         lines.append(f"- {run_doc['note']}")
