@@ -28,6 +28,7 @@ from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.checks import CheckResult, Status
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
+from ironclawd.filecache import IdentityCache
 from ironclawd.host import probes, runsc
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.matrix import MatrixChannel
@@ -221,14 +222,20 @@ def _rootfs(config: Config) -> Path:
     state_dir = config.daemon.state_dir
     try:
         return ensure_rootfs(
-            config.sandbox.agent_dir, config.sandbox.rootfs_template, state_dir / "rootfs"
-        )
+            config.sandbox.agent_dir, config.sandbox.rootfs_template, state_dir / "rootfs",
+            _start_cache(config),
+        )  # fmt: skip
     except IronclawError as exc:
         # The daemon still serves doctor and status; creating a session will say why not.
         log.error(
             "agent image unavailable: %s", exc, extra=message_id(MessageId.SANDBOX_UNAVAILABLE)
         )
         return state_dir / "rootfs" / "unavailable"
+
+
+def _start_cache(config: Config) -> IdentityCache:
+    """What start-up learnt about unchanged files (agent image digest, runsc), root-only."""
+    return IdentityCache(config.daemon.state_dir / "cache" / "start.json")
 
 
 def _session_data(config: Config, store: StateStore, master: MasterKey) -> SessionDataStore:
@@ -397,8 +404,9 @@ def _runtime(config: Config) -> SandboxRuntime:
         return None if result.status is Status.PASS else result.detail
 
     try:
-        info = runsc.detect(config.sandbox.runsc)
-        platform, why = runsc.choose_working_platform(config.sandbox.platform, info, trial)
+        info = runsc.detect_cached(_start_cache(config), config.sandbox.runsc)
+        cached = runsc.cached_trial(_start_cache(config), info, trial)
+        platform, why = runsc.choose_working_platform(config.sandbox.platform, info, cached)
     except IronclawError as exc:
         log.error("runsc unavailable: %s", exc, extra=message_id(MessageId.SANDBOX_UNAVAILABLE))
         return UnavailableRuntime(str(exc))

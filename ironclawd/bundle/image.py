@@ -10,6 +10,9 @@ from pathlib import Path
 
 from ironclawd.bundle.rootfs import FILE_MOUNTPOINTS, MOUNTPOINTS, assemble_rootfs
 from ironclawd.errors import SandboxError
+from ironclawd.filecache import IdentityCache, tree_identity
+
+CACHE_KIND = "agent-image-digest"
 
 
 def content_digest(*roots: Path) -> str:
@@ -32,13 +35,33 @@ def content_digest(*roots: Path) -> str:
     return digest.hexdigest()
 
 
-def ensure_rootfs(frozen_dir: Path, template_dir: Path, images_dir: Path) -> Path:
-    """Return the assembled rootfs for this agent build, assembling it if it is not there."""
+def cached_content_digest(cache: IdentityCache | None, *roots: Path) -> str:
+    """``content_digest(*roots)``, taken from ``cache`` while no file under ``roots`` changed
+    identity (``filecache.tree_identity``: lstat only, no byte read)."""
+    if cache is None:
+        return content_digest(*roots)
+    try:
+        key = tree_identity(roots)
+    except OSError as exc:
+        raise SandboxError(f"hashing agent image: {exc}") from exc
+    cached = cache.get(CACHE_KIND, key)
+    if isinstance(cached, str) and len(cached) == 64:
+        return cached
+    digest = content_digest(*roots)
+    cache.put(CACHE_KIND, key, digest)
+    return digest
+
+
+def ensure_rootfs(
+    frozen_dir: Path, template_dir: Path, images_dir: Path, cache: IdentityCache | None = None
+) -> Path:
+    """Return the assembled rootfs for this agent build, assembling it if it is not there.
+    ``cache``: where the content digest of an unchanged image is remembered across starts."""
     try:
         # The layout is part of the image: a rootfs assembled before a mountpoint was added must
         # not be reused (runsc would create the missing one inside it).
         layout = hashlib.sha256(repr((MOUNTPOINTS, FILE_MOUNTPOINTS)).encode()).hexdigest()
-        content = content_digest(frozen_dir, template_dir)
+        content = cached_content_digest(cache, frozen_dir, template_dir)
         digest = hashlib.sha256(f"{content}\0{layout}".encode()).hexdigest()[:24]
         images_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         dest = images_dir / digest

@@ -9,6 +9,7 @@ building are pure functions; only ``detect``, ``delete_state`` and ``list_contai
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 from ironclawd import paths
 from ironclawd.errors import ConfigError, HostError, InvalidArgument
+from ironclawd.filecache import IdentityCache, file_identity
 
 RUNSC = paths.RUNSC
 KNOWN_PLATFORMS = ("systrap", "ptrace", "kvm")
@@ -231,6 +233,73 @@ def detect(path: Path = RUNSC, run: Runner = _run) -> RunscInfo:
         platforms=platforms or parse_platform_flag(flags_text),
         flags=parse_flags(flags_text),
     )
+
+
+DETECT_KIND = "runsc-detect"
+TRIAL_KIND = "runsc-platform-trial"
+
+
+def detect_cached(cache: IdentityCache, path: Path = RUNSC, run: Runner = _run) -> RunscInfo:
+    """``detect(path)``, remembered in ``cache`` while the binary at ``path`` keeps its file
+    identity (a package upgrade replaces it: new inode and times)."""
+    try:
+        key = file_identity(path)
+    except OSError as exc:
+        raise HostError(f"reading runsc at {path}: {exc}") from exc
+    info = _info_from_json(path, cache.get(DETECT_KIND, key))
+    if info is None:
+        info = detect(path, run)
+        cache.put(DETECT_KIND, key, _info_to_json(info))
+    return info
+
+
+def cached_trial(
+    cache: IdentityCache, info: RunscInfo, trial: Callable[[str], str | None]
+) -> Callable[[str], str | None]:
+    """``trial`` (a platform's trial sandbox), whose successes are remembered for this runsc
+    binary on this kernel. A failure is tried again at the next start: it may have been the
+    load of the moment, and a wrong "fails" would keep the slower platform for good."""
+
+    def run(platform: str) -> str | None:
+        try:
+            key = f"{file_identity(info.path)}\0{platform}\0{os.uname().release}"
+        except OSError:
+            return trial(platform)
+        if cache.get(TRIAL_KIND, key) == "ran":
+            return None
+        reason = trial(platform)
+        if reason is None:
+            cache.put(TRIAL_KIND, key, "ran")
+        return reason
+
+    return run
+
+
+def _info_to_json(info: RunscInfo) -> dict[str, Any]:
+    return {
+        "version": info.version,
+        "release_date": info.release_date,
+        "platforms": list(info.platforms),
+        "flags": sorted(info.flags),
+    }
+
+
+def _info_from_json(path: Path, value: Any) -> RunscInfo | None:
+    """A cached entry back into RunscInfo; None for anything not of the shape written."""
+    if not isinstance(value, dict):
+        return None
+    version, date = value.get("version"), value.get("release_date")
+    platforms, flags = value.get("platforms"), value.get("flags")
+    if not (
+        isinstance(version, str)
+        and (date is None or isinstance(date, int))
+        and isinstance(platforms, list)
+        and all(isinstance(p, str) for p in platforms)
+        and isinstance(flags, list)
+        and all(isinstance(f, str) for f in flags)
+    ):
+        return None
+    return RunscInfo(path, version, date, tuple(platforms), frozenset(flags))
 
 
 def delete_state(root: Path, container_id: str, path: Path = RUNSC, run: Runner = _run) -> None:

@@ -119,7 +119,7 @@ def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, 
              "RestrictNamespaces", "RestrictAddressFamilies", "SystemCallArchitectures",
              "DevicePolicy", "MemoryDenyWriteExecute", "RestrictSUIDSGID", "ProtectClock",
              "ProtectHostname", "LockPersonality", "RestrictRealtime", "KeyringMode", "UMask",
-             "MainPID")  # fmt: skip
+             "MainPID", "LimitNOFILE", "LimitNOFILESoft", "TasksMax")  # fmt: skip
     assert set(p["CapabilityBoundingSet"].split()) == DAEMON_CAPS
     assert p["AmbientCapabilities"] == ""
     assert p["RestrictNamespaces"] == "net"
@@ -130,6 +130,11 @@ def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, 
     assert p["DevicePolicy"] == "closed"
     assert p["KeyringMode"] == "private"
     assert p["UMask"] == "0077"
+    # 500 sessions at ~4 descriptors each, with room (issue 17); the default soft 1024 was not.
+    assert int(p["LimitNOFILESoft"]) >= 16 * 1024, p
+    assert int(p["LimitNOFILE"]) >= 16 * 1024, p
+    assert p["TasksMax"].isdigit(), p  # a cap, not "infinity"
+    assert int(p["TasksMax"]) >= 1024, p
     for flag in ("NoNewPrivileges", "MemoryDenyWriteExecute", "RestrictSUIDSGID", "ProtectClock",
                  "ProtectHostname", "LockPersonality", "RestrictRealtime"):  # fmt: skip
         assert p[flag] == "yes", flag
@@ -139,6 +144,10 @@ def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, 
     assert proc["NoNewPrivs"] == "1", proc
     assert proc["Seccomp"] == "2", proc
     assert_devices_closed(daemon, p["MainPID"])
+    limits = _out(daemon.run(["cat", f"/proc/{p['MainPID']}/limits"]))
+    (nofile,) = [ln.split()[3:5] for ln in limits.splitlines() if ln.startswith("Max open files")]
+    # In force, not only configured (systemd clamps it to its own hard limit: 20000 here).
+    assert int(nofile[0]) >= 16 * 1024, limits
 
 
 def test_sandbox_settings_are_in_force(
