@@ -15,7 +15,16 @@ from pathlib import Path
 from benchmarks import table
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("sessions", "egress", "model_proxy", "messages", "mcp", "packages", "channels")
+BENCHMARKS = (
+    "sessions",
+    "messages",
+    "density",
+    "egress",
+    "model_proxy",
+    "mcp",
+    "packages",
+    "channels",
+)
 
 
 def main(names: list[str]) -> int:

@@ -1,0 +1,307 @@
+"""Idle sessions: memory per session and the sandboxes' idle CPU at 10, 100 (and 500) sessions,
+creation time per session against the count, and daemon restart to READY at 0 and 100 sessions.
+
+Run inside a systemd with ironclawd installed (``make bench`` does). Steps:
+
+1. Restart to READY with no session: ``systemctl restart ironclawd`` (Type=notify: it returns
+   at READY=1) against ``systemctl restart`` of a minimal Type=notify Python service (the same
+   interpreter, sending READY=1 at once) under the same systemd, interleaved.
+2. The baseline sandboxes: 10 bare runsc sandboxes of the same agent (benchmarks/bare.py), idle:
+   memory (PSS of every process of each sandbox, from /proc/<pid>/smaps_rollup) and CPU.
+3. Sessions of agent ``demo`` created one after another over gRPC up to each count in
+   ``BENCH_DENSITY`` ("10 100 500") not above ``BENCH_MAX_SESSIONS`` (100: 500 sessions take
+   about 6 minutes to create on this 2-core machine, past the 15-minute budget of a full
+   ``make bench``), each creation timed; at each count, after 5 s of settling: PSS per session
+   (all processes of the ``ironclaw-sbx-*`` units), the drop of MemAvailable per session (what
+   the host lost, daemon and tmpfs files included), and the CPU of all sandboxes together over
+   ``BENCH_IDLE_SECONDS`` (10) s, as % of one core, read from /proc/<pid>/stat on the host
+   (gVisor's own getrusage overcounts).
+4. Restart to READY with the sessions up (100, or the largest count), interleaved with the
+   minimal service again; after each restart the benchmark waits until every session is
+   RUNNING again before the next round.
+
+Writes ``results/bench-density.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from benchmarks import bare
+from benchmarks.common import (
+    ROUNDS,
+    env_int,
+    figure,
+    interleave,
+    ms_figure,
+    not_measured,
+    timed,
+    write_result,
+)
+from benchmarks.sessions import host_runsc
+from benchmarks.stats import summary_ms
+from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+
+SOCKET = "/run/ironclaw/admin.sock"
+COUNTS = [int(n) for n in os.environ.get("BENCH_DENSITY", "10 100 500").split()]
+MAX_SESSIONS = env_int("BENCH_MAX_SESSIONS", 100)
+IDLE_SECONDS = env_int("BENCH_IDLE_SECONDS", 10)
+BARE_COUNT = 10
+NOTIFY_UNIT = "ironclaw-bench-notify.service"
+NOTIFY_SCRIPT = (
+    "import os, signal, socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
+    "s.connect(os.environ['NOTIFY_SOCKET']); s.send(b'READY=1'); signal.pause()"
+)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def sandbox_pids() -> list[int]:
+    """Every process in an ``ironclaw-sbx-*`` unit (its name=systemd cgroup)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry.name}/cgroup").read_text()
+        except OSError:
+            continue
+        if "/ironclaw-sbx-" in text:
+            pids.append(int(entry.name))
+    return pids
+
+
+def descendants(roots: Iterable[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(
+                    Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def idle_cpu_percent(pids: list[int], seconds: float) -> float:
+    """CPU of ``pids`` together over ``seconds``, as % of one core."""
+    before = sum(_cpu_ticks(p) for p in pids)
+    time.sleep(seconds)
+    after = sum(_cpu_ticks(p) for p in pids)
+    return round(100 * (after - before) / TICKS / seconds, 2)
+
+
+def mem_available_kib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    return 0
+
+
+def write_notify_unit() -> None:
+    unit = Path("/run/systemd/system") / NOTIFY_UNIT
+    unit.write_text(
+        "[Unit]\nDescription=minimal Type=notify Python service (benchmark baseline)\n\n"
+        f'[Service]\nType=notify\nExecStart={sys.executable} -I -c "{NOTIFY_SCRIPT}"\n'
+    )
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    subprocess.run(["systemctl", "start", NOTIFY_UNIT], check=True)
+
+
+def wait_running(stub: admin_pb2_grpc.AdminServiceStub, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            listed = stub.ListSessions(admin_pb2.ListSessionsRequest(), timeout=10).sessions
+        except grpc.RpcError:
+            time.sleep(0.1)
+            continue
+        if sum(s.state == admin_pb2.SESSION_STATE_RUNNING for s in listed) >= count:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"bench: {count} sessions not running again within {timeout:g} s")
+
+
+def restarts(stub: admin_pb2_grpc.AdminServiceStub, sessions: int) -> dict[str, list[float]]:
+    def ours(_r: int) -> float:
+        took = timed(lambda: subprocess.run(["systemctl", "restart", "ironclawd"], check=True))
+        wait_running(stub, sessions)
+        return took
+
+    def minimal(_r: int) -> float:
+        return timed(lambda: subprocess.run(["systemctl", "restart", NOTIFY_UNIT], check=True))
+
+    return interleave({"ironclawd": ours, "minimal": minimal}, ROUNDS)
+
+
+def bare_idle() -> dict[str, Any]:
+    info, platform = host_runsc()
+    boxes = []
+    try:
+        for _ in range(BARE_COUNT):
+            box = bare.BareSandbox(info, platform, bare.agent_rootfs())
+            box.start()
+            boxes.append(box)
+        time.sleep(5)
+        pids = descendants(b.proc.pid for b in boxes if b.proc is not None)
+        pss = [sum(_pss_kib(p) for p in descendants([b.proc.pid])) for b in boxes if b.proc]
+        cpu = idle_cpu_percent(pids, IDLE_SECONDS)
+    finally:
+        for box in boxes:
+            box.stop()
+    return {"pss_mib_per_sandbox": round(sum(pss) / len(pss) / 1024, 1), "cpu_percent": cpu}
+
+
+def main() -> None:
+    if not Path(SOCKET).exists():
+        raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
+    write_notify_unit()
+    counts = sorted({min(c, MAX_SESSIONS) for c in COUNTS})
+    skipped = [c for c in COUNTS if c > MAX_SESSIONS]
+    figures: list[dict[str, Any]] = []
+    levels: dict[int, Any] = {}
+    sids: list[str] = []
+    create_times: list[float] = []
+    with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        idle = restarts(stub, 0)
+        figures.append(
+            ms_figure(
+                "restart to READY, 0 sessions",
+                idle["ironclawd"],
+                "a minimal Type=notify Python service",
+                idle["minimal"],
+            )
+        )
+        first = stub.CreateSession(admin_pb2.CreateSessionRequest(agent="demo"), timeout=120)
+        sids.append(first.session.sid)  # (its bundle names the agent image for the baseline)
+        base = bare_idle()
+        free_before = mem_available_kib()
+        try:
+            for count in counts:
+                while len(sids) < count:
+                    started = time.perf_counter()
+                    reply = stub.CreateSession(
+                        admin_pb2.CreateSessionRequest(agent="demo"), timeout=120
+                    )
+                    create_times.append(time.perf_counter() - started)
+                    sids.append(reply.session.sid)
+                time.sleep(5)
+                pids = sandbox_pids()
+                pss_mib = sum(_pss_kib(p) for p in pids) / 1024 / count
+                cpu = idle_cpu_percent(pids, IDLE_SECONDS)
+                lost = (free_before - mem_available_kib()) / 1024 / (count - 1 or 1)
+                levels[count] = {
+                    "pss_mib_per_session": round(pss_mib, 1),
+                    "mem_available_drop_mib_per_session": round(lost, 1),
+                    "idle_cpu_percent_all_sandboxes": cpu,
+                    "processes": len(pids),
+                }
+                print(f"density: {count} sessions: {levels[count]}")
+                figures.append(
+                    figure(
+                        f"idle memory per session (PSS), {count} sessions",
+                        {"median": round(pss_mib, 1)},
+                        f"a bare sandbox (PSS, {BARE_COUNT} idle)",
+                        {"median": base["pss_mib_per_sandbox"]},
+                        unit="MiB",
+                    )
+                )
+                figures.append(
+                    figure(
+                        f"idle CPU of {count} sandboxes together",
+                        {"median": cpu},
+                        f"bare sandboxes idle ({BARE_COUNT} measured, scaled to {count})",
+                        {"median": round(base["cpu_percent"] / BARE_COUNT * count, 2)},
+                        unit="% of a core",
+                    )
+                )
+            # create_times[i] is session i + 2's (the first was made before the baseline).
+            first_batch = create_times[:9]
+            for lo, hi in ((11, 100), (101, 500)):
+                chunk = create_times[lo - 2 : hi - 1]
+                if chunk and first_batch:
+                    figures.append(
+                        ms_figure(
+                            f"create, sessions {lo}-{lo + len(chunk) - 1} (flat in the count?)",
+                            chunk,
+                            "create, sessions 2-10 (same run)",
+                            first_batch,
+                        )
+                    )
+            top = len(sids)
+            loaded = restarts(stub, top)
+            figures.append(
+                ms_figure(
+                    f"restart to READY, {top} sessions",
+                    loaded["ironclawd"],
+                    "a minimal Type=notify Python service",
+                    loaded["minimal"],
+                )
+            )
+        finally:
+            for sid in sids:
+                try:
+                    stub.RemoveSession(
+                        admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=120
+                    )
+                except grpc.RpcError as err:
+                    print(f"bench: removing {sid}: {err.details()}", file=sys.stderr)
+            subprocess.run(["systemctl", "stop", NOTIFY_UNIT], check=False)
+    for count in skipped:
+        figures.append(
+            not_measured(
+                f"idle memory per session, {count} sessions",
+                f"above BENCH_MAX_SESSIONS={MAX_SESSIONS}",
+                unit="MiB",
+            )
+        )
+    write_result(
+        "density",
+        figures,
+        rounds=ROUNDS,
+        levels=levels,
+        bare=base,
+        create_ms_all=[round(t * 1e3, 1) for t in create_times],
+        create_summary=summary_ms(create_times) if create_times else None,
+        notes="PSS counts each shared page once across processes. The drop of MemAvailable per "
+        "session (levels in bench-density.json) is noise while other work shares the machine. "
+        "Larger counts: BENCH_MAX_SESSIONS=500 make bench BENCH=density.",
+    )
+
+
+if __name__ == "__main__":
+    main()
