@@ -10,7 +10,10 @@ for it in the private /etc/hosts. Compared, all over HTTPS with certificate veri
   connection, masking, audit);
 - ``broker_grpc``: the same through EgressService on a Unix socket (the agent's path, minus
   the gVisor hop, measured here at ~1 ms p50).
-Prints medians and writes ``results/bench-egress.json``.
+The ways are interleaved request by request (the order rotating each round), small GETs
+(``BENCH_CALLS``, 100) and 4 MiB bodies (``BENCH_BIG_ROUNDS``, 10) alike. The baseline of the
+table is ``direct_fresh``: the same work as the broker's (a new TLS connection per request);
+``direct_keepalive`` is shown too. Prints the figures and writes ``results/bench-egress.json``.
 """
 
 from __future__ import annotations
@@ -18,21 +21,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
-import json
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 
+from benchmarks.common import figure, rate_summary, write_result
 from benchmarks.stats import summary_ms
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
 from ironclawd.api.egress import EgressServicer
@@ -47,9 +49,9 @@ from tests.integration.test_egress import make_certs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
-CALLS = int(os.environ.get("BENCH_CALLS", "200"))
+CALLS = int(os.environ.get("BENCH_CALLS", "100"))
 BIG = 4 * 1024 * 1024
-BIG_ROUNDS = int(os.environ.get("BENCH_BIG_ROUNDS", "10"))
+BIG_ROUNDS = int(os.environ.get("BENCH_BIG_ROUNDS", "10"))  # at least 10: medians, p10
 HOST = "api.egress.test"
 
 
@@ -57,13 +59,19 @@ def _ms(samples: list[float]) -> dict[str, float]:
     return summary_ms(samples)
 
 
-async def _timed(call: Callable[[], Awaitable[int]], rounds: int) -> list[float]:
-    await call()  # warm-up
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        await call()
-        samples.append(time.perf_counter() - t0)
+async def _interleaved(
+    ways: Mapping[str, Callable[[], Awaitable[int]]], rounds: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Each way once per round, the order rotating (benchmarks/common.interleave, awaited)."""
+    names = list(ways)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            t0 = time.perf_counter()
+            await ways[name]()
+            if r >= warmup:
+                samples[name].append(time.perf_counter() - t0)
     return samples
 
 
@@ -119,17 +127,25 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
             got += len(event.body_chunk)
         return got
 
-    ways = {"direct_keepalive": direct_keepalive, "direct_fresh": direct_fresh,
-            "broker": via_broker, "broker_grpc": via_grpc}  # fmt: skip
-    results: dict[str, Any] = {"latency_small": {}, "throughput_4mib": {}}
+    ways: dict[str, Callable[[], Awaitable[int]]] = {
+        "direct_keepalive": direct_keepalive,
+        "direct_fresh": direct_fresh,
+        "broker": via_broker,
+        "broker_grpc": via_grpc,
+    }
     for name, way in ways.items():
         assert await way(big_url) == BIG, name
-        results["latency_small"][name] = _ms(await _timed(way, CALLS))
-        big = await _timed(functools.partial(way, big_url), BIG_ROUNDS)
-        results["throughput_4mib"][name] = {
-            "median_MiB_per_s": round(BIG / statistics.median(big) / 2**20, 1),
-            "n": len(big),
-        }
+    small = await _interleaved(ways, CALLS)
+    big = await _interleaved(
+        {n: functools.partial(w, big_url) for n, w in ways.items()}, BIG_ROUNDS
+    )
+    results: dict[str, Any] = {
+        "latency_small": {n: _ms(v) for n, v in small.items()},
+        "throughput_4mib": {
+            n: {**rate_summary([BIG / x / 2**20 for x in v]), "unit": "MiB/s"}
+            for n, v in big.items()
+        },
+    }
     concurrent = {}
     for name in ("direct_fresh", "broker", "broker_grpc"):
         t0 = time.perf_counter()
@@ -182,11 +198,21 @@ def main() -> int:
         subprocess.run(["ip", "link", "del", f"{veth}h"], check=False)
         subprocess.run(["ip", "netns", "del", ns], check=False)
         subprocess.run(["rm", "-rf", str(work)], check=False)
-    print(json.dumps(results, indent=2))
-    medians = {name: v["median_ms"] for name, v in results["latency_small"].items()}
-    print("egress small GET median ms: " + ", ".join(f"{k} {v}" for k, v in medians.items()))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench-egress.json").write_text(json.dumps(results, indent=2) + "\n")
+    small, big = results["latency_small"], results["throughput_4mib"]
+    fresh = "a direct HTTPS GET, new connection (what the broker does)"
+    figures = [
+        figure("egress small GET, broker over gRPC (the agent's path)", small["broker_grpc"],
+               fresh, small["direct_fresh"]),
+        figure("egress small GET, broker over gRPC (the agent's path)", small["broker_grpc"],
+               "a direct HTTPS GET on a kept-alive connection", small["direct_keepalive"]),
+        figure("egress small GET, broker in-process", small["broker"], fresh,
+               small["direct_fresh"]),
+        figure("egress 4 MiB, broker over gRPC", big["broker_grpc"], fresh, big["direct_fresh"],
+               unit="MiB/s"),
+        figure("egress 4 MiB, broker in-process", big["broker"], fresh, big["direct_fresh"],
+               unit="MiB/s"),
+    ]  # fmt: skip
+    write_result("egress", figures, calls=CALLS, big_rounds=BIG_ROUNDS, **results)
     return 0
 
 
