@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.changes import show_change
-from ironclawd.ctl.common import Stub, add_command, print_json
+from ironclawd.ctl.shapes import print_json
+
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 
 def cmd_agent_list(args: argparse.Namespace, stub: Stub) -> int:
@@ -53,25 +56,3 @@ def cmd_agent_create(args: argparse.Namespace, stub: Stub) -> int:
               "human decision")  # fmt: skip
     show_change(args, change)
     return exitcodes.OK
-
-
-def register(sub: Any) -> None:
-    agent = sub.add_parser("agent", help="agents in the registry", epilog=exitcodes.HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    agent_verbs = agent.add_subparsers(dest="verb", metavar="VERB", required=True)
-    add_command(agent_verbs, "list", "list agents", "ironctl agent list --json", cmd_agent_list)
-    show = add_command(agent_verbs, "show", "show an agent", "ironctl agent show demo",
-                       cmd_agent_show)  # fmt: skip
-    show.add_argument("name", metavar="NAME")
-    create = add_command(
-        agent_verbs, "create", "submit a create_agent change (a human must approve it)",
-        "ironctl agent create helper --persona 'You help.' --tools read_file,write_file",
-        cmd_agent_create,
-    )  # fmt: skip
-    create.add_argument("name", metavar="NAME")
-    create.add_argument("--persona", required=True)
-    create.add_argument("--tools", help="comma-separated tool names")
-    # No list here: ironctl speaks only gRPC, and the daemon refuses a provider it does not know.
-    create.add_argument("--provider", help="a model provider the daemon knows (default: mock)")
-    create.add_argument("--model")
-    create.add_argument("--reason")

@@ -10,7 +10,7 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 
-from ironclawd.ctl.render import visible
+from ironclawd.ctl.text import visible
 
 MAX_TIMEOUT = 86_400.0  # one day; a longer wait is a mistake, and gRPC deadlines must fit
 MAX_SEQ = 2**63 - 1  # sequence numbers are int64 in the daemon's store

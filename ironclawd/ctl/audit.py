@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import argtypes, exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, print_json
+from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl.shapes import print_json
+
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 
 def cmd_audit_list(args: argparse.Namespace, stub: Stub) -> int:
@@ -43,17 +46,3 @@ def cmd_audit_verify(args: argparse.Namespace, stub: Stub) -> int:
     else:
         print(f"audit log TAMPERED: first bad record {reply.first_bad_seq}: {reply.problem}")
     return exitcodes.OK if reply.ok else exitcodes.FAILED
-
-
-def register(sub: Any) -> None:
-    audit = sub.add_parser("audit", help="the tamper-evident audit log", epilog=exitcodes.HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    audit_verbs = audit.add_subparsers(dest="verb", metavar="VERB", required=True)
-    listing = add_command(audit_verbs, "list", "print audit records",
-                          "ironctl audit list --after 100 --limit 50", cmd_audit_list)  # fmt: skip
-    listing.add_argument("--after", type=argtypes.int_range(0, argtypes.MAX_SEQ), default=0,
-                         help="records after this seq")  # fmt: skip
-    listing.add_argument("--limit", type=argtypes.int_range(1, 10_000), default=100,
-                         help="at most this many records, 1 to 10000 (default 100)")  # fmt: skip
-    add_command(audit_verbs, "verify", "check every record and link; names the first bad one",
-                "ironctl audit verify", cmd_audit_verify)  # fmt: skip

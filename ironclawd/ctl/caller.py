@@ -9,15 +9,14 @@ they think they are, compared with the caller the daemon reports (GetStatus), ne
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes
-from ironclawd.ctl.common import CtlError, Stub
+from ironclawd.ctl.common import CtlError
 
-BY_HELP = (
-    "assert that you are NAME (a user name or uid); refused if the daemon sees another caller: "
-    "identity comes from the kernel, --by can only confirm it"
-)
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 
 def asserted_caller_matches(asserted: str, uid: int, user_name: str) -> bool:

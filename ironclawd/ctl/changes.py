@@ -5,22 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import editor, exitcodes, render
-from ironclawd.ctl.caller import BY_HELP, confirm_caller
-from ironclawd.ctl.common import (
-    CtlError,
-    Stub,
-    UsageError,
-    add_command,
-    decode_stdin,
-    print_json,
-    read_stdin,
-)
+from ironclawd.ctl import editor, exitcodes, render, terminal
+from ironclawd.ctl.caller import confirm_caller
+from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_stdin
+from ironclawd.ctl.shapes import print_json
+
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 
 def _payload(args: argparse.Namespace) -> str:
@@ -57,10 +53,11 @@ def _persona_missing(args: argparse.Namespace) -> bool:
 def show_change(
     args: argparse.Namespace, change: admin_pb2.Change, *, diff_only: bool = False
 ) -> None:
+
     if args.json:
         print_json(change)
         return
-    console = render.console()
+    console = terminal.console()
     if not diff_only:
         when = render.when
         render.fields([
@@ -158,49 +155,3 @@ def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
     else:
         print(f"change {decided.id}: {decided.state}")
     return exitcodes.OK
-
-
-def register(sub: Any) -> None:
-    change = sub.add_parser("change", help="capability changes held for a human decision",
-                            description="Submit, inspect, approve and reject capability changes.",
-                            epilog=exitcodes.HELP,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    verbs = change.add_subparsers(dest="verb", metavar="VERB", required=True)
-    submit = add_command(
-        verbs, "submit", "submit a change; it waits for a human decision",
-        "ironctl change submit --kind persona --agent demo --persona 'You are terse.'\n"
-        "  ironctl change submit --kind persona --group demo --by alice   # opens $EDITOR\n"
-        "  ironctl change submit --kind tools --agent demo --tools read_file,list_files\n"
-        "  echo '{\"persona\": \"...\"}' | ironctl change submit --kind persona --agent demo "
-        "--payload -", cmd_submit,
-    )  # fmt: skip
-    submit.add_argument("--kind", required=True, help="persona, tools, create_agent, ...")
-    submit.add_argument("--agent", "--group", dest="agent", required=True,
-                        help="target agent (--group is the same option)")  # fmt: skip
-    submit.add_argument("--payload", help="payload JSON, or - for standard input")
-    persona = submit.add_mutually_exclusive_group()
-    persona.add_argument("--persona", help="shortcut for a persona payload: the text, or - for "
-                         "standard input; without it (and --payload), $EDITOR opens on the "
-                         "current persona when run on a terminal")  # fmt: skip
-    persona.add_argument("--persona-file", metavar="FILE", help="the persona from a UTF-8 file")
-    submit.add_argument("--tools", help="shortcut for a tools payload: comma-separated names")
-    submit.add_argument("--reason", help="why (shown to the approver)")
-    submit.add_argument("--by", metavar="NAME", help=BY_HELP)
-    listing = add_command(verbs, "list", "list changes", "ironctl change list --state applied",
-                          cmd_list)  # fmt: skip
-    listing.add_argument("--state", help="pending, approved, applied, rejected, expired, failed")
-    add_command(verbs, "pending", "list changes waiting for a decision", "ironctl change pending",
-                cmd_list)  # fmt: skip
-    for verb, helptext in (("show", "show a change and its diff"), ("diff", "show only the diff")):
-        cmd = add_command(verbs, verb, helptext, f"ironctl change {verb} ID", cmd_show)
-        cmd.add_argument("id", metavar="ID")
-    for verb, helptext in (("approve", "approve and apply a pending change"),
-                           ("reject", "reject a pending change")):  # fmt: skip
-        cmd = add_command(verbs, verb, helptext, f"ironctl change {verb} ID --yes", cmd_decide)
-        cmd.add_argument("id", metavar="ID")
-        cmd.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        cmd.add_argument("--by", metavar="NAME", help=BY_HELP)
-        if verb == "approve":
-            cmd.add_argument("--hash", help="the change hash you reviewed (default: as shown)")
-        else:
-            cmd.add_argument("--note", help="why it was rejected")

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import Stub, add_command, print_json
+from ironclawd.ctl.shapes import print_json
+
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 HELD_TEXT = 200  # characters of a held message shown in the table
 
@@ -109,32 +112,3 @@ def cmd_drop(args: argparse.Namespace, stub: Stub) -> int:
     else:
         print(f"held message {render.visible(args.id)}: dropped")
     return exitcodes.OK
-
-
-def register(sub: Any) -> None:
-    group = sub.add_parser(
-        "channel",
-        help="the channels (Matrix, signed webhooks) people reach agents on",
-        description="Status, counters and failed deliveries of each configured channel; a test "
-        "of one end to end; messages held from unknown senders, to admit or drop "
-        "(docs/channels.md).",
-        epilog=exitcodes.HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    verbs = group.add_subparsers(dest="verb", metavar="VERB", required=True)
-    add_command(verbs, "list", "list channels with their status", "ironctl channel list",
-                cmd_list)  # fmt: skip
-    for verb, text, handler in (
-        ("show", "show a channel: status, counters, failed deliveries", cmd_show),
-        ("test", "check a channel end to end without sending a message", cmd_test),
-    ):
-        cmd = add_command(verbs, verb, text, f"ironctl channel {verb} chat", handler)
-        cmd.add_argument("name", metavar="NAME", help="channel name (see: ironctl channel list)")
-    add_command(verbs, "held", "list messages held from senders not allowed yet",
-                "ironctl channel held --json", cmd_held)  # fmt: skip
-    for verb, text, handler in (
-        ("admit", "queue a held message to its agent, as if its sender were allowed", cmd_admit),
-        ("drop", "delete a held message", cmd_drop),
-    ):
-        cmd = add_command(verbs, verb, text, f"ironctl channel {verb} 3", handler)
-        cmd.add_argument("id", metavar="ID", help="held message id (see: ironctl channel held)")

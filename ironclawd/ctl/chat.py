@@ -7,20 +7,15 @@ import json
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import (
-    CtlError,
-    Stub,
-    UsageError,
-    add_command,
-    decode_stdin,
-    print_json,
-    read_stdin,
-    to_dict,
-)
+from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_stdin
+from ironclawd.ctl.shapes import print_json, to_dict
+
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 
 def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMessageResponse:
@@ -39,6 +34,7 @@ def _replies(stub: Stub, sid: str, after: int, timeout: float | None) -> Iterato
 def _answer(
     stub: Stub, sid: str, sent: admin_pb2.SendMessageResponse, timeout: float
 ) -> admin_pb2.Reply:
+
     for reply in _replies(stub, sid, sent.replies_before, timeout):
         if reply.in_reply_to == sent.seq:
             return reply
@@ -106,34 +102,3 @@ def cmd_verify(args: argparse.Namespace, stub: Stub) -> int:
             f"({report.checked} verified before it)"
         )
     return exitcodes.OK if report.ok else exitcodes.FAILED
-
-
-def register(sub: Any, session_verbs: Any) -> None:
-    send = add_command(
-        sub,
-        "send",
-        "send one message to a session and print the agent's reply (for scripts)",
-        "ironctl send SID 'hello'\n  echo hello | ironctl send SID - --json\n"
-        "  ironctl send SID 'later' --no-wait",
-        cmd_send,
-    )
-    send.add_argument("sid", metavar="SID", help="session id")
-    send.add_argument("text", metavar="TEXT", help="the message, or - to read standard input")
-    send.add_argument("--no-wait", action="store_true", help="queue it; do not wait for a reply")
-    chat = add_command(
-        sub,
-        "chat",
-        "talk to an agent: one line in, its reply out",
-        "ironctl chat SID\n  ironctl chat --agent demo     # starts a session",
-        cmd_chat,
-    )
-    chat.add_argument("sid", metavar="SID", nargs="?", help="session id")
-    chat.add_argument("--agent", help="start a new session of this agent")
-    verify = add_command(
-        session_verbs,
-        "verify",
-        "check that the agent has not rewritten replies the host already ingested",
-        "ironctl session verify SID",
-        cmd_verify,
-    )
-    verify.add_argument("sid", metavar="SID", help="session id")

@@ -4,19 +4,39 @@ goes to ``ironclawd.ctl.main``, whose parser also knows ``--version``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from typing import NoReturn
 
 from ironclawd import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script's entry (``argv`` None: the program itself, which ends here), or a
+    caller's in-process run (tests), which gets the exit code back."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args == ["--version"]:
         sys.stdout.write(f"ironctl {__version__}\n")
         return 0
     from ironclawd.ctl.main import main as run  # noqa: PLC0415 (lazy: see the docstring)
 
-    return run(args)
+    code = run(args)
+    if argv is None:
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's finalization: unloading grpc and protobuf
+    took ~12 ms of a ~70 ms ``ironctl status`` (issue 17), and there is nothing left to do.
+    The command has returned, every call on the channel is over and the channel closed; ironctl
+    keeps no file open for writing and registers no atexit work. Output is flushed first (a
+    closed pipe was already handled by main: standard output then goes to /dev/null)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the reader is gone: nothing reaches it
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,25 @@
-"""Pieces every ironctl command shares: options, sub-command registration, JSON output (its
-shapes: ctl/shapes.py)."""
+"""Pieces every ironctl command shares: options, sub-command registration, errors, standard
+input. Standard library only: building the parser imports nothing of grpc, protobuf or rich
+(a command's handler module is imported when that command runs: ctl/main.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from google.protobuf.message import Message
-
-from ironclaw.admin.v1 import admin_pb2_grpc
-from ironclawd.ctl import argtypes, exitcodes, shapes
+from ironclawd.ctl import argtypes, exitcodes
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from _typeshed import SupportsWrite
 
-Stub = admin_pb2_grpc.AdminServiceStub
-Handler = Callable[[argparse.Namespace, Stub], int]
+    from ironclaw.admin.v1.admin_pb2_grpc import AdminServiceStub
+
+    # What every handler is given (for annotations only: the parser never imports grpc).
+    Stub: TypeAlias = AdminServiceStub
 
 
 class CtlError(Exception):
@@ -98,27 +99,26 @@ def common_options(*, top: bool, socket_default: str = "") -> argparse.ArgumentP
     return common
 
 
+@functools.cache
+def _command_options() -> argparse.ArgumentParser:
+    # One parent for every command (argparse shares a parent's actions with its children): a
+    # parser of its own per command was a fifth of building ironctl's ~120 parsers.
+    return common_options(top=False)
+
+
 def add_command(
-    sub: Any, name: str, helptext: str, examples: str, func: Handler
+    sub: Any, name: str, helptext: str, examples: str, handler: str
 ) -> argparse.ArgumentParser:
+    """A sub-command whose ``handler`` is "MODULE:FUNCTION" of ``ironclawd.ctl``: the module is
+    imported only when this command runs (main.handler_of), so ``ironctl status`` never loads
+    the code, protobuf messages or rich tables of the other commands."""
     cmd: argparse.ArgumentParser = sub.add_parser(
         name,
         help=helptext,
         description=helptext,
         epilog=f"examples:\n  {examples}\n\n{exitcodes.HELP}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common_options(top=False)],
+        parents=[_command_options()],
     )
-    cmd.set_defaults(func=func)
+    cmd.set_defaults(handler=handler)
     return cmd
-
-
-def to_dict(message: Message) -> dict[str, Any]:
-    """A message as ironctl's JSON shows it (ctl/shapes.py)."""
-    return shapes.to_dict(message)
-
-
-def print_json(message: Message, **extra: Any) -> None:
-    doc = to_dict(message)
-    doc.update(extra)
-    print(json.dumps(doc, indent=2))

@@ -13,14 +13,16 @@ import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ironclawd.ctl import exitcodes
-from ironclawd.ctl.common import Stub, add_command
+from ironclawd.ctl.parsers.containment import PUBKEY_ENV
 from ironclawd.errors import MalformedReport, MinisignFormatError, SignatureMismatch
 from ironclawd.formats import containment, minisign
 
-PUBKEY_ENV = "IRONCLAW_CONTAINMENT_PUBKEY"
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
+
 REPORT_TIME = "%Y-%m-%dT%H:%M:%SZ"  # generated_at, as formats/containment.py checks it
 _OUTCOME_EXIT = {
     containment.Outcome.CONTAINED: exitcodes.OK,
@@ -40,34 +42,6 @@ class VerifyFailed(Exception):
     def __init__(self, exit_code: int, message: str) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def register(sub: Any) -> None:
-    group = sub.add_parser(
-        "containment",
-        help="check a red-team run's signed containment report",
-        description="Check the containment report a red-team run writes (make test).",
-        epilog=exitcodes.HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    verbs = group.add_subparsers(dest="verb", metavar="VERB", required=True)
-    verify = add_command(
-        verbs,
-        "verify",
-        "verify a containment report's signature and format, print it, judge it",
-        "ironctl containment verify results/containment-report.json "
-        "--pubkey build/containment/minisign.pub\n"
-        "  ironctl containment verify REPORT.json --pubkey KEY.pub --json | jq .outcome\n\n"
-        "exit 0 only if the signature is good, every attack was contained and the negative\n"
-        "control saw an escape",
-        cmd_verify,
-    )
-    verify.add_argument("report", metavar="REPORT.json", help="containment-report.json")
-    verify.add_argument(
-        "--pubkey",
-        help=f"trusted minisign public key file (required unless ${PUBKEY_ENV} names one)",
-    )
-    verify.add_argument("--signature", help="signature file (default: REPORT.json.minisig)")
 
 
 def cmd_verify(args: argparse.Namespace, _stub: Stub) -> int:

@@ -3,9 +3,12 @@ ends in which code is ``errors.EXIT_CODE`` (the one table, beside the error tree
 
 from __future__ import annotations
 
-import grpc
+from typing import TYPE_CHECKING
 
 from ironclawd.errors import EXIT_CODE
+
+if TYPE_CHECKING:  # the parser needs HELP; grpc is imported only when a command talks to ironclawd
+    import grpc
 
 OK = 0
 FAILED = 1  # a check failed, or the operation did not succeed

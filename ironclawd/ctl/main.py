@@ -1,70 +1,54 @@
-"""ironctl: the operator's command line. It speaks only gRPC to ironclawd's admin socket."""
+"""ironctl: the operator's command line. It speaks only gRPC to ironclawd's admin socket.
+
+Start-up is most of what a command costs (issue 17: ``ironctl status`` took 131 ms, 114 of them
+importing every command's code, grpc, protobuf and rich). So building the parser imports only
+argparse and ironctl's parser modules (ctl/parsers/); each command names its handler as
+"MODULE:FUNCTION" and only that module is imported, with grpc (ctl/rpc.py), once the command
+line is parsed. ``--help``, usage errors and ``--version`` load neither grpc nor protobuf.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import json
 import os
 import sys
-import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd import __version__, paths
-from ironclawd.ctl import (
+from ironclawd import __version__
+from ironclawd.ctl import argtypes, exitcodes
+from ironclawd.ctl.common import CtlError, Parser, UsageError, add_command, common_options
+from ironclawd.ctl.parsers import (
     agents,
     api,
-    argtypes,
     audit,
     changes,
     channels,
     chat,
     containment,
-    exitcodes,
     mcp,
     packages,
-    render,
     sessions,
     skills,
     wiring,
 )
-from ironclawd.ctl.common import (
-    CtlError,
-    Parser,
-    Stub,
-    UsageError,
-    add_command,
-    common_options,
-    print_json,
-)
 
-DEFAULT_SOCKET = str(paths.ADMIN_SOCKET)
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
+
+# = str(ironclawd.paths.ADMIN_SOCKET), which a unit test checks: paths imports pathlib (~5 ms).
+DEFAULT_SOCKET = "/run/ironclaw/admin.sock"
 DEBUG_ENV = "IRONCTL_DEBUG"
 
 
-def cmd_status(args: argparse.Namespace, stub: Stub) -> int:
-    reply = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=args.timeout)
-    if args.json:
-        print_json(reply)
-    else:
-        render.status(reply)
-    return exitcodes.OK
-
-
-def cmd_doctor(args: argparse.Namespace, stub: Stub) -> int:
-    reply = stub.Doctor(admin_pb2.DoctorRequest(), timeout=args.timeout)
-    checks = [c for c in reply.checks if c.name.startswith(args.only)]
-    ok = not any(c.required and c.status == admin_pb2.CHECK_STATUS_FAIL for c in checks)
-    if args.json:
-        print_json(admin_pb2.DoctorResponse(checks=checks), ok=ok)
-    else:
-        render.doctor(checks, ok, legend=not args.no_legend)
-    return exitcodes.OK if ok else exitcodes.FAILED
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """ironctl's argument tree: all of it (``--help``, docs, completion), or, given a top-level
+    command, a tree holding that command's group but perhaps not the others (a run needs only
+    its own, and argparse's ~120 parsers took ~10 ms to build: gettext looks up a catalog on
+    disk for every parser). For such a command both trees parse every command line alike."""
     socket_default = os.environ.get("IRONCLAW_ADMIN_SOCKET", DEFAULT_SOCKET)
     parser = Parser(
         prog="ironctl",
@@ -78,12 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ironctl {__version__}",
                         help="print ironctl's version and exit")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for names, register in _GROUPS:
+        if command is None or command in names:
+            register(sub)
+    return parser
+
+
+def _register_health(sub: Any) -> None:
     add_command(
         sub,
         "status",
         "show the daemon's version, uptime and who you are to it",
         "ironctl status\n  ironctl status --json | jq .caller.uid",
-        cmd_status,
+        "health:cmd_status",
     )
     doctor = add_command(
         sub,
@@ -92,22 +83,50 @@ def build_parser() -> argparse.ArgumentParser:
         "ironctl doctor                 # table of checks with fix hints\n"
         "  ironctl doctor --json          # for scripts; exit 0 only if required checks pass\n"
         "  ironctl doctor --only runsc    # checks whose name starts with 'runsc'",
-        cmd_doctor,
+        "health:cmd_doctor",
     )
     doctor.add_argument("--only", default="", help="only checks whose name has this prefix")
-    verbs = sessions.register(sub)
-    chat.register(sub, verbs)
-    changes.register(sub)
-    agents.register(sub)
-    audit.register(sub)
-    containment.register(sub)
-    skills.register(sub)
-    mcp.register(sub)
-    packages.register(sub)
-    wiring.register(sub)
-    channels.register(sub)
-    api.register(sub)
-    return parser
+
+
+def _register_sessions(sub: Any) -> None:
+    chat.register(sub, sessions.register(sub))  # send, chat, and session verify
+
+
+# The top-level commands each registration adds, in the order --help lists them.
+_GROUPS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
+    (("status", "doctor"), _register_health),
+    (("session", "send", "chat"), _register_sessions),
+    (("change",), changes.register),
+    (("agent",), agents.register),
+    (("audit",), audit.register),
+    (("containment",), containment.register),
+    (("skill",), skills.register),
+    (("mcp",), mcp.register),
+    (("package",), packages.register),
+    (("wiring", "permissions"), wiring.register),
+    (("channel",), channels.register),
+    (("api",), api.register),
+)
+COMMANDS = frozenset(name for names, _ in _GROUPS for name in names)
+# Top-level options as they may come before the command word (common.common_options).
+_FLAGS = frozenset({"--json", "--no-legend"})
+_WITH_VALUE = frozenset({"--socket", "--timeout"})
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command word of a command line when it is certain without argparse: the first word
+    that is not one of the top-level options spelled out in full (``--socket S``,
+    ``--timeout=T``, ``--json``, ...), if it names a command. Anything else (``-h``, an
+    abbreviated option, a typo) gives None: the whole tree parses it, and says what is wrong."""
+    words = iter(argv)
+    for word in words:
+        if word in _FLAGS or word.startswith(tuple(f"{o}=" for o in _WITH_VALUE)):
+            continue
+        if word in _WITH_VALUE:
+            next(words, None)
+            continue
+        return word if word in COMMANDS else None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,22 +159,26 @@ def _run(argv: list[str], as_json: bool) -> int:
         problem = argtypes.undecodable(argv)
         if problem is not None:
             raise UsageError(f"ironctl: {problem}")
-        args = build_parser().parse_args(argv)
+        args = build_parser(command_of(argv)).parse_args(argv)
     except CtlError as err:
         return _report(as_json, err)
     except SystemExit as exc:  # --help was printed
         return exc.code if isinstance(exc.code, int) else exitcodes.USAGE
-    channel = grpc.insecure_channel(f"unix:{args.socket}")
+    from ironclawd.ctl import rpc  # noqa: PLC0415 (grpc: only once a command is to run)
+
     try:
-        code: int = args.func(args, admin_pb2_grpc.AdminServiceStub(channel))
-    except grpc.RpcError as err:
-        return _report_rpc_error(args, err)
+        return rpc.run(args, handler_of(args.handler))
     except CtlError as err:
         return _report(args.json, err, args.command)
-    else:
-        return code
-    finally:
-        channel.close()
+
+
+def handler_of(name: str) -> Callable[[argparse.Namespace, Stub], int]:
+    """The function a command's "MODULE:FUNCTION" names, its module imported now."""
+    module, _, function = name.partition(":")
+    handler: Callable[[argparse.Namespace, Stub], int] = getattr(
+        importlib.import_module(f"ironclawd.ctl.{module}"), function
+    )
+    return handler
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -178,6 +201,8 @@ def _report(as_json: bool, err: CtlError, command: str = "") -> int:
 
 def _internal(exc: Exception) -> CtlError:
     if os.environ.get(DEBUG_ENV) == "1":
+        import traceback  # noqa: PLC0415 (only for this)
+
         traceback.print_exc()
         hint = ""
     else:
@@ -203,33 +228,6 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
     except (OSError, ValueError, io.UnsupportedOperation):
         pass  # not a real file (a test's capture): nothing will be flushed to a pipe
-
-
-def _report_rpc_error(args: argparse.Namespace, err: grpc.RpcError) -> int:
-    code: grpc.StatusCode = err.code()
-    detail: str = err.details() or ""
-    exit_code = exitcodes.for_status(code)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        detail = _explain_unavailable(args.socket, detail)
-        if detail.startswith("permission denied"):
-            exit_code = exitcodes.PERMISSION
-    detail = argtypes.shown_message(detail)
-    if args.json:
-        print(json.dumps({"error": {"code": code.name, "message": detail, "exit": exit_code}}))
-    else:
-        print(f"ironctl: {args.command}: {code.name.lower()}: {detail}", file=sys.stderr)
-    return exit_code
-
-
-def _explain_unavailable(socket_path: str, detail: str) -> str:
-    if not os.path.exists(socket_path):
-        return f"{socket_path} does not exist: is ironclawd running? (systemctl start ironclawd)"
-    if not os.access(socket_path, os.R_OK | os.W_OK):
-        return (
-            f"permission denied on {socket_path}: you are not in group 'ironclaw-admin' "
-            "(ask an administrator: adduser YOU ironclaw-admin; then log in again)"
-        )
-    return f"cannot reach ironclawd on {socket_path}: {detail}"
 
 
 if __name__ == "__main__":

@@ -9,21 +9,18 @@ shown as written. Text from outside still goes through ``visible()`` first."""
 
 from __future__ import annotations
 
-import errno
-import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from rich import box
+# rich.cells alone (no console): terminal cell widths, so that plain columns line up as rich's do.
 from rich.cells import cell_len
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
-from rich.text import Text
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl.shapes import enum_name
+from ironclawd.ctl.text import visible
+
+__all__ = ["visible"]  # re-exported: render.visible is how the commands show outside text
 
 # A cell: its text, or its text and a rich style (used only on a terminal).
 Cell = str | tuple[str, str]
@@ -39,27 +36,12 @@ def is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def console(width: int | None = None) -> Console:
-    # rich already honours NO_COLOR; colour is further limited to a real terminal.
-    colour = is_terminal() and "NO_COLOR" not in os.environ
-    return _Console(no_color=not colour, highlight=False, soft_wrap=False, width=width)
-
-
-class _Console(Console):
-    """rich's Console, but a closed pipe is left to ironctl's main() (exit 141, as for every
-    other write), not turned into a silent exit 1."""
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError(errno.EPIPE, "standard output closed")
-
-
-def _text(cell: Cell) -> str:
+def cell_text(cell: Cell) -> str:
     # A tab would throw columns out of line (and rich expands it past the width measured).
     return (cell if isinstance(cell, str) else cell[0]).replace("\t", " ")
 
 
-def _style(cell: Cell) -> str:
+def cell_style(cell: Cell) -> str:
     return "" if isinstance(cell, str) else cell[1]
 
 
@@ -74,30 +56,38 @@ def table(
     """A listing: one row per item under a header. ``title`` comes before it and ``summary``
     after it (e.g. what to do when there are no rows); ``legend=False`` drops all three."""
     if is_terminal():
-        _rich_table(headers, rows, legend=legend, title=title)
+        from ironclawd.ctl import terminal  # noqa: PLC0415 (rich: only on a terminal)
+
+        terminal.rich_table(headers, rows, legend=legend, title=title)
     else:
         lines = ([title] if legend and title else []) + plain_table(
             headers if legend else None, rows
         )
         if lines:
             print("\n".join(lines))
-    if legend and _text(summary):
-        line = Text(_text(summary), style=_style(summary) if is_terminal() else "")
-        console().print(line, soft_wrap=True)
+    if legend and cell_text(summary):
+        if is_terminal():
+            from ironclawd.ctl import terminal  # noqa: PLC0415 (rich: only on a terminal)
+
+            terminal.line(summary)
+        else:
+            print(cell_text(summary))
 
 
 def fields(rows: Sequence[tuple[str, Cell]]) -> None:
     """One item: a key and its value a line, values aligned. A value's own newlines (a persona)
     continue under the value column."""
     if is_terminal():
-        _rich_table((), rows, legend=False, title="", keys=True)
+        from ironclawd.ctl import terminal  # noqa: PLC0415 (rich: only on a terminal)
+
+        terminal.rich_table((), rows, legend=False, title="", keys=True)
     else:
-        print("\n".join(plain_fields([(k, _text(v)) for k, v in rows])))
+        print("\n".join(plain_fields([(k, cell_text(v)) for k, v in rows])))
 
 
 def plain_table(headers: Sequence[str] | None, rows: Sequence[Sequence[Cell]]) -> list[str]:
     """Rows as aligned columns: a cell's newlines become "; " so that a row stays one line."""
-    grid = [[_flat(_text(c)) for c in row] for row in rows]
+    grid = [[_flat(cell_text(c)) for c in row] for row in rows]
     if headers is not None:
         grid.insert(0, list(headers))
     if not grid:
@@ -127,70 +117,6 @@ def _join(row: Sequence[str], widths: Sequence[int]) -> str:
     return GAP.join(padded).rstrip()
 
 
-def _words(text: str) -> int:
-    """The widest word (or header): a column narrower than this would split it."""
-    return max((cell_len(w) for w in text.split()), default=0)
-
-
-def _rich_table(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[Cell]],
-    *,
-    legend: bool,
-    title: str,
-    keys: bool = False,
-) -> None:
-    """rich's table with column widths chosen here: rich would narrow a column below its widest
-    word and then fold that word; here no column is narrower than its widest word, and when
-    those do not fit the screen the table is wider than the screen (the terminal wraps it)."""
-    texts = [[_text(c) or EMPTY for c in row] for row in rows]
-    shown = [list(headers), *texts] if legend and headers else texts
-    if not shown:  # no rows, and no header asked for
-        return
-    width = len(shown[0])
-    natural = [max(cell_len(line) for row in shown for line in row[i].split("\n"))
-               for i in range(width)]  # fmt: skip
-    least = [max(_words(row[i]) for row in shown) for i in range(width)]
-    if legend and headers:
-        least = [max(n, cell_len(h)) for n, h in zip(least, headers, strict=True)]
-
-    def build(widths: Sequence[int]) -> Table:
-        grid = Table(
-            box=None if keys else box.HEAVY_HEAD,
-            show_header=legend and not keys,
-            title=title if legend and title else None,
-            title_justify="left",
-        )
-        for i, w in enumerate(widths):
-            grid.add_column(headers[i] if headers else "", width=w, overflow="fold",
-                            style="bold" if keys and i == 0 else None)  # fmt: skip
-        for row, cells in zip(texts, rows, strict=True):
-            grid.add_row(*(Text(t, style=_style(c)) for t, c in zip(row, cells, strict=True)))
-        return grid
-
-    screen = console().width
-    probe = console(10**6)
-    extra = Measurement.get(probe, probe.options, build([1] * width)).maximum - width
-    widths = _fit(natural, least, screen - extra)
-    console(max(screen, sum(widths) + extra)).print(build(widths))
-
-
-def _fit(natural: Sequence[int], least: Sequence[int], room: int) -> list[int]:
-    """Column widths: each its natural width if all fit in ``room``; else each at least its
-    widest word, the space left shared in proportion to what each still wants."""
-    if sum(natural) <= room:
-        return list(natural)
-    widths = list(least)
-    spare = room - sum(widths)
-    want = [max(0, n - w) for n, w in zip(natural, widths, strict=True)]
-    total = sum(want)
-    if spare <= 0 or total == 0:
-        return widths
-    for i, w in enumerate(want):
-        widths[i] += w * spare // total
-    return widths
-
-
 def status(reply: admin_pb2.GetStatusResponse) -> None:
     fields(
         [
@@ -217,39 +143,6 @@ def doctor(checks: Sequence[admin_pb2.Check], ok: bool, *, legend: bool = True) 
 
 def check_status(value: int) -> str:
     return enum_name(admin_pb2.CheckStatus.DESCRIPTOR, value)
-
-
-def visible(text: str, *, newlines: bool = False) -> str:
-    """Make control, escape and bidi characters visible, so log text cannot restyle the
-    terminal or reorder what the operator reads. Lone surrogates (bytes that were not UTF-8,
-    kept by surrogateescape) show as the byte they stand for, and never fail to print."""
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif (
-            ch == "\t"
-            or (newlines and ch == "\n")
-            or (0x20 <= code < 0x7F)
-            or (code >= 0xA0 and not _is_format(code))
-        ):
-            out.append(ch)
-        else:
-            out.append(f"\\u{code:04x}" if code > 0xFF else f"\\x{code:02x}")
-    return "".join(out)
-
-
-def _is_format(code: int) -> bool:
-    # Bidi embeddings/overrides/isolates, zero-width characters (Unicode category Cf), line and
-    # paragraph separators, and surrogates (which no terminal can be sent).
-    return (
-        code in range(0x200B, 0x2010)
-        or code in range(0x2028, 0x202F)
-        or code in range(0xD800, 0xE000)
-        or code in range(0x2066, 0x206A)
-        or code == 0xFEFF
-    )
 
 
 def when(stamp: float) -> str:

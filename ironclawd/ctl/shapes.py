@@ -8,6 +8,7 @@ since the epoch, UTC (null when not set), maps with their keys sorted."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -21,6 +22,12 @@ def to_dict(message: Message) -> dict[str, Any]:
     """A message as ironctl's JSON shows it."""
     fields = cast("Sequence[FieldDescriptor]", message.DESCRIPTOR.fields)
     return {f.name: _field(f, getattr(message, f.name)) for f in fields}
+
+
+def print_json(message: Message, **extra: Any) -> None:
+    doc = to_dict(message)
+    doc.update(extra)
+    print(json.dumps(doc, indent=2))
 
 
 def enum_name(enum: EnumDescriptor, value: int) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.common import Stub, add_command
+
+if TYPE_CHECKING:
+    from ironclawd.ctl.common import Stub
 
 # What an agent's view leaves out while it has the default (ironclawd/domain/channels.py).
 ROUTE_DEFAULTS = {"engage": "always", "pattern": "", "sessions": "per_sender", "reply_url": ""}
@@ -101,24 +103,3 @@ def cmd_permissions_show(args: argparse.Namespace, stub: Stub) -> int:
          or "any ironclaw-admin member"),
     ])  # fmt: skip
     return exitcodes.OK
-
-
-def register(sub: Any) -> None:
-    wiring = sub.add_parser(
-        "wiring", help="which channel rooms and webhook endpoints reach which agent",
-        epilog=exitcodes.HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    verbs = wiring.add_subparsers(dest="verb", metavar="VERB", required=True)
-    add_command(verbs, "list", "every agent's routes", "ironctl wiring list --json",
-                cmd_wiring_list)  # fmt: skip
-    show = add_command(verbs, "show", "one agent's routes", "ironctl wiring show demo",
-                       cmd_wiring_show)  # fmt: skip
-    show.add_argument("agent", metavar="AGENT")
-    perms = sub.add_parser(
-        "permissions", help="who may talk to an agent and who approves its changes",
-        epilog=exitcodes.HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    perm_verbs = perms.add_subparsers(dest="verb", metavar="VERB", required=True)
-    show = add_command(perm_verbs, "show", "an agent's permissions",
-                       "ironctl permissions show demo --json", cmd_permissions_show)  # fmt: skip
-    show.add_argument("agent", metavar="AGENT")

@@ -202,7 +202,7 @@ def test_a_10kb_argument_is_echoed_cut(capsys: pytest.CaptureFixture[str]) -> No
 def test_an_unexpected_exception_is_one_line_and_exit_9(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken() -> None:
+    def broken(command: str | None = None) -> None:
         raise RuntimeError("boom \x1b[31m")
 
     monkeypatch.setattr(ctl_main, "build_parser", broken)
@@ -221,7 +221,7 @@ def test_an_unexpected_exception_is_one_line_and_exit_9(
 def test_ironctl_debug_shows_the_traceback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken() -> None:
+    def broken(command: str | None = None) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(ctl_main, "build_parser", broken)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import channels, exitcodes, render
+from ironclawd.ctl import channels, exitcodes, terminal
 from ironclawd.ctl.main import main
 from tests.unit import ctl_world as world
 
@@ -132,7 +132,7 @@ def test_on_a_narrow_terminal_no_word_is_split(argv: dict[str, list[str]], name:
 
 
 def test_fit_keeps_every_column_at_least_its_widest_word() -> None:
-    fit: Any = render._fit
+    fit: Any = terminal._fit
     assert fit([10, 20], [3, 5], 100) == [10, 20]
     assert fit([10, 20], [3, 5], 8) == [3, 5]  # too narrow: the table overflows the screen
     widths = fit([10, 30], [4, 4], 20)

@@ -152,7 +152,7 @@ def test_the_tour_parses() -> None:
         for command in line.split("#")[0].split("&&"):
             words = shlex.split(command.replace("SID", "abcdef12").replace(" ID", " 1"))
             assert words[0] == "ironctl"
-            assert build_parser().parse_args(words[1:]).func, command
+            assert build_parser().parse_args(words[1:]).handler, command
 
 
 def test_every_exit_code_is_documented() -> None:
