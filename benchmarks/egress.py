@@ -127,7 +127,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
             got += len(event.body_chunk)
         return got
 
-    ways: dict[str, Callable[[], Awaitable[int]]] = {
+    ways: dict[str, Callable[[str], Awaitable[int]]] = {
         "direct_keepalive": direct_keepalive,
         "direct_fresh": direct_fresh,
         "broker": via_broker,
@@ -135,7 +135,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
     }
     for name, way in ways.items():
         assert await way(big_url) == BIG, name
-    small = await _interleaved(ways, CALLS)
+    small = await _interleaved({n: functools.partial(w, url) for n, w in ways.items()}, CALLS)
     big = await _interleaved(
         {n: functools.partial(w, big_url) for n, w in ways.items()}, BIG_ROUNDS
     )
@@ -150,7 +150,8 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
     for name in ("direct_fresh", "broker", "broker_grpc"):
         t0 = time.perf_counter()
         # Four workers (the per-session connection cap), 25 requests each.
-        await asyncio.gather(*(_sequential(ways[name], 25) for _ in range(4)))
+        call = functools.partial(ways[name], url)
+        await asyncio.gather(*(_sequential(call, 25) for _ in range(4)))
         concurrent[name] = round(100 / (time.perf_counter() - t0), 1)
     results["requests_per_second_4x25_concurrent"] = concurrent
     await keepalive.aclose()
