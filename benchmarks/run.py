@@ -19,6 +19,7 @@ BENCHMARKS = (
     "sessions",
     "messages",
     "density",
+    "platforms",
     "egress",
     "model_proxy",
     "mcp",

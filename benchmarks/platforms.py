@@ -1,0 +1,208 @@
+"""runsc platforms: the same bare sandbox (benchmarks/bare.py: same spec, image and agent) on
+Debian 12's runsc (20221219, ptrace only) and on Debian 13's (20240729) with ptrace and with
+systrap, interleaved round by round: start to the agent's hello, a message round trip (the
+agent's queues and a stub model) and teardown.
+
+Debian 13's runsc is a static Go binary that runs on this host. It is taken, in this order,
+from ``build/runsc-trixie/runsc`` (the cache), a ``.deb`` named by ``BENCH_RUNSC_DEB``, the e2e
+tier's apt cache (``build/e2e/apt-archives/trixie``) or the cached trixie chroot's, or
+downloaded from deb.debian.org's pool; if none works the figures say "not measured" and why,
+and the run goes on. The daemon itself takes another runsc with ``[sandbox] runsc = PATH`` and
+a platform with ``[sandbox] platform`` (``auto``: systrap when a trial sandbox runs on it).
+``BENCH_ROUNDS`` (10) rounds, ``BENCH_PLATFORM_TRIPS`` (10) round trips per sandbox.
+Writes ``results/bench-platforms.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from benchmarks import bare
+from benchmarks.common import (
+    ROOT,
+    ROUNDS,
+    Way,
+    env_int,
+    interleave,
+    ms_figure,
+    not_measured,
+    write_result,
+)
+from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclawd.errors import IronclawError
+from ironclawd.host import runsc
+
+TRIPS = env_int("BENCH_PLATFORM_TRIPS", 10)
+CACHE = ROOT / "build" / "runsc-trixie"
+VERSION = "0.0~20240729.0-4+b7"
+POOL = "https://deb.debian.org/debian/pool/main/g/gvisor/"
+
+
+def _debs() -> list[Path]:
+    named = os.environ.get("BENCH_RUNSC_DEB")
+    found = [Path(named)] if named else []
+    found += sorted((ROOT / "build/e2e/apt-archives/trixie").glob("runsc_*.deb"))
+    found += sorted((ROOT / "build/deb-chroot/trixie").glob("*/var/cache/apt/archives/runsc_*"))
+    return [p for p in found if p.is_file()]
+
+
+def _download(dest: Path) -> str | None:
+    """Fetch the .deb from the pool into ``dest``; None, or why it failed."""
+    url = POOL + urllib.parse.quote(f"runsc_{VERSION}_amd64.deb")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as reply, open(dest, "wb") as out:
+            shutil.copyfileobj(reply, out)
+    except OSError as exc:
+        dest.unlink(missing_ok=True)
+        return f"downloading {url}: {exc}"
+    return None
+
+
+def trixie_runsc() -> tuple[Path | None, str]:
+    """(path of Debian 13's runsc, where it came from) or (None, why there is none)."""
+    binary = CACHE / "runsc"
+    if binary.is_file():
+        return binary, f"cached in {binary}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    debs = _debs()
+    why = ""
+    if not debs:
+        deb = CACHE / f"runsc_{VERSION}_amd64.deb"
+        failed = _download(deb)
+        if failed:
+            return None, f"no Debian 13 runsc .deb here (build/e2e, BENCH_RUNSC_DEB); {failed}"
+        debs, why = [deb], "downloaded from deb.debian.org"
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        proc = subprocess.run(
+            ["dpkg-deb", "-x", str(debs[0]), tmp], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            return None, f"unpacking {debs[0]}: {proc.stderr.strip()}"
+        shutil.move(Path(tmp) / "usr/bin/runsc", binary)
+    return binary, why or f"from {debs[0]}"
+
+
+def _way(name: str, info: runsc.RunscInfo, platform: str, rootfs: Path) -> Way:
+    """One sandbox per round: start, round trips, teardown, keyed ``<name>:<part>``."""
+
+    def run(_r: int) -> dict[str, float]:
+        box = bare.BareSandbox(info, platform, rootfs)
+        started = time.perf_counter()
+        box.start()
+        took = {"create": time.perf_counter() - started}
+        try:
+            box.open_messages()
+            trips = []
+            for i in range(TRIPS + 1):
+                t0 = time.perf_counter()
+                seq = box.send(f"trip {i}")
+                while box.replies.get(timeout=60)[1] != seq:
+                    pass
+                trips.append(time.perf_counter() - t0)
+            took["trip"] = sorted(trips[1:])[len(trips[1:]) // 2]  # median of the warm ones
+        finally:
+            t0 = time.perf_counter()
+            box.stop()
+            took["stop"] = time.perf_counter() - t0
+        return {f"{name}:{part}": value for part, value in took.items()}
+
+    return run
+
+
+def main() -> None:
+    host = runsc.detect(Path("/usr/bin/runsc"))
+    rootfs = bare.agent_rootfs() if any(bare.BUNDLES.glob("*/config.json")) else None
+    if rootfs is None:
+        with grpc.insecure_channel("unix:/run/ironclaw/admin.sock") as channel:
+            stub = admin_pb2_grpc.AdminServiceStub(channel)
+            sid = stub.CreateSession(admin_pb2.CreateSessionRequest(agent="demo"), timeout=120)
+            rootfs = bare.agent_rootfs()
+            stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid.session.sid, force=True))
+    ways: dict[str, Way] = {}
+    name = f"runsc {host.version} ptrace"
+    ways[name] = _way(name, host, "ptrace", rootfs)
+    path, source = trixie_runsc()
+    problems = []
+    if path is not None:
+        try:
+            new = runsc.detect(path)
+        except IronclawError as exc:
+            problems.append(f"runsc at {path}: {exc}")
+        else:
+            for platform in ("ptrace", "systrap"):
+                name = f"runsc {new.version} {platform}"
+                if platform in new.platforms:
+                    ways[name] = _way(name, new, platform, rootfs)
+                else:
+                    problems.append(f"runsc {new.version} offers no {platform}")
+    else:
+        problems.append(source)
+    # A platform that cannot start a sandbox here is reported, not fatal.
+    for name in list(ways):
+        try:
+            ways[name](0)
+        except (SystemExit, IronclawError, OSError) as exc:
+            problems.append(f"{name}: {exc}")
+            del ways[name]
+    by_way: dict[str, dict[str, list[float]]] = {}
+    for key, values in interleave(ways, ROUNDS, warmup=0).items():
+        way, _, part = key.rpartition(":")
+        by_way.setdefault(way, {})[part] = values
+    figures = _figures(by_way, problems)
+    write_result(
+        "platforms",
+        figures,
+        rounds=ROUNDS,
+        trips=TRIPS,
+        trixie_runsc=source,
+        problems=problems,
+        notes="; ".join(problems),
+    )
+
+
+def _figures(by_way: dict[str, dict[str, list[float]]], problems: list[str]) -> list[Any]:
+    parts = (
+        ("create", "bare start to hello"),
+        ("trip", "bare message round trip"),
+        ("stop", "bare teardown"),
+    )
+    systrap = next((w for w in by_way if w.endswith(" systrap")), None)
+    ptrace_new = next((w for w in by_way if w.endswith(" ptrace") and "20240729" in w), None)
+    ptrace_old = next((w for w in by_way if w.endswith(" ptrace") and w != ptrace_new), None)
+    out = []
+    for part, label in parts:
+        if systrap and ptrace_new:
+            out.append(
+                ms_figure(
+                    f"{label}, {systrap}",
+                    by_way[systrap][part],
+                    f"the same on {ptrace_new}",
+                    by_way[ptrace_new][part],
+                )
+            )
+        else:
+            out.append(not_measured(f"{label}, systrap", "; ".join(problems) or "no systrap"))
+        if ptrace_new and ptrace_old:
+            out.append(
+                ms_figure(
+                    f"{label}, {ptrace_new}",
+                    by_way[ptrace_new][part],
+                    f"the same on {ptrace_old}",
+                    by_way[ptrace_old][part],
+                )
+            )
+    return out
+
+
+if __name__ == "__main__":
+    main()
