@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = (
     "sessions",
     "messages",
+    "pool",
     "density",
     "platforms",
     "egress",

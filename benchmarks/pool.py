@@ -1,0 +1,185 @@
+"""Pooled engage against cold engage: a new conversation's first reply, with a warm pool and
+without, interleaved in one run.
+
+Run inside a systemd with ironclawd installed (``make bench`` does). Two agents alike (mock
+model, limits out of the way): ``bench-pool`` gets a warm pool (``[pool] size = 2``,
+``agents = ["bench-pool"]``), ``bench-cold`` none, so both ways run against the same daemon in
+the same rounds. Engage = ``ironctl session create --agent A --json`` then ``ironctl send SID
+TEXT`` until it prints the reply (two processes, as a person or script does), and the same over
+gRPC (CreateSession, then SendMessage until the reply arrives on WatchReplies). Before a pooled
+round the benchmark waits (untimed) until the pool holds a ready sandbox: the figure is a claim,
+not a pool that ran dry. Sessions are removed after each round (untimed).
+
+On a checkout without ``[pool]`` in its configuration schema the figures say "not measured".
+Writes ``results/bench-pool.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from benchmarks.common import (
+    ROUNDS,
+    Way,
+    interleave,
+    ms_figure,
+    not_measured,
+    timed,
+    write_result,
+)
+from benchmarks.messages import Replies
+from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclawd import config
+from tests.harness.agents import unlimited_agent
+
+SOCKET = "/run/ironclaw/admin.sock"
+CONFIG = Path("/etc/ironclaw/ironclawd.toml")
+POOLED, COLD = "bench-pool", "bench-cold"
+POOL_CONFIG = f'\n[pool]\nsize = 2\nagents = ["{POOLED}"]\nmin_available_bytes = 0\n'
+
+
+def ctl(*args: str) -> str:
+    proc = subprocess.run(["ironctl", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: ironctl {' '.join(args)}: {proc.stderr.strip()[-300:]}")
+    return proc.stdout
+
+
+def ready_pooled(stub: admin_pb2_grpc.AdminServiceStub, agent: str) -> int:
+    """How many sandboxes the pool holds ready for ``agent`` (GetStatus, else the journal)."""
+    status = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+    for row in getattr(status, "pool", ()):
+        if row.agent == agent:
+            return int(row.ready)
+    log = subprocess.run(
+        ["journalctl", "-u", "ironclawd", "-o", "cat", "--no-pager", "-b"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    log = log.rsplit("serving admin API", 1)[-1]
+    ready = re.findall(rf"pool: sandbox ([a-z0-9]+) of agent {re.escape(agent)} ready", log)
+    gone = set(re.findall(r"pool: stopping sandbox ([a-z0-9]+)", log))
+    gone |= set(re.findall(r"session ([a-z0-9]+) running in a pooled sandbox", log))
+    return len([s for s in ready if s not in gone])
+
+
+def wait_ready(stub: admin_pb2_grpc.AdminServiceStub, agent: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while ready_pooled(stub, agent) < 1:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: no pooled sandbox of {agent} ready within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
+    def by_ctl(agent: str) -> Way:
+        def run(_r: int) -> dict[str, float]:
+            if agent == POOLED:
+                wait_ready(stub, agent)
+            holder: dict[str, str] = {}
+
+            def create() -> None:
+                holder["sid"] = json.loads(ctl("session", "create", "--agent", agent, "--json"))[
+                    "sid"
+                ]
+
+            took_create = timed(create)
+            took_send = timed(lambda: ctl("send", holder["sid"], "hello"))
+            ctl("session", "rm", "--force", holder["sid"])
+            return {f"ctl {agent}": took_create + took_send, f"ctl create {agent}": took_create}
+
+        return run
+
+    def by_grpc(agent: str) -> Way:
+        def run(_r: int) -> dict[str, float]:
+            if agent == POOLED:
+                wait_ready(stub, agent)
+            started = time.perf_counter()
+            sid = stub.CreateSession(
+                admin_pb2.CreateSessionRequest(agent=agent), timeout=120
+            ).session.sid
+            created = time.perf_counter() - started
+            replies = Replies(stub, sid)
+            try:
+                request = admin_pb2.SendMessageRequest(
+                    sid=sid, text="hello", client_id=uuid.uuid4().hex
+                )
+                replies.wait_for(stub.SendMessage(request, timeout=60).seq)
+                took = time.perf_counter() - started
+            finally:
+                replies.close()
+                stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True))
+            return {f"grpc {agent}": took, f"grpc create {agent}": created}
+
+        return run
+
+    return {
+        "ctl pooled": by_ctl(POOLED),
+        "ctl cold": by_ctl(COLD),
+        "grpc pooled": by_grpc(POOLED),
+        "grpc cold": by_grpc(COLD),
+    }
+
+
+def figures(s: dict[str, list[float]]) -> list[dict[str, Any]]:
+    cold = f"the same, agent {COLD} without a pool (cold start)"
+    return [
+        ms_figure(
+            "pooled engage: ironctl session create + ironctl send, first reply",
+            s[f"ctl {POOLED}"],
+            cold,
+            s[f"ctl {COLD}"],
+        ),
+        ms_figure(
+            "pooled ironctl session create alone",
+            s[f"ctl create {POOLED}"],
+            cold,
+            s[f"ctl create {COLD}"],
+        ),
+        ms_figure(
+            "pooled engage over gRPC: CreateSession + SendMessage, first reply",
+            s[f"grpc {POOLED}"],
+            cold,
+            s[f"grpc {COLD}"],
+        ),
+        ms_figure(
+            "pooled CreateSession alone", s[f"grpc create {POOLED}"], cold, s[f"grpc create {COLD}"]
+        ),
+    ]
+
+
+def main() -> None:
+    if not Path(SOCKET).exists():
+        raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
+    if "pool" not in config.SCHEMA:
+        why = "this checkout has no [pool] configuration (issue 17 item 1 not landed)"
+        write_result("pool", [not_measured("pooled engage (ironctl), first reply", why)])
+        return
+    previous = CONFIG.read_text() if CONFIG.exists() else None
+    CONFIG.write_text(
+        (previous or "") + unlimited_agent(POOLED) + unlimited_agent(COLD) + POOL_CONFIG
+    )
+    subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
+    try:
+        with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
+            samples = interleave(ways(admin_pb2_grpc.AdminServiceStub(channel)), ROUNDS)
+    finally:
+        if previous is None:
+            CONFIG.unlink()
+        else:
+            CONFIG.write_text(previous)
+        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
+    write_result("pool", figures(samples), rounds=ROUNDS, pool_config=POOL_CONFIG.strip())
+
+
+if __name__ == "__main__":
+    main()
