@@ -290,7 +290,7 @@ def main() -> None:
             )
         )
     write_result(
-        "density",
+        "density" if MAX_SESSIONS == 100 else f"density-{MAX_SESSIONS}",
         figures,
         rounds=ROUNDS,
         levels=levels,

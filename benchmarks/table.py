@@ -17,6 +17,26 @@ ORDER = ("sessions", "messages", "pool", "density", "platforms", "egress", "mode
          "packages", "channels")  # fmt: skip
 
 
+# Issue 17's targets on this 2-core machine (medians), by the start of a figure's name.
+TARGETS = {
+    "pooled engage: ironctl": "<= 100 ms",
+    "session create (ironctl": "<= 1.1x bare",
+    "round trip, one warm session": "<= 8 ms p50, <= 15 ms p99",
+    "aggregate msg/s, 20 sessions": ">= 300 msg/s",
+    "idle memory per session": "<= 35 MiB",
+    "idle CPU of 500 sandboxes": "<= 25% of a core",
+    "ironctl status": "<= 40 ms",
+    "restart to READY, 0 sessions": "<= 150 ms",
+    "restart to READY, 100 sessions": "<= 250 ms",
+    "egress 4 MiB, broker over gRPC": ">= 0.8x direct",
+    "model completion through the proxy": "<= 1 ms added",
+}
+
+
+def target(name: str) -> str:
+    return next((t for start, t in TARGETS.items() if name.startswith(start)), "")
+
+
 def _legacy(name: str, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Figures of the benchmarks that write their own shape (mcp, packages, channels)."""
     pairs: list[tuple[str, str, str, str]] = []  # (group, way, group, baseline way)
@@ -104,15 +124,18 @@ def render(results: Path = RESULTS) -> str:
     lines += [
         "",
         "| benchmark | figure | median | p90 | unit | baseline | baseline median | baseline p90 "
-        "| ratio |",
-        "|---|---|---:|---:|---|---|---:|---:|---:|",
+        "| ratio | target |",
+        "|---|---|---:|---:|---|---|---:|---:|---:|---|",
     ]
     for name, doc in docs:
         figures = doc["figures"] if isinstance(doc.get("figures"), list) else _legacy(name, doc)
         for f in figures:
             unit = f["unit"]
             if f["value"] is None:
-                lines.append(f"| {name} | {f['figure']} | | | {unit} | {f['note']} | | | |")
+                lines.append(
+                    f"| {name} | {f['figure']} | | | {unit} | {f['note']} | | | | "
+                    f"{target(f['figure'])} |"
+                )
                 continue
             ratio = "" if f["ratio"] is None else f"{f['ratio']:g}x"
             base = f["baseline_name"] or f["note"]
@@ -120,7 +143,7 @@ def render(results: Path = RESULTS) -> str:
                 f"| {name} | {f['figure']} | {_cell(f['value'], unit, 'median')} | "
                 f"{_cell(f['value'], unit, 'p90')} | {unit} | {base} | "
                 f"{_cell(f['baseline'], unit, 'median')} | {_cell(f['baseline'], unit, 'p90')} | "
-                f"{ratio} |"
+                f"{ratio} | {target(f['figure'])} |"
             )
     notes = [(name, doc["notes"]) for name, doc in docs if doc.get("notes")]
     if notes:
