@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import io
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -43,19 +44,22 @@ FORBIDDEN = (
     "rich.console", "rich.table", "rich.text", "rich.markup", "yaml", "cryptography",
     "grpc_reflection", "google.protobuf.json_format", "pathlib", "ironclawd.paths",
     "ironclawd.formats", "tempfile", "subprocess", "shlex", "difflib", "dataclasses",
+    "uuid",  # (it imports platform)
+    "shutil",  # (argparse, for the terminal width: common.terminal_columns)
 )  # fmt: skip
 
 
 class Recorder:
-    """Modules ironctl's own code imports: every import statement ironclawd.ctl.* runs, of a
-    module found now or loaded long before (``from M import N`` also records ``M.N``)."""
+    """Modules ironctl's own code imports: every import statement ironclawd.ctl.* (or argparse,
+    on ironctl's behalf) runs, of a module found now or loaded long before (``from M import N``
+    also records ``M.N``)."""
 
     def __init__(self) -> None:
         self.imported: set[str] = set()
 
     def imports(self, name: str, globals_: Any, fromlist: Any, level: int) -> None:
         importer = (globals_ or {}).get("__name__", "")
-        if not importer.startswith("ironclawd.ctl"):
+        if not importer.startswith(("ironclawd.ctl", "argparse")):
             return
         assert level == 0, f"{importer}: a relative import ({name})"
         self.imported.add(name)
@@ -130,3 +134,13 @@ def test_the_constants_ironctl_keeps_to_stay_light_are_the_real_ones() -> None:
     skills = importlib.import_module("ironclawd.ctl.parsers.skills")
     assert str(paths.ADMIN_SOCKET) == main.DEFAULT_SOCKET
     assert skill.SIGNATURE_FILE == skills.SIGNATURE_FILE
+
+
+@pytest.mark.parametrize("columns", [None, "123", "0", "-5", "wide"])
+def test_the_help_width_is_shutils(monkeypatch: pytest.MonkeyPatch, columns: str | None) -> None:
+    common = importlib.import_module("ironclawd.ctl.common")
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert common.terminal_columns() == shutil.get_terminal_size().columns
