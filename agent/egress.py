@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grpc
 
+from agent.metered import call_metered
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
 
 CALL_TIMEOUT = 120.0
@@ -59,23 +60,30 @@ def fetch(args: dict[str, object], socket_path: str) -> str:
         headers=_headers(args.get("headers")),
         body=body.encode("utf-8"),
     )
-    head: egress_pb2.ResponseHead | None = None
-    chunks: list[bytes] = []
-    end: egress_pb2.ResponseEnd | None = None
     try:
-        for event in _stub(socket_path).Fetch(request, timeout=CALL_TIMEOUT):
-            kind = event.WhichOneof("event")
-            if kind == "head":
-                head = event.head
-            elif kind == "body_chunk":
-                chunks.append(event.body_chunk)
-            elif kind == "end":
-                end = event.end
+        head, chunks, end = call_metered(lambda: _exchange(request, socket_path))
     except grpc.RpcError as err:
         return f"error: egress {err.code().name}: {err.details()}"
     if head is None:
         return "error: egress: the broker sent no response head"
     return render(head, b"".join(chunks), end)
+
+
+def _exchange(
+    request: egress_pb2.FetchRequest, socket_path: str
+) -> tuple[egress_pb2.ResponseHead | None, list[bytes], egress_pb2.ResponseEnd | None]:
+    head: egress_pb2.ResponseHead | None = None
+    chunks: list[bytes] = []
+    end: egress_pb2.ResponseEnd | None = None
+    for event in _stub(socket_path).Fetch(request, timeout=CALL_TIMEOUT):
+        kind = event.WhichOneof("event")
+        if kind == "head":
+            head = event.head
+        elif kind == "body_chunk":
+            chunks.append(event.body_chunk)
+        elif kind == "end":
+            end = event.end
+    return head, chunks, end
 
 
 def render(head: egress_pb2.ResponseHead, body: bytes, end: egress_pb2.ResponseEnd | None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grpc
 
+from agent.metered import call_metered
 from ironclaw.mcp.v1 import mcp_pb2, mcp_pb2_grpc
 
 TOOL_PREFIX = "mcp__"
@@ -35,7 +36,8 @@ def call(name: str, arguments_json: str, socket_path: str) -> str:
     """Run one call; the answer (or the host's refusal) as text for the model."""
     request = mcp_pb2.CallToolRequest(name=name, arguments_json=arguments_json)
     try:
-        response = _stub(socket_path).CallTool(request, timeout=CALL_TIMEOUT)
+        stub = _stub(socket_path)
+        response = call_metered(lambda: stub.CallTool(request, timeout=CALL_TIMEOUT))
     except grpc.RpcError as err:
         return f"error: MCP tool {label(name)} refused ({err.code().name.lower()}): {err.details()}"
     return render(name, response)

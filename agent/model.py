@@ -11,7 +11,9 @@ import contextlib
 import time
 
 import grpc
+import grpc.experimental
 
+from agent.metered import call_metered
 from agent.tools import run_tool
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 
@@ -32,6 +34,10 @@ class ModelResponder:
             options=[
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
+                # Complete streams on the calling thread: otherwise grpc starts a thread for
+                # every call made while none is in flight (one per message here), and hands each
+                # event across threads, each a clone or futex trapped by gVisor (issue 17).
+                (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
             ],
         )
         self._stub = model_pb2_grpc.ModelServiceStub(self._channel)
@@ -40,7 +46,8 @@ class ModelResponder:
 
     def _get_profile(self) -> model_pb2.GetProfileResponse:
         if self._profile is None:
-            self._profile = self._stub.GetProfile(model_pb2.GetProfileRequest(), timeout=30)
+            request = model_pb2.GetProfileRequest()
+            self._profile = call_metered(lambda: self._stub.GetProfile(request, timeout=30))
         return self._profile
 
     def __call__(self, text: str) -> str:
@@ -98,6 +105,10 @@ class ModelResponder:
         self, messages: list[model_pb2.Message], profile: model_pb2.GetProfileResponse
     ) -> tuple[str, list[model_pb2.ToolCall]]:
         request = model_pb2.CompleteRequest(messages=messages, tools=profile.tools)
+        # A refusal for the call rate comes before any event: the retry starts afresh.
+        return call_metered(lambda: self._stream(request))
+
+    def _stream(self, request: model_pb2.CompleteRequest) -> tuple[str, list[model_pb2.ToolCall]]:
         parts: list[str] = []
         calls: list[model_pb2.ToolCall] = []
         for event in self._stub.Complete(request, timeout=CALL_TIMEOUT):

@@ -43,15 +43,24 @@ def _keyed(conn: sqlcipher3.Connection, key: bytes) -> None:
 
 
 class Inbound:
+    """The agent's one read-only connection to inbound.db, opened and keyed once (a fresh
+    connection per message cost more than the read: open, key, schema). SQLite drops its page
+    cache at the start of a read when page 1 changed, and every host commit changes page 1 (a
+    new IV re-encrypts it whole), so a kept connection sees each commit. A read that fails, or
+    that comes back short of what the host announced, may have cached pages of a commit caught
+    half-way (locks do not cross gVisor): the connection is dropped and the next try opens a
+    fresh one."""
+
     def __init__(self, path: Path, key: bytes) -> None:
         self._path = path
         self._key = key
+        self._conn: sqlcipher3.Connection | None = None
 
     def read_after(self, after: int, up_to: int | None) -> list[Row]:
         """Messages with seq in (after, up_to]; with up_to=None whatever is there now."""
         last_error: Exception | None = None
         for _attempt in range(READ_ATTEMPTS):
-            if not self._path.exists():
+            if self._conn is None and not self._path.exists():
                 if up_to is None or up_to <= after:
                     return []
                 last_error = QueueError(f"{self._path} does not exist yet")
@@ -66,20 +75,37 @@ class Inbound:
                     if seqs == list(range(after + 1, after + 1 + len(seqs))) and complete:
                         return rows
                     last_error = QueueError(f"announced {up_to}, read {seqs[:3]}..")
+                self.close()
             time.sleep(READ_BACKOFF)
         raise QueueError(f"reading {self._path}: gave up: {last_error}")
 
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> sqlcipher3.Connection:
+        if self._conn is None:
+            conn = sqlcipher3.connect(f"file:{self._path}?mode=ro", uri=True, isolation_level=None)
+            try:
+                _keyed(conn, self._key)
+                conn.execute("PRAGMA query_only = ON")
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
     def _read(self, after: int, up_to: int | None) -> list[Row]:
-        conn = sqlcipher3.connect(f"file:{self._path}?mode=ro", uri=True, isolation_level=None)
-        try:
-            _keyed(conn, self._key)
-            conn.execute("PRAGMA query_only = ON")
-            rows = conn.execute(
+        # fetchall(): the statement runs to its end, which ends the read transaction.
+        rows = (
+            self._connection()
+            .execute(
                 "SELECT seq, body FROM messages WHERE seq > ? AND seq <= ? ORDER BY seq",
                 (after, up_to if up_to is not None else 2**62),
-            ).fetchall()
-        finally:
-            conn.close()
+            )
+            .fetchall()
+        )
         return [(int(seq), str(body)) for seq, body in rows]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from agent import egress, mcp, programs, runner
+from agent.metered import call_metered
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 WORKSPACE = Path("/workspace")
@@ -107,7 +108,7 @@ def request_change(args: dict[str, object]) -> str:
     with grpc.insecure_channel(f"unix:{GATEWAY_SOCKET}") as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         try:
-            change = stub.SubmitChange(request, timeout=30).change
+            change = call_metered(lambda: stub.SubmitChange(request, timeout=30)).change
         except grpc.RpcError as err:
             return f"error: change refused ({err.code().name.lower()}): {err.details()}"
     return f"change {change.id} is {change.state}: a human must approve it before it applies"

@@ -38,6 +38,12 @@ class TokenBucket:
         self._tokens -= 1
         return True
 
+    def wait_seconds(self) -> float:
+        """How long from now until a token is there (0 if one is), if no one takes one."""
+        now = self._clock()
+        tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        return max(0.0, (1 - tokens) / self._rate)
+
 
 @dataclass(eq=False)
 class Conn:

@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from math import ceil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,9 @@ SERVICE_SOCKET = {
     "ironclaw.gateway.v1.GatewayService": "gateway",
     "ironclaw.mcp.v1.McpService": "mcp",
 }
+# A call refused for the rate alone says in this trailer when the next would be taken: the agent
+# waits that long and calls again (agent/metered.py) rather than telling its user to slow down.
+RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
 # egress.sock and mcp.sock only if granted (EgressBroker.has_grants, McpGateway.has_grants).
 SOCKETS = ("model", "gateway", "egress", "mcp")
 __all__ = ["SandboxApi", "SandboxPeer"]
@@ -104,7 +108,9 @@ class _PeerInterceptor(_Interceptor):
             ratelog.warning(log, peer.sid, "calls over rate",
                             "session %s: call on %s.sock refused: over %g calls a second",
                             peer.sid, peer.socket, self._limits.calls_per_second)  # fmt: skip
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down")
+            wait = f"{max(1, ceil(rate.wait_seconds() * 1000))}"
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down",
+                                trailing_metadata=((RETRY_AFTER_KEY, wait),))  # fmt: skip
 
     def _no_such_method(self, method: str) -> grpc.RpcMethodHandler[Any, Any]:
         async def refuse(request: bytes, context: Context) -> None:

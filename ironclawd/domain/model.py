@@ -138,6 +138,9 @@ class Budget:
     tokens_per_day: int
     _requests: collections.deque[float] = field(default_factory=collections.deque)
     _tokens: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+    # The sum of ``_tokens``, kept as they come and go: summing a day of records on every call
+    # made each call slower the busier the day had been (issue 17).
+    _used: int = 0
 
     def admit(self, now: float, what: str) -> None:
         """Count one request or raise BudgetExceeded (mapped to RESOURCE_EXHAUSTED)."""
@@ -153,13 +156,13 @@ class Budget:
         while self._requests and self._requests[0] <= now - 60:
             self._requests.popleft()
         while self._tokens and self._tokens[0][0] <= now - 86400:
-            self._tokens.popleft()
+            self._used -= self._tokens.popleft()[1]
         if len(self._requests) >= self.requests_per_minute:
             raise BudgetExceeded(
                 f"{what}: rate limit of {self.requests_per_minute} model requests per minute "
                 "reached; try again in a minute"
             )
-        used = sum(n for _, n in self._tokens)
+        used = self._used
         if used >= self.tokens_per_day:
             raise BudgetExceeded(
                 f"{what}: daily budget of {self.tokens_per_day} tokens used up ({used})"
@@ -167,3 +170,4 @@ class Budget:
 
     def spend(self, now: float, tokens: int) -> None:
         self._tokens.append((now, tokens))
+        self._used += tokens

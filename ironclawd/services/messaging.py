@@ -119,8 +119,8 @@ class MessageService:
         check_body(body)
         check_client_id(client_id)
         session = self._sessions.get(sid)
-        await asyncio.to_thread(self._data.check_space, f"sending to session {sid}")
         if session.state is not State.RUNNING:
+            await asyncio.to_thread(self._data.check_space, f"sending to session {sid}")
             # An idle-stopped session starts again on the next message (docs/architecture.md §3).
             session = await self._sessions.start(sid)
         replies_before = (await self._tail(sid)).last
@@ -133,6 +133,9 @@ class MessageService:
         return Sent(seq, new, replies_before)
 
     def _append(self, sid: str, body: str, now: float, client_id: str | None) -> tuple[int, bool]:
+        """In a worker thread: the free-space check and the append in one hop off the loop
+        (each hop is a wake-up of a thread and of the loop again, on the path of every send)."""
+        self._data.check_space(f"sending to session {sid}")
         return self._writer(sid).append(body, now, client_id)
 
     def _writer(self, sid: str) -> InboundQueue:

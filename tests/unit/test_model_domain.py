@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 
 import pytest
 from hypothesis import given
@@ -170,3 +171,19 @@ def test_tokens_per_day_window() -> None:
     with pytest.raises(BudgetExceeded, match=r"\(110\)"):
         b.admit(86405.0, "agent a")
     b.admit(86410.0, "agent a")  # the second spend (t=10) left too: 60 used
+
+
+def test_tokens_used_is_the_sum_of_the_day_as_it_slides() -> None:
+    """The running total (kept instead of summing a day of records on every call) is always
+    what was spent in the last 24 hours."""
+    rng = random.Random(17)
+    b = Budget(requests_per_minute=10**9, tokens_per_day=10**12)
+    spent: list[tuple[float, int]] = []
+    now = 0.0
+    for _ in range(3000):
+        now += rng.choice((0.5, 60.0, 3600.0, 40000.0))
+        n = rng.randrange(0, 5000)
+        b.spend(now, n)
+        spent.append((now, n))
+        b.check(now, "x")
+        assert b._used == sum(k for t, k in spent if t > now - 86400)
