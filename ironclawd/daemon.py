@@ -29,8 +29,8 @@ from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
 from ironclawd.services.doctor import Doctor
-from ironclawd.services.reconcile import reconcile
-from ironclawd.wiring import HostProbeSet, wire
+from ironclawd.services.reconcile import Recovery, claim, reconcile
+from ironclawd.wiring import HostProbeSet, Wired, wire
 
 log = logging.getLogger("ironclawd")
 
@@ -73,11 +73,10 @@ class Daemon:
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)
         await wired.sandbox_api.start()
         await wired.mcp.close()  # MCP server units an earlier run left behind
-        _notify(status="reconciling sandboxes left by an earlier run")
-        report = await reconcile(sessions)
-        await wired.gateway.resume()
-        wired.audit.record("daemon.started", "ironclawd", version=__version__,
-                           reconcile=report.summary())  # fmt: skip
+        # READY as soon as the admin API serves (issue 17): adopting the sandboxes an earlier
+        # run left goes on in the background. Their sessions are claimed first, so a command on
+        # one waits until it is settled, and listings show it "recovering" meanwhile.
+        recovery = await claim(sessions)
         self._servicer = AdminServicer(
             doctor=doctor,
             sessions=sessions,
@@ -90,9 +89,14 @@ class Daemon:
             audit=wired.audit,
             mcp=wired.mcp,
             inbox=wired.inbox,
+            recovering=recovery.pending,
         )
+        self._servicer.state = "recovering"
         self._admin = await start_admin_server(self._config.admin, self._servicer)
-        status = f"serving admin API on {self._config.admin.socket}; {report.summary()}"
+        status = (
+            f"serving admin API on {self._config.admin.socket}; "
+            f"recovering {len(recovery.pending)} session(s)"
+        )
         log.info(
             "ironclawd %s ready: %s", __version__, status, extra=message_id(MessageId.DAEMON_READY)
         )
@@ -100,16 +104,11 @@ class Daemon:
         async with asyncio.TaskGroup() as tasks:
             watchdog = tasks.create_task(self._watchdog())
             summaries = tasks.create_task(self._flush_log_summaries())
-            # Sessions whose sandbox died while the daemon was down, with messages waiting.
-            resume = tasks.create_task(wired.messages.resume_all(report.settled))
-            # Receives a dead daemon left are finished, replies not yet delivered go out.
-            channels = tasks.create_task(wired.inbox.resume())
-            await wired.inbox.start()
+            recover = tasks.create_task(self._recover(wired, recovery))
             await self._stop.wait()
             watchdog.cancel()
             summaries.cancel()
-            resume.cancel()
-            channels.cancel()
+            recover.cancel()
         _notify(stopping=1, status="stopping")
         log.info(
             "stopping: SIGTERM received; sandboxes keep running and are adopted on start",
@@ -126,6 +125,23 @@ class Daemon:
         wired.store.close()
         wired.master.zero()
         log.info("stopped", extra=message_id(MessageId.DAEMON_STOPPED))
+
+    async def _recover(self, wired: Wired, recovery: Recovery) -> None:
+        """After READY: settle what an earlier run left (reconcile), apply changes approved
+        before it died, then resume messages and channels. Cancelled by a stop."""
+        report = await reconcile(wired.sessions, recovery)
+        await wired.gateway.resume()
+        wired.audit.record("daemon.started", "ironclawd", version=__version__,
+                           reconcile=report.summary())  # fmt: skip
+        if self._servicer is not None:
+            self._servicer.state = "running"
+        _notify(status=f"serving admin API on {self._config.admin.socket}; {report.summary()}")
+        async with asyncio.TaskGroup() as tasks:
+            # Sessions whose sandbox died while the daemon was down, with messages waiting.
+            tasks.create_task(wired.messages.resume_all(report.settled))
+            # Receives a dead daemon left are finished, replies not yet delivered go out.
+            tasks.create_task(wired.inbox.resume())
+            await wired.inbox.start()
 
     async def _watchdog(self) -> None:
         usec = watchdog_enabled(0)

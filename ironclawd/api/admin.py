@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import grpc
@@ -53,6 +53,7 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
         audit: Audit,
         mcp: McpProber,
         inbox: Inbox,
+        recovering: Collection[str] = frozenset(),
         config_source: str,
         started: float,
     ) -> None:
@@ -67,6 +68,9 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
         self._inbox = inbox
         self._config_source = config_source
         self._started = started
+        # Sessions a restarted daemon has not settled yet (services/reconcile.py ``Recovery``),
+        # and the daemon's own state: "recovering" until they all are, then "running".
+        self._recovering = recovering
         self.state = "running"
 
     async def GetStatus(
@@ -106,14 +110,18 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
         self, request: admin_pb2.ListSessionsRequest, context: Context
     ) -> admin_pb2.ListSessionsResponse:
         return admin_pb2.ListSessionsResponse(
-            sessions=[session_to_proto(s) for s in self._sessions.list_sessions()]
+            sessions=[
+                session_to_proto(s, s.sid in self._recovering)
+                for s in self._sessions.list_sessions()
+            ]
         )
 
     async def GetSession(
         self, request: admin_pb2.GetSessionRequest, context: Context
     ) -> admin_pb2.GetSessionResponse:
+        session = self._sessions.get(request.sid)
         return admin_pb2.GetSessionResponse(
-            session=session_to_proto(self._sessions.get(request.sid))
+            session=session_to_proto(session, session.sid in self._recovering)
         )
 
     async def StartSession(
@@ -193,11 +201,13 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
         )
 
 
-def session_to_proto(session: Session) -> admin_pb2.Session:
+def session_to_proto(session: Session, recovering: bool = False) -> admin_pb2.Session:
+    """``recovering``: a restarted daemon has not settled the session yet (shown as such, not as
+    the state its record still holds)."""
     return admin_pb2.Session(
         sid=session.sid,
         agent=session.agent,
-        state=_SESSION_STATE[session.state],
+        state=admin_pb2.SESSION_STATE_RECOVERING if recovering else _SESSION_STATE[session.state],
         error=session.error,
         created_at=session.created_at,
         updated_at=session.updated_at,

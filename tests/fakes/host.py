@@ -96,7 +96,8 @@ class FakeNetns(_Recording):
 class FakeControl(_Recording):
     """``ControlPlane``: an opened session's agent says hello at once; one ``silent`` names
     never does (the caller's timeout ends the wait, as with the real one); ``drop(sid)`` ends
-    its connection as a dying sandbox would."""
+    its connection as a dying sandbox would; while ``hello_gate`` is set and not open, every
+    agent waits for it (a reconnect back-off)."""
 
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
@@ -105,6 +106,7 @@ class FakeControl(_Recording):
         self.sent: list[tuple[str, str, int]] = []
         self._dropped: dict[str, asyncio.Event] = {}
         self.listener: ControlListener | None = None
+        self.hello_gate: asyncio.Event | None = None
 
     async def open(self, sid: str) -> Path:
         self._call("control.open", sid)
@@ -115,6 +117,8 @@ class FakeControl(_Recording):
     async def wait_hello(self, sid: str) -> AgentHello:
         if sid in self.silent or sid not in self.open_dirs:
             await asyncio.Event().wait()  # never connects
+        if self.hello_gate is not None:
+            await self.hello_gate.wait()
         return AgentHello(pid=7, uid=10000)
 
     def is_connected(self, sid: str) -> bool:

@@ -102,6 +102,17 @@ def daemon_pid(sysd: Any) -> str:
     return unit_props(sysd, "ironclawd.service", "MainPID")["MainPID"]
 
 
+def wait_recovered(sysd: Any, timeout: float = 60.0) -> None:
+    """READY comes as soon as the admin API serves; adopting what an earlier run left goes on
+    after it (issue 17). Wait until the daemon says it is done ("running", not "recovering")."""
+
+    def state() -> str:
+        code, doc = ctl(sysd, "status")
+        return str(doc.get("state")) if code == 0 and isinstance(doc, dict) else f"exit {code}"
+
+    wait_for("ironclawd recovered its sessions", state, lambda s: s == "running", timeout)
+
+
 # Runs inside the private systemd (its mount and PID namespaces): every place a session can
 # leave something, as {kind: [entries]}. Entries name the session id where the thing does.
 INVENTORY = r"""
@@ -377,13 +388,16 @@ def test_killed_daemon_adopts_sessions_then_reconcile_cleans_up(clean: Any) -> N
     mark = cursor(sysd)
     t0 = time.monotonic()
     assert sysd.run(["systemctl", "kill", "-s", "KILL", "ironclawd.service"]).returncode == 0
-    # Restart=on-failure: systemd starts it again; Type=notify, so "active" means reconciled.
+    # Restart=on-failure: systemd starts it again; Type=notify, so "active" means serving, and
+    # its sessions are adopted in the background after that.
     wait_for(
         "ironclawd restarted by systemd",
         lambda: unit_props(sysd, "ironclawd.service", "ActiveState", "MainPID"),
         lambda p: p["ActiveState"] == "active" and p["MainPID"] not in {"0", old_pid},
         60,
     )
+    note("ready_after_kill_seconds", time.monotonic() - t0)
+    wait_recovered(sysd)
     note("adopt_after_kill_seconds", time.monotonic() - t0)
     log = journal_since(sysd, mark)
     assert "reconcile: adopted 3 session(s), settled 0, removed 0 orphan(s)" in log, log
@@ -424,6 +438,7 @@ def test_killed_daemon_adopts_sessions_then_reconcile_cleans_up(clean: Any) -> N
 
     mark = cursor(sysd)
     assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
+    wait_recovered(sysd)
     log = journal_since(sysd, mark)
     # Orphans: the unit (stopped, failed state reset), netns, bundle and socket dir; the dead
     # session's own unit and state are settled with it, not counted as orphans.

@@ -183,6 +183,7 @@ def test_enum_names_follow_the_enum_type() -> None:
     state = admin_pb2.SessionState.DESCRIPTOR
     assert [shapes.enum_name(state, v.number) for v in state.values] == [
         "unspecified", "creating", "starting", "running", "stopping", "stopped", "failed",
+        "recovering",
     ]  # fmt: skip
     assert shapes.enum_name(state, 99) == "unknown"
     check = admin_pb2.CheckStatus.DESCRIPTOR

@@ -37,6 +37,10 @@ class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionS
     SESSION_STATE_STOPPING: _SessionState.ValueType  # 4
     SESSION_STATE_STOPPED: _SessionState.ValueType  # 5
     SESSION_STATE_FAILED: _SessionState.ValueType  # 6
+    SESSION_STATE_RECOVERING: _SessionState.ValueType  # 7
+    """The daemon restarted and has not yet re-attached to this session's sandbox (or settled what
+    an earlier daemon left of it); commands on it wait until it has. Never persisted.
+    """
 
 class SessionState(_SessionState, metaclass=_SessionStateEnumTypeWrapper): ...
 
@@ -47,6 +51,10 @@ SESSION_STATE_RUNNING: SessionState.ValueType  # 3
 SESSION_STATE_STOPPING: SessionState.ValueType  # 4
 SESSION_STATE_STOPPED: SessionState.ValueType  # 5
 SESSION_STATE_FAILED: SessionState.ValueType  # 6
+SESSION_STATE_RECOVERING: SessionState.ValueType  # 7
+"""The daemon restarted and has not yet re-attached to this session's sandbox (or settled what
+an earlier daemon left of it); commands on it wait until it has. Never persisted.
+"""
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
 
 class _CheckStatus:
