@@ -10,7 +10,9 @@ import logging
 import signal
 import sys
 import time
+import types
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import prctl
 from pystemd.daemon import notify, watchdog_enabled
@@ -30,7 +32,9 @@ from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.logsetup import set_level, setup_logging
 from ironclawd.services.doctor import Doctor
 from ironclawd.services.reconcile import Recovery, claim, reconcile
-from ironclawd.wiring import HostProbeSet, Wired, wire
+
+if TYPE_CHECKING:
+    from ironclawd.wiring import Wired
 
 log = logging.getLogger("ironclawd")
 
@@ -62,6 +66,9 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
+        # Here, not at the top: main() first keeps httpx's command-line client out.
+        from ironclawd.wiring import HostProbeSet, wire  # noqa: PLC0415
+
         netns = NetnsAdapter()
         wired = wire(self._config, netns)
         sessions, control = wired.sessions, wired.control
@@ -195,6 +202,21 @@ class Daemon:
         )
 
 
+def without_httpx_cli() -> None:
+    """httpx imports its command-line client when imported (``httpx/__init__.py``: click, rich
+    and pygments, ~0.1 s of every daemon start, issue 17); the daemon never runs it. A stand-in
+    ``httpx._main`` keeps them out. Call before anything imports httpx."""
+    if "httpx" in sys.modules or "httpx._main" in sys.modules:
+        return
+    stand_in = types.ModuleType("httpx._main", "not loaded by ironclawd (no httpx CLI)")
+
+    def main() -> None:
+        raise SystemExit("httpx: the command-line client is not available in ironclawd")
+
+    stand_in.main = main  # type: ignore[attr-defined]
+    sys.modules["httpx._main"] = stand_in
+
+
 def _config_error(exc: ConfigError) -> dict[str, object]:
     return message_id(MessageId.CONFIG_INVALID, IRONCLAW_CONFIG_ERROR=str(exc))
 
@@ -257,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         config.daemon.agent_log_lines, config.daemon.agent_log_window_seconds
     )
     harden_process()
+    without_httpx_cli()
     try:
         asyncio.run(Daemon(args.config, config).run())
     except IronclawError as exc:

@@ -30,8 +30,8 @@ from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.filecache import IdentityCache
 from ironclawd.host import probes, runsc
+from ironclawd.host.channel_adapters import matrix_channel, webhook_channel
 from ironclawd.host.clock import SystemClock
-from ironclawd.host.matrix import MatrixChannel
 from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
 from ironclawd.host.mounts import HostMounts
@@ -41,7 +41,6 @@ from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.skill_keys import TrustedKeyDir
 from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
-from ironclawd.host.webhook import WebhookChannel
 from ironclawd.net.http import PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
@@ -204,8 +203,8 @@ def _channels(
         ),
     )  # fmt: skip
     builders: dict[str, Callable[[ChannelConfig], ChannelAdapter]] = {
-        "matrix": lambda c: MatrixChannel(c, credentials.get, clock),
-        "webhook": lambda c: WebhookChannel(c, credentials.get, clock, webhooks),
+        "matrix": lambda c: matrix_channel(c, credentials.get, clock),
+        "webhook": lambda c: webhook_channel(c, credentials.get, clock, webhooks),
     }
     adapters = {}
     for channel in config.channels:

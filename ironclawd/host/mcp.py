@@ -38,13 +38,7 @@ import subprocess
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
-
-import anyio
-import mcp_types as types
-from anyio.abc import Process
-from anyio.streams.memory import MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
+from typing import TYPE_CHECKING, Final
 
 from ironclawd import paths
 from ironclawd.domain.mcp import McpLimits, McpServer
@@ -52,6 +46,14 @@ from ironclawd.errors import McpServerFailed
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.ports import Credentials
 from ironclawd.ports.mcp import McpTransport
+
+if TYPE_CHECKING:
+    from anyio.abc import Process
+    from anyio.streams.memory import MemoryObjectSendStream
+    from mcp.shared.message import SessionMessage
+
+# anyio and the MCP SDK (~0.2-0.4 s of imports) are imported where a server is first spoken to,
+# not when the daemon starts (issue 17).
 
 log = logging.getLogger("ironclawd.mcp")
 
@@ -180,6 +182,9 @@ async def bounded_stdio(
     """Spawn ``argv`` and speak MCP over its stdin/stdout, one message per line, a line over
     ``max_message_bytes`` ending the transport. ``on_close`` (run in a thread) stops what the
     process started; then the process is killed if it is still there."""
+    import anyio  # noqa: PLC0415 (see the module's imports)
+    from mcp.shared.message import SessionMessage  # noqa: PLC0415
+
     try:
         process = await anyio.open_process(
             list(argv), env=env, stderr=subprocess.PIPE, start_new_session=True
@@ -237,6 +242,8 @@ async def _read_lines(
 ) -> None:
     """Hand each line to the SDK's parser; stop at a line longer than the cap (read in chunks,
     each byte scanned once, so a huge line costs memory up to the cap and no more)."""
+    import anyio  # noqa: PLC0415 (see the module's imports)
+
     assert process.stdout is not None
     buffer, scanned, first = bytearray(), 0, True
     with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError,
@@ -261,6 +268,9 @@ async def _read_lines(
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
+    import mcp_types as types  # noqa: PLC0415 (see the module's imports)
+    from mcp.shared.message import SessionMessage  # noqa: PLC0415
+
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
@@ -268,6 +278,8 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 
 async def _stop(process: Process, on_close: Callable[[], object] | None) -> None:
+    import anyio  # noqa: PLC0415 (see the module's imports)
+
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         if process.stdin is not None:
             await process.stdin.aclose()

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx2
-from mcp.client.streamable_http import streamable_http_client
 
 from ironclawd.domain.addresses import IPAddress, refusal_reason
 from ironclawd.domain.egress import EgressLimits
@@ -174,6 +173,10 @@ class RemoteMcpLauncher:
 
     @contextlib.asynccontextmanager
     async def open(self, agent: str, server: McpServer) -> AsyncIterator[McpTransport]:
+        # The SDK (~0.2-0.4 s of imports) is imported when a remote server is first opened, not
+        # when the daemon starts (issue 17).
+        from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+
         endpoint = parse_url(server.url)
         actor = f"agent:{agent}"
         base = {"server": server.name, "host": endpoint.host, "port": endpoint.port}

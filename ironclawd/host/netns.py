@@ -30,8 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from pyroute2 import IPRoute
-
 from ironclawd.errors import HostError, InvalidArgument
 from ironclawd.paths import NETNS_DIR
 
@@ -205,6 +203,10 @@ class NetnsAdapter:
 
 def _inspect(fd: int) -> tuple[list[str], list[str], list[str]]:
     """In the calling (throwaway) thread: enter the netns of ``fd``, list links/addrs/routes."""
+    # Imported here, before the setns, not at start: pyroute2 costs ~70 ms of the daemon's
+    # start-up and only session creation needs it (issue 17).
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
     _check(_libc.setns(fd, CLONE_NEWNET), "setns(CLONE_NEWNET)")
     with IPRoute() as ipr:
         links = sorted(str(link.get_attr("IFLA_IFNAME")) for link in ipr.get_links())

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
-
-from mcp.client._transport import ReadStream, WriteStream
-from mcp.shared.message import SessionMessage
+from typing import TYPE_CHECKING, Protocol
 
 from ironclawd.domain.mcp import McpServer, McpToolDef
+
+if TYPE_CHECKING:  # the SDK costs ~0.2 s to import: not on the daemon's start path (issue 17)
+    from mcp.client._transport import ReadStream, WriteStream
+    from mcp.shared.message import SessionMessage
 
 
 @dataclass(frozen=True)

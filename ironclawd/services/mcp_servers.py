@@ -20,17 +20,20 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import mcp_types as types
-from mcp import ClientSession
-from mcp.shared.exceptions import MCPError
+from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.kinds.mcp import tool_def
 from ironclawd.domain.mcp import McpLimits, McpServer, McpToolDef
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import InvalidArgument, McpServerFailed
 from ironclawd.ports import Credentials
+
+if TYPE_CHECKING:
+    import mcp_types as types
+    from mcp import ClientSession
+
+# The SDK (~0.2-0.4 s of imports) is imported where a server is first spoken to, not when the
+# daemon starts (issue 17).
 from ironclawd.ports.mcp import McpCallResult, McpLauncher, McpTransport
 
 log = logging.getLogger("ironclawd.mcp")
@@ -86,6 +89,8 @@ class McpSupervisor:
         session = await self._session(key, server)
         out: list[McpToolDef] = []
         cursor: str | None = None
+        import mcp_types as types  # noqa: PLC0415 (see the module's imports)
+
         for _ in range(MAX_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             page = await self._request(
@@ -228,6 +233,9 @@ class McpSupervisor:
         return live.session
 
     async def _run(self, agent: str, live: _Live) -> None:
+        from mcp import ClientSession  # noqa: PLC0415 (see the module's imports)
+        from mcp.shared.exceptions import MCPError  # noqa: PLC0415
+
         try:
             async with self._launcher.open(agent, live.server) as transport:
                 live.transport = transport
@@ -251,6 +259,9 @@ class McpSupervisor:
     async def _request(
         self, key: _Key, session: ClientSession, what: str, seconds: float, request: Any
     ) -> Any:
+        import mcp_types as types  # noqa: PLC0415 (see the module's imports)
+        from mcp.shared.exceptions import MCPError  # noqa: PLC0415
+
         try:
             return await asyncio.wait_for(request, seconds)
         except TimeoutError:
@@ -325,6 +336,8 @@ def _dead(live: _Live) -> bool:
 
 
 def _text(result: types.CallToolResult) -> str:
+    import mcp_types as types  # noqa: PLC0415 (see the module's imports)
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
