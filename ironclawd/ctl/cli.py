@@ -4,10 +4,8 @@ goes to ``ironclawd.ctl.main``, whose parser also knows ``--version``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from typing import NoReturn
 
 from ironclawd import __version__
 
@@ -27,15 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def exit_now(code: int) -> NoReturn:
+def exit_now(code: int) -> None:
     """End the process without the interpreter's finalization: unloading grpc and protobuf
     took ~12 ms of a ~70 ms ``ironctl status`` (issue 17), and there is nothing left to do.
     The command has returned, every call on the channel is over and the channel closed; ironctl
     keeps no file open for writing and registers no atexit work. Output is flushed first (a
-    closed pipe was already handled by main: standard output then goes to /dev/null)."""
+    closed pipe was already handled by main: standard output then goes to /dev/null). Never
+    returns. (Neither typing nor contextlib here: ``--version`` imports only this module.)"""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # the reader is gone: nothing reaches it
+        try:  # noqa: SIM105 (contextlib.suppress: an import more on --version's path)
             stream.flush()
+        except (OSError, ValueError):
+            pass  # the reader is gone: nothing reaches it
     os._exit(code)
 
 
