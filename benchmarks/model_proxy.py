@@ -117,6 +117,8 @@ def main() -> int:
             f'base_url = "{fake.base_url}"\ncredential = "{credential}"\n'
             "requests_per_minute = 100000\nsession_requests_per_minute = 100000\n"
             "tokens_per_day = 10000000000\nsession_tokens_per_day = 10000000000\n"
+            # The session's socket meter (50 calls/s by default) would pace a closed loop.
+             + ("" if "[sockets]" in old_config else "\n[sockets]\ncalls_per_second = 100000\n")
         )
         _sh("systemctl", "restart", "ironclawd")
         sid = json.loads(_sh("ironctl", "session", "create", "--agent", agent, "--json").stdout)[

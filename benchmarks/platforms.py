@@ -6,7 +6,8 @@ agent's queues and a stub model) and teardown.
 Debian 13's runsc is a static Go binary that runs on this host. It is taken, in this order,
 from ``build/runsc-trixie/runsc`` (the cache), a ``.deb`` named by ``BENCH_RUNSC_DEB``, the e2e
 tier's apt cache (``build/e2e/apt-archives/trixie``) or the cached trixie chroot's, or
-downloaded from deb.debian.org's pool; if none works the figures say "not measured" and why,
+downloaded from deb.debian.org (its path and SHA-256 read from trixie's ``Packages`` index,
+the hash checked); if none works the figures say "not measured" and why,
 and the run goes on. The daemon itself takes another runsc with ``[sandbox] runsc = PATH`` and
 a platform with ``[sandbox] platform`` (``auto``: systrap when a trial sandbox runs on it).
 ``BENCH_ROUNDS`` (10) rounds, ``BENCH_PLATFORM_TRIPS`` (10) round trips per sandbox.
@@ -15,6 +16,8 @@ Writes ``results/bench-platforms.json``.
 
 from __future__ import annotations
 
+import hashlib
+import lzma
 import os
 import shutil
 import subprocess
@@ -44,8 +47,8 @@ from ironclawd.host import runsc
 
 TRIPS = env_int("BENCH_PLATFORM_TRIPS", 10)
 CACHE = ROOT / "build" / "runsc-trixie"
-VERSION = "0.0~20240729.0-4+b7"
-POOL = "https://deb.debian.org/debian/pool/main/g/gvisor/"
+MIRROR = "https://deb.debian.org/debian/"
+INDEX = MIRROR + "dists/trixie/main/binary-amd64/Packages.xz"
 
 
 def _debs() -> list[Path]:
@@ -56,13 +59,33 @@ def _debs() -> list[Path]:
     return [p for p in found if p.is_file()]
 
 
+def _index_entry() -> dict[str, str]:
+    """runsc's stanza of trixie's Packages index (the pool path moves with the source
+    package's name: a fixed URL went stale)."""
+    with urllib.request.urlopen(INDEX, timeout=60) as reply:
+        text = lzma.decompress(reply.read()).decode()
+    for stanza in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
+        )
+        if fields.get("Package") == "runsc":
+            return fields
+    raise OSError(f"no runsc in {INDEX}")
+
+
 def _download(dest: Path) -> str | None:
-    """Fetch the .deb from the pool into ``dest``; None, or why it failed."""
-    url = POOL + urllib.parse.quote(f"runsc_{VERSION}_amd64.deb")
+    """Fetch the .deb trixie's index names into ``dest``, its SHA-256 checked; None, or why
+    it failed."""
+    url = INDEX
     try:
-        with urllib.request.urlopen(url, timeout=60) as reply, open(dest, "wb") as out:
-            shutil.copyfileobj(reply, out)
-    except OSError as exc:
+        entry = _index_entry()
+        url = MIRROR + urllib.parse.quote(entry["Filename"])
+        with urllib.request.urlopen(url, timeout=120) as reply:
+            body = reply.read()
+        if hashlib.sha256(body).hexdigest() != entry["SHA256"]:
+            return f"downloading {url}: SHA-256 differs from trixie's index"
+        dest.write_bytes(body)
+    except (OSError, KeyError) as exc:
         dest.unlink(missing_ok=True)
         return f"downloading {url}: {exc}"
     return None
@@ -77,7 +100,7 @@ def trixie_runsc() -> tuple[Path | None, str]:
     debs = _debs()
     why = ""
     if not debs:
-        deb = CACHE / f"runsc_{VERSION}_amd64.deb"
+        deb = CACHE / "runsc-trixie.deb"
         failed = _download(deb)
         if failed:
             return None, f"no Debian 13 runsc .deb here (build/e2e, BENCH_RUNSC_DEB); {failed}"
