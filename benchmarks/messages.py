@@ -55,6 +55,7 @@ from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.agents import unlimited_agent
 
 SOCKET = "/run/ironclaw/admin.sock"
+WATCHERS_PER_CONNECTION = 16
 CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 ROUND_TRIPS = env_int("BENCH_ROUND_TRIPS", 100)
 LEVELS = [int(n) for n in os.environ.get("BENCH_MSG_SESSIONS", "1 5 20 50").split()]
@@ -109,6 +110,16 @@ class IronclawSessions:
         self.stub, self.done = stub, done
         self.sids: list[str] = []
         self.watchers: list[Replies] = []
+        self.channels: list[grpc.Channel] = []
+
+    def _watch_stub(self) -> admin_pb2_grpc.AdminServiceStub:
+        """A connection of its own per WATCHERS_PER_CONNECTION streams: the daemon allows
+        [admin] max_concurrent_streams (32) per connection, and a stream past that waits for a
+        free one (at 50 sessions on one connection, CreateSession waited out its deadline)."""
+        if len(self.watchers) % WATCHERS_PER_CONNECTION == 0:
+            options = [("grpc.use_local_subchannel_pool", 1)]  # a new connection, not a shared one
+            self.channels.append(grpc.insecure_channel(f"unix:{SOCKET}", options=options))
+        return admin_pb2_grpc.AdminServiceStub(self.channels[-1])
 
     def grow(self, count: int) -> None:
         while len(self.sids) < count:
@@ -116,7 +127,8 @@ class IronclawSessions:
                 admin_pb2.CreateSessionRequest(agent=AGENT), timeout=120
             )
             self.sids.append(created.session.sid)
-            self.watchers.append(Replies(self.stub, created.session.sid, self.done))
+            watch = self._watch_stub()
+            self.watchers.append(Replies(watch, created.session.sid, self.done))
 
     def send(self, index: int, text: str) -> tuple[str, int]:
         sid = self.sids[index]
@@ -135,6 +147,8 @@ class IronclawSessions:
             watcher.close()
         for sid in self.sids:
             self.stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=60)
+        for channel in self.channels:
+            channel.close()
 
 
 class BareSessions:
