@@ -45,6 +45,7 @@ from ironclawd.bundle.writer import write_bundle
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID
 from ironclawd.domain.policy import SandboxPolicy
 from ironclawd.domain.session import new_sid
+from ironclawd.errors import IronclawError
 from ironclawd.host import runsc
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.store.keys import new_session_key, remove_tmpfs_key, write_tmpfs_key
@@ -75,6 +76,18 @@ class _StubModel(model_pb2_grpc.ModelServiceServicer):
     def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
         yield model_pb2.CompleteResponse(text_delta=f"mock: {request.messages[-1].text}")
         yield model_pb2.CompleteResponse(stop_reason="end_turn")
+
+
+def _read_settled(reader: OutboundReader, after: int) -> list[Any]:
+    """``read_after``, tried again while the agent keeps committing ("no quiet moment"), as the
+    daemon's ingest tries again at the next announcement: at 50 busy sandboxes on 2 cores a
+    read can find the file changing 50 times running."""
+    for _attempt in range(100):
+        try:
+            return list(reader.read_after(after, 1000, 1 << 20))
+        except IronclawError:
+            time.sleep(0.01)
+    return list(reader.read_after(after, 1000, 1 << 20))
 
 
 class BareSandbox:
@@ -196,7 +209,7 @@ class BareSandbox:
                 *lines, pending = pending.split(b"\n")
                 if not any(line.startswith(b"outbound ") for line in lines):
                     continue
-                for seq, in_reply_to, _at, _body in reader.read_after(last, 1000, 1 << 20):
+                for seq, in_reply_to, _at, _body in _read_settled(reader, last):
                     last = seq
                     answered = in_reply_to if isinstance(in_reply_to, int) else -1
                     self.replies.put((self.sid, answered, time.perf_counter()))
