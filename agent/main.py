@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import math
 import os
 import socket
 import sys
@@ -37,6 +38,11 @@ CONNECT_MAX_DELAY = 1.0
 CONNECT_DEADLINE = 30.0
 # After the host went away: how long a daemon restart may take before the agent gives up.
 RECONNECT_DEADLINE = 600.0
+# A pooled sandbox (ironclawd/services/pool.py, $IRONCLAW_POOLED) waits, without a deadline,
+# for the session that claims it: its control socket appears only then, after its key and
+# queues. A short fixed poll: a claim is waited on by a person.
+POOLED_ENV = "IRONCLAW_POOLED"
+POOLED_POLL = 0.01
 # Errors that mean "not there yet": no socket file, or nobody listening on it.
 _RETRYABLE_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
 
@@ -51,10 +57,12 @@ def connect_control(
     deadline: float = CONNECT_DEADLINE,
     sleep: Callable[[float], None] = time.sleep,
     monotonic: Callable[[], float] = time.monotonic,
+    first_delay: float = CONNECT_FIRST_DELAY,
+    max_delay: float = CONNECT_MAX_DELAY,
 ) -> socket.socket:
     """Connect to the control socket at ``path``, retrying with capped exponential backoff."""
     give_up_at = monotonic() + deadline
-    delay = CONNECT_FIRST_DELAY
+    delay = first_delay
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -69,23 +77,31 @@ def connect_control(
                     f"connecting to control socket {path}: gave up after {deadline:g} s: {exc}"
                 ) from exc
             sleep(min(delay, remaining))
-            delay = min(delay * 2, CONNECT_MAX_DELAY)
+            delay = min(delay * 2, max_delay)
         else:
             return sock
 
 
-def run_control(path: str) -> int:
+def run_control(path: str, *, pooled: bool = False) -> int:
     """Say hello on the control socket and hold it open; when the host goes away (a daemon
     restart), reconnect and say hello again so the new daemon can adopt this sandbox. Returns
-    only if the host stays away past RECONNECT_DEADLINE (raises AgentError)."""
+    only if the host stays away past RECONNECT_DEADLINE (raises AgentError). ``pooled``: wait
+    for the socket first, for as long as it takes, and only then open the key and queues."""
+    claimed = None
+    if pooled:
+        claimed = connect_control(
+            path, deadline=math.inf, first_delay=POOLED_POLL, max_delay=POOLED_POLL
+        )
     try:
         worker = Agent()
     except (OSError, ValueError, QueueError, sqlcipher3.Error) as exc:
         raise AgentError(f"opening the session's key and queues: {exc}") from exc
     deadline = CONNECT_DEADLINE
     while True:
+        sock = claimed or connect_control(path, deadline=deadline)
+        claimed = None
         with (
-            connect_control(path, deadline=deadline) as sock,
+            sock,
             contextlib.suppress(ConnectionResetError, BrokenPipeError),
         ):
             worker.serve(sock)
@@ -98,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argparse.ArgumentParser(prog="agent", description="IronClaw in-box agent").parse_args(argv)
     path = os.environ.get(CONTROL_SOCKET_ENV) or DEFAULT_CONTROL_SOCKET
     try:
-        return run_control(path)
+        return run_control(path, pooled=os.environ.get(POOLED_ENV) == "1")
     except AgentError as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from ironclawd.config_channels import channel_reference, parse_channels
 from ironclawd.config_keys import (
     MCP_KEYS,
     _abs_path,
+    _agent_names,
     _choice,
     _cidrs,
     _convert,
@@ -45,6 +46,7 @@ from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.egress import EgressLimits
 from ironclawd.domain.mcp import McpLimits
 from ironclawd.domain.messages import QueueLimits
+from ironclawd.domain.pool import PoolConfig
 from ironclawd.domain.providers import PROVIDERS
 from ironclawd.errors import ConfigError
 
@@ -116,6 +118,7 @@ class Config:
     queues: QueueLimits = QueueLimits()  # noqa: RUF009
     sockets: SocketsConfig = SocketsConfig()
     mcp: McpLimits = McpLimits()  # noqa: RUF009
+    pool: PoolConfig = PoolConfig()  # noqa: RUF009
     agents: tuple[AgentSpec, ...] = ()
     channels: tuple[ChannelConfig, ...] = ()
     source: str = "(defaults)"
@@ -246,6 +249,23 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
         },
     ),
     "mcp": (McpLimits, MCP_KEYS),
+    "pool": (
+        PoolConfig,
+        {
+            "size": _Key(
+                _int(0, 64),
+                "Pre-started sandboxes kept ready for each agent of `pool.agents` (0: no warm "
+                "pool). A new session made without `--sid` claims one; it is sealed to that "
+                "session (key, queues, sockets) and never reused. Live on reload.",
+            ),
+            "agents": _Key(_agent_names, "Agents that get a warm pool. Live on reload."),
+            "min_available_bytes": _Key(
+                _int(0, 2**50),
+                "While MemAvailable is below this the pool does not refill and destroys its "
+                "ready sandboxes (0: never). Live on reload.",
+            ),
+        },
+    ),
     "queues": (
         QueueLimits,
         {

@@ -89,6 +89,14 @@ def _credential(v: Any) -> str:
     return v
 
 
+def _agent_names(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(
+        isinstance(a, str) and re.fullmatch(r"[a-z][a-z0-9-]{0,62}", a) for a in v
+    ):
+        raise ValueError("a list of agent names ([a-z][a-z0-9-]*)")
+    return tuple(dict.fromkeys(v))
+
+
 def _kinds(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(k, str) and k in KINDS for k in v):
         raise ValueError("a list of change kinds from: " + ", ".join(KINDS))

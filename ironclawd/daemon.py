@@ -34,6 +34,7 @@ from ironclawd.services.doctor import Doctor
 from ironclawd.services.reconcile import Recovery, claim, reconcile
 
 if TYPE_CHECKING:
+    from ironclawd.services.pool import WarmPool
     from ironclawd.wiring import Wired
 
 log = logging.getLogger("ironclawd")
@@ -60,6 +61,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._admin: AdminServer | None = None
         self._servicer: AdminServicer | None = None
+        self._pool: WarmPool | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -72,6 +74,7 @@ class Daemon:
         netns = NetnsAdapter()
         wired = wire(self._config, netns)
         sessions, control = wired.sessions, wired.control
+        self._pool = sessions.pool
         doctor = Doctor(
             config_path=self._config_path, config=self._config, netns=netns,
             units=SystemdUnitManager(), probes=HostProbeSet(), clock=SystemClock(),
@@ -123,6 +126,10 @@ class Daemon:
         )
         await wired.inbox.stop()
         await self._admin.stop(grace=2.0)
+        # Unclaimed pooled sandboxes are destroyed, not left: no record would let a later run
+        # adopt them (reconcile would remove them as orphans).
+        if sessions.pool is not None:
+            await sessions.pool.close()
         await sessions.close()
         await wired.mcp.close()
         await control.close_all_listeners()
@@ -137,6 +144,8 @@ class Daemon:
         """After READY: settle what an earlier run left (reconcile), apply changes approved
         before it died, then resume messages and channels. Cancelled by a stop."""
         report = await reconcile(wired.sessions, recovery)
+        if wired.sessions.pool is not None:  # after reconcile: nothing of it is an orphan
+            wired.sessions.pool.start()
         await wired.gateway.resume()
         wired.audit.record("daemon.started", "ironclawd", version=__version__,
                            reconcile=report.summary())  # fmt: skip
@@ -192,6 +201,11 @@ class Daemon:
         for table in ("admin", "sandbox", "sockets", "gateway", "egress", "agents", "channels"):
             if getattr(new, table, None) != getattr(self._config, table, None):
                 log.warning("reload: [%s] changes take effect on restart, not on reload", table)
+        if new.pool != self._config.pool and self._pool is not None:
+            # Live: the pool fills or destroys towards the new size (services/pool.py).
+            self._pool.configure(new.pool)
+            log.info("reload: [pool] now size %d for %s", new.pool.size,
+                     ", ".join(new.pool.agents) or "no agent")  # fmt: skip
         set_level(new.daemon.log_level)
         ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
         self._config = new

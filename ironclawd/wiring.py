@@ -34,6 +34,7 @@ from ironclawd.host.channel_adapters import matrix_channel, webhook_channel
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
+from ironclawd.host.memory import mem_available_bytes
 from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.pkg_runner import HelperRunner
@@ -54,6 +55,7 @@ from ironclawd.services.mcp_gateway import McpGateway
 from ironclawd.services.mcp_servers import McpSupervisor
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.model_proxy import ModelProxy
+from ironclawd.services.pool import WarmPool
 from ironclawd.services.registry import Registry
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import SandboxLayout, SandboxLifecycle
@@ -108,13 +110,19 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     )
     # Subscribed to by messaging, the broker and the sandbox API, all built after the service.
     hooks = SessionHooks()
+    lifecycle = _lifecycle(config, netns, control, data, hooks, images=images)
+    pool = WarmPool(
+        lifecycle=lifecycle, agents=registry, records=store, config=config.pool,
+        available_bytes=mem_available_bytes, clock=clock,
+    )  # fmt: skip
     service = SessionService(
         store=store,
-        lifecycle=_lifecycle(config, netns, control, data, hooks, images=images),
+        lifecycle=lifecycle,
         agents=registry,
         hooks=hooks,
         audit=audit,
         clock=clock,
+        pool=pool,
     )
     _collect_images(images, registry, state_dir / "bundles")
     messages = MessageService(

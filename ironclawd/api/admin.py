@@ -88,6 +88,10 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
             config_path=self._config_source,
             pid=os.getpid(),
             state=self.state,
+            pool=[
+                admin_pb2.PoolRow(agent=agent, ready=ready)
+                for agent, ready in (self._sessions.pool.status() if self._sessions.pool else ())
+            ],
         )
 
     async def Doctor(

@@ -92,6 +92,12 @@ class ControlServer:
     def _session_dir(self, sid: str) -> Path:
         return self._dir / check_sid(sid)
 
+    def make_dir(self, sid: str) -> Path:
+        ensure_private_dir(self._dir, 0o711)
+        directory = self._session_dir(sid)
+        ensure_private_dir(directory, 0o711)
+        return directory
+
     async def open(self, sid: str) -> Path:
         await self.close_listener(sid)
         ensure_private_dir(self._dir, 0o711)

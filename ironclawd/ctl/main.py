@@ -72,7 +72,7 @@ def _register_health(sub: Any) -> None:
     add_command(
         sub,
         "status",
-        "show the daemon's version, uptime and who you are to it",
+        "show the daemon's version, uptime, warm pool and who you are to it",
         "ironctl status\n  ironctl status --json | jq .caller.uid",
         "health:cmd_status",
     )

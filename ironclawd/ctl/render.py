@@ -125,6 +125,8 @@ def status(reply: admin_pb2.GetStatusResponse) -> None:
             ("config", visible(reply.config_path)),
             ("you", f"uid {reply.caller.uid} ({visible(reply.caller.user_name)}), "
                     f"pid {reply.caller.pid}"),
+            ("pool", ", ".join(f"{visible(row.agent)} {row.ready} ready" for row in reply.pool)
+                     or "off"),
         ]
     )  # fmt: skip
 

@@ -182,6 +182,18 @@ class SessionData(Protocol):
         """Make the key and queue dirs if missing; put the key on tmpfs for the box."""
         ...
 
+    def prepare_pooled(self, sid: str, uid: int, gid: int) -> None:
+        """A pooled sandbox's mount sources: empty queue dirs and key file, no key."""
+        ...
+
+    def seal(self, sid: str, uid: int, gid: int) -> bytes:
+        """Make ``sid``'s key (it must have none) and write it into the pooled placeholder."""
+        ...
+
+    def list_sids(self) -> list[str]:
+        """Session ids that have queue directories."""
+        ...
+
     def release(self, sid: str) -> None:
         """Take the unwrapped key off tmpfs."""
         ...
@@ -289,6 +301,10 @@ class ControlPlane(Protocol):
 
     async def open(self, sid: str) -> Path:
         """Create the session's socket directory and start listening; return the directory."""
+        ...
+
+    def make_dir(self, sid: str) -> Path:
+        """Create the session's socket directory, empty, serving nothing (a pooled sandbox)."""
         ...
 
     async def wait_hello(self, sid: str) -> AgentHello:

@@ -254,7 +254,25 @@ async def _orphans(
         add(entry, f"bundle {entry}", host.bundles.remove, bundles / entry)
     for sid in host.control.list_dirs():
         add(sid, f"socket dir {sid}", host.control.close, sid)
+
+    async def drop_queues(sid: str) -> None:
+        # Only an id no session record names: a warm pool's sandbox an earlier run left
+        # (services/pool.py); a stopped session's queues are its data.
+        if not _has_record(service, sid):
+            await asyncio.to_thread(host.data.destroy, sid)
+
+    for sid in await asyncio.to_thread(host.data.list_sids):
+        if not _has_record(service, sid):
+            add(sid, f"queues of {sid}", drop_queues, sid)
     return found
+
+
+def _has_record(service: SessionService, sid: str) -> bool:
+    try:
+        service.stored(sid)
+    except NotFound:
+        return False
+    return True
 
 
 def _is_live(service: SessionService, sid: str) -> bool:

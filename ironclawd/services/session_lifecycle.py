@@ -90,38 +90,79 @@ class SandboxLifecycle:
             undo.push_async_callback(quietly, "closing control socket", self.control.close, sid)
             await self.sockets.open(sid)
             undo.push_async_callback(quietly, "closing sockets", self.sockets.close, sid)
-            netns = await asyncio.to_thread(self.netns.create, session.netns)
-            undo.push_async_callback(
-                quietly_sync, "deleting netns", self.netns.delete, session.netns
-            )
-            await asyncio.to_thread(self.data.prepare, sid, agent.uid, agent.gid)
-            undo.push_async_callback(quietly_sync, "removing session key", self.data.release, sid)
-            granted = await asyncio.to_thread(self._grant_mounts, sid, agent)
-            undo.push_async_callback(
-                quietly_sync, "removing mount frame", self.mounts.remove_frame,
-                frame_dir(sid, self.layout.state_dir),
-            )  # fmt: skip
-            bundle = self.layout.bundles_dir / sid
-            rootfs = await asyncio.to_thread(self._rootfs, agent)
-            policy = self._policy(session, agent, netns, granted, rootfs)
-            spec = build_spec(policy, granted, self.layout.state_dir)
-            await asyncio.to_thread(
-                self.bundles.write, bundle, spec, granted, self.layout.state_dir
-            )
-            undo.push_async_callback(quietly_sync, "removing bundle", self.bundles.remove, bundle)
-            undo.push_async_callback(
-                quietly_sync, "deleting runsc state", self.runtime.delete, session.container_id
-            )
-            unit = self._unit_spec(session, agent, bundle, netns, granted)
-            undo.push_async_callback(
-                quietly_sync, "stopping unit", self.units.stop, session.unit,
-                self.layout.stop_timeout,
-            )  # fmt: skip
-            await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+            await self._start_box(session, agent, undo, pooled=False)
             async with asyncio.timeout(self.layout.start_timeout):
                 hello = await self.control.wait_hello(sid)
             undo.pop_all()
         return hello
+
+    async def _start_box(
+        self,
+        session: Session,
+        agent: AgentSpec,
+        undo: contextlib.AsyncExitStack,
+        *,
+        pooled: bool,
+    ) -> None:
+        """netns, queue dirs and key file, mount frame, bundle, unit (each undone by ``undo``)."""
+        sid = session.sid
+        netns = await asyncio.to_thread(self.netns.create, session.netns)
+        undo.push_async_callback(quietly_sync, "deleting netns", self.netns.delete, session.netns)
+        if pooled:  # no key, no queue, no socket: empty mount sources (sealed at claim)
+            await asyncio.to_thread(self.control.make_dir, sid)
+            undo.push_async_callback(quietly, "removing socket dir", self.control.close, sid)
+            await asyncio.to_thread(self.data.prepare_pooled, sid, agent.uid, agent.gid)
+            undo.push_async_callback(quietly_sync, "removing queues", self.data.destroy, sid)
+        else:
+            await asyncio.to_thread(self.data.prepare, sid, agent.uid, agent.gid)
+            undo.push_async_callback(quietly_sync, "removing session key", self.data.release, sid)
+        granted = await asyncio.to_thread(self._grant_mounts, sid, agent)
+        undo.push_async_callback(
+            quietly_sync, "removing mount frame", self.mounts.remove_frame,
+            frame_dir(sid, self.layout.state_dir),
+        )  # fmt: skip
+        bundle = self.layout.bundles_dir / sid
+        rootfs = await asyncio.to_thread(self._rootfs, agent)
+        policy = self._policy(session, agent, netns, granted, rootfs, pooled=pooled)
+        spec = build_spec(policy, granted, self.layout.state_dir)
+        await asyncio.to_thread(self.bundles.write, bundle, spec, granted, self.layout.state_dir)
+        undo.push_async_callback(quietly_sync, "removing bundle", self.bundles.remove, bundle)
+        undo.push_async_callback(
+            quietly_sync, "deleting runsc state", self.runtime.delete, session.container_id
+        )
+        unit = self._unit_spec(session, agent, bundle, netns, granted, pooled=pooled)
+        undo.push_async_callback(
+            quietly_sync, "stopping unit", self.units.stop, session.unit,
+            self.layout.stop_timeout,
+        )  # fmt: skip
+        await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+
+    async def bring_up_pooled(self, session: Session, agent: AgentSpec) -> None:
+        """Start a sandbox for a pool (services/pool.py): its netns, empty queue directories and
+        key file, bundle and unit, but no key, no queue and no socket served. Its agent waits
+        for a control socket that exists only once a session claims it (``seal``)."""
+        async with contextlib.AsyncExitStack() as undo:
+            await self._start_box(session, agent, undo, pooled=True)
+            undo.pop_all()
+
+    async def seal(self, session: Session, agent: AgentSpec) -> AgentHello:
+        """Bind a pooled sandbox to ``session``: its new key, its sockets served, and the
+        agent's hello. On any failure the whole sandbox is torn down, never returned."""
+        sid = session.sid
+        try:
+            await asyncio.to_thread(self.data.seal, sid, agent.uid, agent.gid)
+            await self.control.open(sid)
+            await self.sockets.open(sid)
+            async with asyncio.timeout(self.layout.start_timeout):
+                return await self.control.wait_hello(sid)
+        except BaseException:
+            await self.teardown(session)
+            raise
+
+    async def is_active(self, session: Session) -> bool:
+        """Whether the session's unit is running (a pooled sandbox checked before a claim)."""
+        found = await asyncio.to_thread(self.units.list_units, session.unit)
+        return any(u.name == session.unit and u.active_state == "active" for u in found)
 
     async def reattach(self, sid: str) -> AgentHello:
         """Listen on the sockets of a sandbox an earlier daemon left running and wait for its
@@ -189,7 +230,11 @@ class SandboxLifecycle:
         netns: Path,
         granted: tuple[Mount, ...] = (),
         rootfs: Path | None = None,
+        *,
+        pooled: bool = False,
     ) -> SandboxPolicy:
+        # A pooled agent waits for its control socket without a deadline (agent/main.py).
+        wait = (("IRONCLAW_POOLED", "1"),) if pooled else ()
         return SandboxPolicy(
             sid=session.sid,
             agent=agent.name,
@@ -201,7 +246,7 @@ class SandboxLifecycle:
             netns=str(netns),
             argv=AGENT_ARGV,
             env=(("IRONCLAW_CONTROL_SOCKET", f"{SOCKETS_DIR}/control.sock"),
-                 ("IRONCLAW_SID", session.sid)),
+                 ("IRONCLAW_SID", session.sid), *wait),
             memory_bytes=agent.memory_bytes,
             tasks_max=agent.tasks_max,
             cpu_percent=agent.cpu_percent,
@@ -216,13 +261,16 @@ class SandboxLifecycle:
         bundle: Path,
         netns: Path,
         granted: tuple[Mount, ...],
+        *,
+        pooled: bool = False,
     ) -> UnitSpec:
         mounts = session_mounts(session.sid, self.layout.state_dir) + granted
         writable = [Path(m.source) for m in mounts if not m.read_only]
         return UnitSpec(
             name=session.unit,
             argv=self.runtime.run_argv(bundle, session.container_id),
-            description=f"IronClaw sandbox {session.sid} (agent {agent.name})",
+            description=f"IronClaw sandbox {session.sid} (agent {agent.name}"
+            f"{', pooled' if pooled else ''})",
             netns_path=netns,
             memory_max_bytes=agent.memory_bytes,
             tasks_max=agent.tasks_max,

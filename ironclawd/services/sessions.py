@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
@@ -21,8 +21,12 @@ from ironclawd.services.session_lifecycle import (
     SandboxLayout,
     SandboxLifecycle,
     quietly,
+    quietly_sync,
 )
 from ironclawd.services.session_watch import OwnedTasks, SessionWatcher
+
+if TYPE_CHECKING:
+    from ironclawd.services.pool import WarmPool
 
 __all__ = ["SandboxLayout", "SessionService"]
 
@@ -42,8 +46,10 @@ class SessionService:
         hooks: SessionHooks,
         audit: AuditSink,
         clock: Clock,
+        pool: WarmPool | None = None,
     ) -> None:
         self._store = store
+        self.pool = pool  # pre-started sandboxes a create without a sid claims
         self.lifecycle = lifecycle
         self.layout = lifecycle.layout
         self.data = lifecycle.data
@@ -75,20 +81,46 @@ class SessionService:
 
     async def create(self, agent: str, sid: str | None = None) -> Session:
         spec = find_agent(self._agents, agent)
-        sid = check_sid(sid) if sid else new_sid()
+        given = check_sid(sid) if sid else None
+        if given is not None and self.pool is not None and self.pool.holds(given):
+            raise Conflict(f"session id {given} is taken")
+        sid = given or new_sid()
         self.data.check_space(f"creating session {sid}")
-        return await self._owned(self._create(spec, sid))
+        # Only a create that lets the daemon pick the id can take a pooled sandbox: it was
+        # started under the id it now gets. Nothing between the claim and the insert awaits
+        # but the task's start, and the id stays held until it is stored.
+        pooled = self.pool.claim(spec) if self.pool is not None and given is None else None
+        return await self._owned(self._create(spec, pooled.sid if pooled else sid, pooled))
 
-    async def _create(self, spec: AgentSpec, sid: str) -> Session:
+    async def _create(self, spec: AgentSpec, sid: str, pooled: Session | None = None) -> Session:
         now = self._clock.time()
         session = Session(sid, spec.name, State.CREATING, now, now, now)
         async with self.lock(sid):
-            self._store.insert(session)  # Conflict if the id is taken
-            return await self._guarded(sid, "creating", self._created_then_start(session, spec))
+            try:
+                self._store.insert(session)  # Conflict if the id is taken
+            except BaseException as exc:
+                if pooled is not None:  # never returned to the pool
+                    await self._discard_pooled(pooled, isinstance(exc, Conflict))
+                raise
+            if pooled is not None and self.pool is not None:
+                self.pool.forget(sid)
+            return await self._guarded(
+                sid, "creating", self._created_then_start(session, spec, pooled is not None)
+            )
 
-    async def _created_then_start(self, session: Session, spec: AgentSpec) -> Session:
+    async def _discard_pooled(self, pooled: Session, taken: bool) -> None:
+        log.error("session %s: could not be stored; destroying its pooled sandbox", pooled.sid)
+        await self.lifecycle.teardown(pooled)
+        if not taken:  # a record of that id (never expected) keeps its own data
+            await quietly_sync("removing queues", self.data.destroy, pooled.sid)
+        if self.pool is not None:
+            self.pool.forget(pooled.sid)
+
+    async def _created_then_start(
+        self, session: Session, spec: AgentSpec, pooled: bool = False
+    ) -> Session:
         self.audit_event(session, "created")
-        return await self._start(session, spec)
+        return await self._start(session, spec, pooled)
 
     async def start(self, sid: str) -> Session:
         return await self._owned(self._start_cmd(check_sid(sid)))
@@ -250,11 +282,18 @@ class SessionService:
                     self._audit_quietly(failed, State.FAILED.value)
             raise
 
-    async def _start(self, session: Session, agent: AgentSpec) -> Session:
+    async def _start(self, session: Session, agent: AgentSpec, pooled: bool = False) -> Session:
         session = self.move(session, State.STARTING)
         sid = session.sid
         try:
-            hello = await self.lifecycle.bring_up(session, agent)
+            if pooled and not await self.lifecycle.is_active(session):
+                log.warning("session %s: its pooled sandbox is gone; starting a new one", sid)
+                await self.lifecycle.teardown(session)
+                pooled = False
+            if pooled:  # sealed to this session, or torn down: never returned
+                hello = await self.lifecycle.seal(session, agent)
+            else:
+                hello = await self.lifecycle.bring_up(session, agent)
         except (IronclawError, OSError, TimeoutError) as exc:
             reason = describe(exc, f"starting session {sid}")
             session = self.move(session, State.FAILED, error=reason)
@@ -262,6 +301,8 @@ class SessionService:
             raise SandboxError(reason) from exc
         session = self.move(session, State.RUNNING, platform=self.lifecycle.platform)
         log.info("session %s running: agent pid %d uid %d", sid, hello.pid, hello.uid)
+        if pooled:
+            log.info("session %s running in a pooled sandbox", sid)
         self.watch(sid)
         return session
 

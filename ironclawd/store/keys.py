@@ -135,6 +135,39 @@ def write_tmpfs_key(path: Path, key: bytes, uid: int, gid: int) -> None:
     atomic_write(path, key.hex().encode(), mode=0o400, owner=(uid, gid), durable=False)
 
 
+def write_tmpfs_key_in_place(path: Path, key: bytes, uid: int, gid: int) -> None:
+    """Write a session key into the empty placeholder a pooled sandbox was started with
+    (services/pool.py). Not a rename: the box has the file bind-mounted, and a bind mount of a
+    file keeps the inode it was made with. Refuses anything but an empty regular file on a
+    tmpfs owned by ``uid``."""
+    if not _on_tmpfs(path.parent):
+        raise HostError(f"refusing to write a session key to {path.parent}: not a tmpfs")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(f"writing session key {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != 0 or (st.st_uid, st.st_gid) != (uid, gid):
+            raise HostError(f"refusing to write session key {path}: not the empty placeholder")
+        data = key.hex().encode()
+        if os.write(fd, data) != len(data):
+            raise HostError(f"writing session key {path}: short write")
+    except OSError as exc:
+        raise HostError(f"writing session key {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+
+
+def write_tmpfs_placeholder(path: Path, uid: int, gid: int) -> None:
+    """An empty key file, the mount source of a pooled sandbox before any session owns it."""
+    directory = path.parent
+    directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+    if not _on_tmpfs(directory):
+        raise HostError(f"refusing to make a key file in {directory}: not a tmpfs")
+    atomic_write(path, b"", mode=0o400, owner=(uid, gid), durable=False)
+
+
 def remove_tmpfs_key(path: Path) -> None:
     try:
         size = path.stat().st_size

@@ -13,7 +13,14 @@ from ironclawd.domain.messages import QueueLimits, Reply
 from ironclawd.errors import HostError, IronclawError
 from ironclawd.store import queues
 from ironclawd.store.diskspace import check_free
-from ironclawd.store.keys import MasterKey, new_session_key, remove_tmpfs_key, write_tmpfs_key
+from ironclawd.store.keys import (
+    MasterKey,
+    new_session_key,
+    remove_tmpfs_key,
+    write_tmpfs_key,
+    write_tmpfs_key_in_place,
+    write_tmpfs_placeholder,
+)
 from ironclawd.store.outbound import OUTBOUND_FILE, OutboundReader, restore_outbound, strip_setid
 from ironclawd.store.queues import InboundWriter
 from ironclawd.store.quota_mount import OutboundQuota, is_mounted
@@ -67,6 +74,33 @@ class SessionDataStore:
                             "its outbound files: %s", sid, exc)  # fmt: skip
         write_tmpfs_key(self.key_path(sid), key, uid, gid)
         return key
+
+    def prepare_pooled(self, sid: str, uid: int, gid: int) -> None:
+        """The mount sources of a pooled sandbox, before any session owns ``sid``: empty queue
+        directories (the outbound tmpfs mounted) and an empty key file. No key exists yet."""
+        if self._store.wrapped_key(sid) is not None:
+            raise HostError(f"refusing to pool {sid}: it has a key (a session owns it)")
+        limits = self.layout.limits
+        quota = OutboundQuota(limits.outbound_bytes, limits.outbound_files)
+        queues.prepare_queue_dirs(self.layout.queues_dir, sid, uid, gid, quota)
+        write_tmpfs_placeholder(self.key_path(sid), uid, gid)
+
+    def seal(self, sid: str, uid: int, gid: int) -> bytes:
+        """Claim of a pooled sandbox: a new key for ``sid``, written into its placeholder."""
+        if self._store.wrapped_key(sid) is not None:
+            raise HostError(f"refusing to seal {sid}: it has a key already")
+        self._store.put_wrapped_key(sid, self._master.wrap(sid, new_session_key()))
+        key = self.key(sid)
+        self.strip_setid(sid, uid)
+        write_tmpfs_key_in_place(self.key_path(sid), key, uid, gid)
+        return key
+
+    def list_sids(self) -> list[str]:
+        """The session ids that have queue directories."""
+        try:
+            return sorted(p.name for p in self.layout.queues_dir.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
 
     def _restore(self, sid: str, key: bytes, uid: int, gid: int) -> None:
         """A new outbound tmpfs (a host reboot emptied the old one) for a session that has

@@ -102,11 +102,17 @@ class FakeControl(_Recording):
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
         self.open_dirs: set[str] = set()
+        self.made_dirs: set[str] = set()  # made empty (a pooled sandbox), not listening
         self.silent: set[str] = set()
         self.sent: list[tuple[str, str, int]] = []
         self._dropped: dict[str, asyncio.Event] = {}
         self.listener: ControlListener | None = None
         self.hello_gate: asyncio.Event | None = None
+
+    def make_dir(self, sid: str) -> Path:
+        self._call("control.make_dir", sid)
+        self.made_dirs.add(sid)
+        return Path("/run/ironclaw/sessions") / sid
 
     async def open(self, sid: str) -> Path:
         self._call("control.open", sid)
@@ -132,9 +138,10 @@ class FakeControl(_Recording):
     async def close(self, sid: str) -> None:
         self._call("control.close", sid)
         self.open_dirs.discard(sid)
+        self.made_dirs.discard(sid)
 
     def list_dirs(self) -> list[str]:
-        return sorted(self.open_dirs)
+        return sorted(self.open_dirs | self.made_dirs)
 
     def set_listener(self, listener: ControlListener) -> None:
         self.listener = listener
@@ -289,6 +296,7 @@ class FakeSessionData(_Recording):
         super().__init__(log)
         self.keys: dict[str, bytes] = {}
         self.prepared: set[str] = set()
+        self.pooled: set[str] = set()  # queue dirs and an empty key file, no key
         self.inbound_queues: dict[str, _Queue] = {}
         self.outbound_rows: dict[str, list[RawRow]] = {}
         self.full = False
@@ -308,6 +316,23 @@ class FakeSessionData(_Recording):
         self.prepared.add(sid)
         return self.keys[sid]
 
+    def prepare_pooled(self, sid: str, uid: int, gid: int) -> None:
+        self._call("data.prepare_pooled", sid)
+        if sid in self.keys:
+            raise HostError(f"refusing to pool {sid}: it has a key (a session owns it)")
+        self.pooled.add(sid)
+
+    def seal(self, sid: str, uid: int, gid: int) -> bytes:
+        self._call("data.seal", sid)
+        if sid in self.keys or sid not in self.pooled:
+            raise HostError(f"refusing to seal {sid}")
+        self.keys[sid] = sid.encode().ljust(32, b"k")[:32]
+        self.prepared.add(sid)
+        return self.keys[sid]
+
+    def list_sids(self) -> list[str]:
+        return sorted(self.pooled | set(self.keys))
+
     def release(self, sid: str) -> None:
         self._call("data.release", sid)
         self.prepared.discard(sid)
@@ -315,6 +340,7 @@ class FakeSessionData(_Recording):
     def destroy(self, sid: str) -> None:
         self._call("data.destroy", sid)
         self.prepared.discard(sid)
+        self.pooled.discard(sid)
         self.keys.pop(sid, None)
         self.inbound_queues.pop(sid, None)
         self.outbound_rows.pop(sid, None)

@@ -1231,6 +1231,7 @@ class GetStatusResponse(_message.Message):
     RUNSC_PLATFORM_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     uptime_seconds: _builtins.float
     config_path: _builtins.str
@@ -1240,6 +1241,10 @@ class GetStatusResponse(_message.Message):
     state: _builtins.str
     @_builtins.property
     def caller(self) -> Global___Caller: ...
+    @_builtins.property
+    def pool(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolRow]:
+        """The warm pool: for each pooled agent, how many pre-started sandboxes are ready to claim."""
+
     def __init__(
         self,
         *,
@@ -1251,14 +1256,39 @@ class GetStatusResponse(_message.Message):
         runsc_platform: _builtins.str = ...,
         pid: _builtins.int = ...,
         state: _builtins.str = ...,
+        pool: _abc.Iterable[Global___PoolRow] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "config_path", b"config_path", "pid", b"pid", "runsc_platform", b"runsc_platform", "runsc_version", b"runsc_version", "state", b"state", "uptime_seconds", b"uptime_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "config_path", b"config_path", "pid", b"pid", "pool", b"pool", "runsc_platform", b"runsc_platform", "runsc_version", b"runsc_version", "state", b"state", "uptime_seconds", b"uptime_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class PoolRow(_message.Message):
+    """PoolRow is one agent's warm pool."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    ready: _builtins.int
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        ready: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "ready", b"ready"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolRow: _TypeAlias = PoolRow  # noqa: Y015
 
 @_typing.final
 class DoctorRequest(_message.Message):

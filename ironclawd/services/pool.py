@@ -1,0 +1,196 @@
+"""The warm pool (issue 17): pre-started sandboxes a new session claims.
+
+A pooled sandbox is made under the session id it will have (so its unit, netns, bundle and mount
+sources are the ones a session of that id gets), but holds nothing of a session: its queue
+directories are empty, its key file is empty, its socket directory serves nothing and the state
+DB has no record or key for it. Its agent waits for a control socket. A claim (``claim``) hands
+it to exactly one session, which then seals it (``SandboxLifecycle.seal``: key, queues, sockets,
+hello); it is never returned to the pool, and a claim that fails tears it down. The pool refills
+one sandbox at a time in the background, and gives sandboxes back while memory is short
+(``domain/pool.py`` decides; this module acts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.pool import PoolConfig, next_step
+from ironclawd.domain.session import Session, State, new_sid
+from ironclawd.errors import IronclawError, NotFound
+from ironclawd.ports import Clock, SessionRecords
+from ironclawd.services.session_lifecycle import SandboxLifecycle, quietly_sync
+from ironclawd.services.session_watch import OwnedTasks
+
+log = logging.getLogger("ironclawd.pool")
+
+REFILL_CHECK_SECONDS = 2.0  # memory is looked at this often when nothing else wakes the pool
+MAX_BACKOFF_SECONDS = 60.0  # after failed starts, the longest wait before the next try
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """A ready sandbox: the session value it was started for (never stored) and the agent spec
+    it was built from (a claim refuses it if the agent changed since)."""
+
+    session: Session
+    spec: AgentSpec
+
+    @property
+    def sid(self) -> str:
+        return self.session.sid
+
+
+class WarmPool:
+    def __init__(
+        self,
+        *,
+        lifecycle: SandboxLifecycle,
+        agents: Mapping[str, AgentSpec],
+        records: SessionRecords,
+        config: PoolConfig,
+        available_bytes: Callable[[], int],
+        clock: Clock,
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._agents = agents
+        self._records = records
+        self._config = config
+        self._available = available_bytes
+        self._clock = clock
+        self._ready: dict[str, list[Pooled]] = {}
+        self._starting: dict[str, int] = {}
+        self._doomed: list[Pooled] = []  # taken out of the pool, to be destroyed by the loop
+        self._held: set[str] = set()  # ids of sandboxes starting, ready or claimed not yet stored
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._failures = 0
+        self._loop = OwnedTasks()
+
+    # -- what sessions use --------------------------------------------------------------------
+
+    def claim(self, spec: AgentSpec) -> Session | None:
+        """Take a ready sandbox of ``spec``'s agent out of the pool, for good; None if there is
+        none. Synchronous, so two creates on the event loop never get the same one."""
+        entries = self._ready.get(spec.name, [])
+        while entries:
+            entry = entries.pop(0)
+            self._wake.set()  # refill
+            if entry.spec == spec:
+                return entry.session
+            self._doomed.append(entry)  # the agent changed since it was started
+        return None
+
+    def holds(self, sid: str) -> bool:
+        """Whether ``sid`` belongs to a pooled sandbox (an explicit ``--sid`` may not take it)."""
+        return sid in self._held
+
+    def forget(self, sid: str) -> None:
+        """A claimed sandbox's session is stored: the session owns ``sid`` from now on."""
+        self._held.discard(sid)
+
+    def status(self) -> list[tuple[str, int]]:
+        """(agent, ready sandboxes) for every pooled agent and every agent still holding some."""
+        pooled = self._config.agents if self._config.size else ()
+        holding = sorted(agent for agent, entries in self._ready.items() if entries)
+        return [(name, len(self._ready.get(name, []))) for name in dict.fromkeys(
+            [*pooled, *holding])]  # fmt: skip
+
+    # -- its life ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start refilling in the background (after reconcile removed what an earlier run left)."""
+        if not len(self._loop):
+            self._closing = False
+            self._loop.spawn(self._run())
+
+    def configure(self, config: PoolConfig) -> None:
+        """A reloaded ``[pool]``: the loop fills or drops towards it."""
+        self._config = config
+        self._wake.set()
+
+    async def close(self, grace: float = 30.0) -> None:
+        """Stop refilling and destroy every sandbox the pool holds (none is left for a later
+        run: it would not know them)."""
+        self._closing = True
+        self._wake.set()
+        await self._loop.settle(grace)
+        await self._loop.close()
+        for entries in self._ready.values():
+            self._doomed.extend(entries)
+            entries.clear()
+        await self._destroy_doomed()
+
+    async def _run(self) -> None:
+        while not self._closing:
+            await self._destroy_doomed()
+            step = next_step(
+                self._config,
+                self._agents,
+                {agent: len(entries) for agent, entries in self._ready.items()},
+                self._starting,
+                self._available_bytes(),
+            )
+            if step.action == "fill":
+                await self._fill(step.agent)
+            elif step.action == "drop":
+                self._doomed.append(self._ready[step.agent].pop(0))
+            else:
+                await self._sleep(REFILL_CHECK_SECONDS)
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+
+    def _available_bytes(self) -> int:
+        try:
+            return self._available()
+        except OSError as exc:  # unknown: treated as short, the pool does not grow blind
+            log.warning("pool: reading available memory: %s", exc)
+            return 0
+
+    async def _fill(self, agent: str) -> None:
+        spec = self._agents[agent]
+        sid = self._fresh_sid()
+        now = self._clock.time()
+        session = Session(sid, agent, State.STARTING, now, now, now)
+        self._held.add(sid)
+        self._starting[agent] = self._starting.get(agent, 0) + 1
+        try:
+            await self._lifecycle.bring_up_pooled(session, spec)
+        except (IronclawError, OSError, TimeoutError) as exc:
+            self._held.discard(sid)
+            self._failures += 1
+            wait = min(MAX_BACKOFF_SECONDS, 2.0**self._failures)
+            log.warning("pool: starting a sandbox of agent %s: %s (next try in %gs)",
+                        agent, exc, wait)  # fmt: skip
+            await self._sleep(wait)
+            return
+        finally:
+            self._starting[agent] -= 1
+        self._failures = 0
+        self._ready.setdefault(agent, []).append(Pooled(session, spec))
+        log.info("pool: sandbox %s of agent %s ready", sid, agent)
+
+    def _fresh_sid(self) -> str:
+        while True:
+            sid = new_sid()
+            if sid in self._held:
+                continue
+            try:
+                self._records.get(sid)
+            except NotFound:
+                return sid
+
+    async def _destroy_doomed(self) -> None:
+        while self._doomed:
+            entry = self._doomed.pop(0)
+            log.info("pool: stopping sandbox %s", entry.sid)
+            await self._lifecycle.teardown(entry.session)
+            await quietly_sync("removing queues", self._lifecycle.data.destroy, entry.sid)
+            self._held.discard(entry.sid)
