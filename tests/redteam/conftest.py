@@ -10,6 +10,9 @@ tests/conftest.py), so `pytest tests/integration tests/redteam` boots one system
   the agent's uid, with ``runsc exec``. runsc 20221219 reaches a sandbox over an abstract Unix
   socket that its ``run`` process created in the session's netns (abstract sockets belong to a
   network namespace), so ``runsc exec`` works only from inside that netns: ``ip netns exec``.
+* `pooled_daemon(sysd)`: the daemon with a warm pool for the demo agent (``[pool]``), so that
+  ``Sessions(sysd, pooled=True).create()`` claims a pre-started sandbox (and checks it did);
+  attack modules parametrized over ``SANDBOX_KINDS`` run against both kinds of sandbox.
 * `host_listener`: a TCP and a UDP socket on the host's 127.0.0.1 (the test process's netns,
   which the private systemd shares), recording whatever reaches them.
 """
@@ -28,6 +31,8 @@ import pytest
 
 from ironclawd.domain.agents import BUILTIN
 from tests.harness.fixtures import RESULTS
+from tests.harness.polling import wait_for
+from tests.harness.pool import wait_pool_ready
 from tests.harness.private_systemd import SystemdHarness
 from tests.harness.probe import PROBE_IN_BOX
 from tests.redteam.report import AttackResult, Ledger, collect_versions, write_report
@@ -36,6 +41,9 @@ AGENT = "demo"
 RUNSC_ROOT = "/run/ironclaw/runsc"
 PROBE_BINARY = PROBE_IN_BOX
 RUNNING = "running"
+# A cold sandbox (started for its session) and a warm pool's (started before any session,
+# sealed to the one that claims it): attack modules parametrized over these run on both.
+SANDBOX_KINDS = ("cold", "pooled")
 
 
 def out(proc: Any) -> str:
@@ -127,13 +135,20 @@ class Sandbox:
 class Sessions:
     sysd: SystemdHarness
     created: list[Sandbox] = field(default_factory=list)
+    pooled: bool = False  # each create claims a warm pool's sandbox (``pooled_daemon``)
 
     def create(self, agent: str = AGENT) -> Sandbox:
+        if self.pooled:
+            wait_pool_ready(self.sysd, agent)
+        mark = journal_cursor(self.sysd)
         proc = self.sysd.run(["ironctl", "session", "create", "--agent", agent, "--json"])
         assert proc.returncode == 0, out(proc)
         sandbox = Sandbox(self.sysd, str(json.loads(proc.stdout)["sid"]))
         self.created.append(sandbox)
         assert sandbox.state() == RUNNING
+        if self.pooled:
+            claimed = f"session {sandbox.sid} running in a pooled sandbox"
+            wait_for(claimed, lambda: journal_since(self.sysd, mark), lambda j: claimed in j, 30)
         return sandbox
 
     def remove_all(self) -> list[str]:
@@ -146,9 +161,9 @@ class Sessions:
 
 
 @contextlib.contextmanager
-def module_sessions(sysd: SystemdHarness) -> Iterator[Sessions]:
+def module_sessions(sysd: SystemdHarness, *, pooled: bool = False) -> Iterator[Sessions]:
     """Sessions for a whole module (one per batch of attacks), removed at its end."""
-    made = Sessions(sysd)
+    made = Sessions(sysd, pooled=pooled)
     try:
         yield made
     finally:

@@ -6,6 +6,7 @@ outcome inside and an unchanged host: what it aimed at is snapshotted before and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import Callable, Iterator
@@ -14,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from tests.harness.pool import pooled_daemon
 from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     RUNNING,
+    SANDBOX_KINDS,
     HostListener,
     Sandbox,
     module_sessions,
@@ -199,6 +202,7 @@ class Battle:
     after: dict[str, str]
     listener_evidence: str
     seccomp: str
+    pooled: bool = False  # the box is a warm pool's, claimed by its session
 
 
 def snapshot(sysd: SystemdHarness, sid: str) -> dict[str, str]:
@@ -227,11 +231,17 @@ def _listener_evidence(listener: HostListener) -> str:
     return f"host listener: tcp accepted={accepted is not None}, udp received={datagram!r}"
 
 
-@pytest.fixture(scope="module")
-def battle(daemon: SystemdHarness) -> Iterator[Battle]:
+@pytest.fixture(scope="module", params=SANDBOX_KINDS)
+def battle(daemon: SystemdHarness, request: pytest.FixtureRequest) -> Iterator[Battle]:
+    """Every attack in one sandbox of each kind: cold, and a warm pool's claimed one."""
+    pooled = request.param == "pooled"
     assert sh(daemon, f"echo host-secret > {MARKER}").returncode == 0
     try:
-        with module_sessions(daemon) as sessions, open_listener() as listener:
+        with contextlib.ExitStack() as stack:
+            if pooled:
+                stack.enter_context(pooled_daemon(daemon))
+            sessions = stack.enter_context(module_sessions(daemon, pooled=pooled))
+            listener = stack.enter_context(open_listener())
             box = sessions.create()
             assert box.send("hello").endswith("hello")  # inbound.db exists; the agent answers
             abstract = [
@@ -254,7 +264,9 @@ def battle(daemon: SystemdHarness) -> Iterator[Battle]:
             raw.update(box.attacks("kernel", host_pid=pid))
             after = snapshot(daemon, box.sid)
             evidence = _listener_evidence(listener)
-            yield Battle(box, raw, before, after, evidence, sandbox_seccomp(daemon, box.unit))
+            yield Battle(
+                box, raw, before, after, evidence, sandbox_seccomp(daemon, box.unit), pooled
+            )
             assert box.state() == RUNNING
     finally:
         daemon.run(["rm", "-f", MARKER])
@@ -289,8 +301,9 @@ def test_attack(battle: Battle, ledger: Ledger, attack_id: str) -> None:
     host_ok, host_note = host_unchanged(battle, spec.aims)
     evidence = f"{raw['errno'] or ('succeeded' if raw['ok'] else 'refused')}: {raw['detail']}"
     record(
-        ledger, attack_id, spec.category, spec.title, inside and host_ok,
-        f"{evidence[:300]}; {host_note}", error=raw["ok"] is None,
+        ledger, f"{attack_id}.pooled" if battle.pooled else attack_id, spec.category,
+        f"{spec.title} (a warm pool's sandbox)" if battle.pooled else spec.title,
+        inside and host_ok, f"{evidence[:300]}; {host_note}", error=raw["ok"] is None,
     )  # fmt: skip
     assert raw["ok"] is not None, f"probe error: {raw}"
     assert inside, f"{attack_id} was not contained inside the box: {json.dumps(raw)}"
