@@ -16,16 +16,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import math
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import sqlcipher3
 
-from agent.loop import Agent
+from agent.loop import KEY_FILE, Agent
 from agent.queues import QueueError
 
 DEFAULT_CONTROL_SOCKET = "/run/ironclaw/control.sock"
@@ -39,10 +39,14 @@ CONNECT_DEADLINE = 30.0
 # After the host went away: how long a daemon restart may take before the agent gives up.
 RECONNECT_DEADLINE = 600.0
 # A pooled sandbox (ironclawd/services/pool.py, $IRONCLAW_POOLED) waits, without a deadline,
-# for the session that claims it: its control socket appears only then, after its key and
-# queues. A short fixed poll: a claim is waited on by a person.
+# for the session that claims it: its key file is empty until then, and the key is the first
+# thing a claim writes (its control socket follows). The wait re-reads the open key file: one
+# host pread per poll. Polling by connect() walked the socket directory through the gofer each
+# time and cost 15% of a core per waiting sandbox (runsc 20221219, ptrace).
 POOLED_ENV = "IRONCLAW_POOLED"
-POOLED_POLL = 0.01
+POOLED_POLL = 0.02  # a waiting sandbox measured 5-6% of a core on ptrace (at 10 or 20 ms)
+KEY_HEX_LEN = 64
+CLAIMED_CONNECT_DELAY = 0.002  # the socket is bound a moment after the key is written
 # Errors that mean "not there yet": no socket file, or nobody listening on it.
 _RETRYABLE_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
 
@@ -82,26 +86,35 @@ def connect_control(
             return sock
 
 
+def wait_for_key(
+    path: Path, poll: float = POOLED_POLL, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Block until the key file at ``path`` holds a whole key (a pooled sandbox is claimed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while len(os.pread(fd, KEY_HEX_LEN, 0)) < KEY_HEX_LEN:
+            sleep(poll)
+    finally:
+        os.close(fd)
+
+
 def run_control(path: str, *, pooled: bool = False) -> int:
     """Say hello on the control socket and hold it open; when the host goes away (a daemon
     restart), reconnect and say hello again so the new daemon can adopt this sandbox. Returns
     only if the host stays away past RECONNECT_DEADLINE (raises AgentError). ``pooled``: wait
     for the socket first, for as long as it takes, and only then open the key and queues."""
-    claimed = None
+    first_delay = CONNECT_FIRST_DELAY
     if pooled:
-        claimed = connect_control(
-            path, deadline=math.inf, first_delay=POOLED_POLL, max_delay=POOLED_POLL
-        )
+        wait_for_key(KEY_FILE)
+        first_delay = CLAIMED_CONNECT_DELAY
     try:
         worker = Agent()
     except (OSError, ValueError, QueueError, sqlcipher3.Error) as exc:
         raise AgentError(f"opening the session's key and queues: {exc}") from exc
     deadline = CONNECT_DEADLINE
     while True:
-        sock = claimed or connect_control(path, deadline=deadline)
-        claimed = None
         with (
-            sock,
+            connect_control(path, deadline=deadline, first_delay=first_delay) as sock,
             contextlib.suppress(ConnectionResetError, BrokenPipeError),
         ):
             worker.serve(sock)

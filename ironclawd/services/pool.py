@@ -64,7 +64,8 @@ class WarmPool:
         self._ready: dict[str, list[Pooled]] = {}
         self._starting: dict[str, int] = {}
         self._doomed: list[Pooled] = []  # taken out of the pool, to be destroyed by the loop
-        self._held: set[str] = set()  # ids of sandboxes starting, ready or claimed not yet stored
+        self._held: set[str] = set()  # ids of sandboxes starting, ready or claimed not yet sealed
+        self._sealing: set[str] = set()  # claimed, their session not yet running (or failed)
         self._wake = asyncio.Event()
         self._closing = False
         self._failures = 0
@@ -78,8 +79,9 @@ class WarmPool:
         entries = self._ready.get(spec.name, [])
         while entries:
             entry = entries.pop(0)
-            self._wake.set()  # refill
+            self._wake.set()  # refill (once the claim is done)
             if entry.spec == spec:
+                self._sealing.add(entry.sid)
                 return entry.session
             self._doomed.append(entry)  # the agent changed since it was started
         return None
@@ -88,9 +90,12 @@ class WarmPool:
         """Whether ``sid`` belongs to a pooled sandbox (an explicit ``--sid`` may not take it)."""
         return sid in self._held
 
-    def forget(self, sid: str) -> None:
-        """A claimed sandbox's session is stored: the session owns ``sid`` from now on."""
+    def done(self, sid: str) -> None:
+        """The claim of ``sid`` is over (its session runs, or failed and was torn down): the
+        session owns the id from now on, and the pool may refill."""
         self._held.discard(sid)
+        self._sealing.discard(sid)
+        self._wake.set()
 
     def status(self) -> list[tuple[str, int]]:
         """(agent, ready sandboxes) for every pooled agent and every agent still holding some."""
@@ -126,6 +131,11 @@ class WarmPool:
 
     async def _run(self) -> None:
         while not self._closing:
+            if self._sealing:
+                # A claim is the latency a person waits on: starting or destroying a sandbox
+                # meanwhile would take the cores from it (2 cores here: +50% on a claim).
+                await self._sleep(REFILL_CHECK_SECONDS)
+                continue
             await self._destroy_doomed()
             step = next_step(
                 self._config,

@@ -95,26 +95,26 @@ class SessionService:
     async def _create(self, spec: AgentSpec, sid: str, pooled: Session | None = None) -> Session:
         now = self._clock.time()
         session = Session(sid, spec.name, State.CREATING, now, now, now)
-        async with self.lock(sid):
-            try:
-                self._store.insert(session)  # Conflict if the id is taken
-            except BaseException as exc:
-                if pooled is not None:  # never returned to the pool
-                    await self._discard_pooled(pooled, isinstance(exc, Conflict))
-                raise
+        try:
+            async with self.lock(sid):
+                try:
+                    self._store.insert(session)  # Conflict if the id is taken
+                except BaseException as exc:
+                    if pooled is not None:  # never returned to the pool
+                        await self._discard_pooled(pooled, isinstance(exc, Conflict))
+                    raise
+                return await self._guarded(
+                    sid, "creating", self._created_then_start(session, spec, pooled is not None)
+                )
+        finally:
             if pooled is not None and self.pool is not None:
-                self.pool.forget(sid)
-            return await self._guarded(
-                sid, "creating", self._created_then_start(session, spec, pooled is not None)
-            )
+                self.pool.done(sid)
 
     async def _discard_pooled(self, pooled: Session, taken: bool) -> None:
         log.error("session %s: could not be stored; destroying its pooled sandbox", pooled.sid)
         await self.lifecycle.teardown(pooled)
         if not taken:  # a record of that id (never expected) keeps its own data
             await quietly_sync("removing queues", self.data.destroy, pooled.sid)
-        if self.pool is not None:
-            self.pool.forget(pooled.sid)
 
     async def _created_then_start(
         self, session: Session, spec: AgentSpec, pooled: bool = False

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent import programs, runner
+from agent.main import wait_for_key
 from agent.runner import OUTPUT_CAP, Outcome, ProgramError, describe
 from agent.tools import TOOLS, run, run_tool
 from ironclawd.domain.tools import CATALOG
@@ -277,3 +278,16 @@ def test_output_that_is_not_utf8_is_escaped_and_capped_in_characters_too() -> No
     assert len(text) < 2 * OUTPUT_CAP
     big = describe(outcome(0, b"x" * OUTPUT_CAP, stdout_total=10**6), 30)
     assert big.startswith("exit code 0\n--- stdout (truncated: 1000000 bytes in all) ---\n")
+
+
+def test_a_pooled_agent_waits_until_its_key_file_holds_a_whole_key(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"")
+    polls: list[float] = []
+
+    def claim_on_the_second_poll(seconds: float) -> None:
+        polls.append(seconds)
+        key.write_bytes(b"ab" * (16 if len(polls) == 1 else 32))  # half a key, then a whole one
+
+    wait_for_key(key, poll=0.02, sleep=claim_on_the_second_poll)
+    assert polls == [0.02, 0.02]

@@ -230,3 +230,23 @@ def test_a_sandbox_that_died_in_the_pool_is_replaced_by_a_cold_start() -> None:
     assert world.store.get(sid).state is State.RUNNING
     assert ("data.prepare", sid) in world.log  # started cold under the claimed id
     assert ("data.seal", sid) not in world.log
+
+
+def test_the_pool_refills_only_once_a_claim_is_done() -> None:
+    world = PoolWorld()
+
+    async def body() -> tuple[int, int]:
+        await until(lambda: world.ready() == 2)
+        gate = world.control.hello_gate = asyncio.Event()  # the claimed agent is slow to answer
+        creating = asyncio.create_task(world.service.create("demo"))
+        await until(lambda: world.ready() == 1)
+        for _ in range(50):  # the loop runs meanwhile, and starts nothing
+            await asyncio.sleep(0.001)
+        during = len([c for c in world.log if c[0] == "data.prepare_pooled"])
+        gate.set()
+        await creating
+        await until(lambda: world.ready() == 2)
+        return during, len([c for c in world.log if c[0] == "data.prepare_pooled"])
+
+    during, after = run(world, body)
+    assert (during, after) == (2, 3)
