@@ -39,6 +39,10 @@ class RunscRuntime:
 
     def delete(self, container_id: str) -> None:
         runsc.delete_state(self._root, container_id, self._info.path)
+        # A sandbox stopped while runsc was still creating it (a warm pool's, stopped soon after
+        # its unit started) left "<id>_sandbox:<id>.lock" in the root, which delete keeps.
+        for lock in self._root.glob(f"{container_id}_*.lock"):
+            lock.unlink(missing_ok=True)
 
     def list_ids(self) -> list[str]:
         return [c.id for c in runsc.list_containers(self._root, self._info.path)]
