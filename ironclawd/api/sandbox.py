@@ -293,7 +293,9 @@ class SandboxApi:
         )
         model_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(proxy), self._server)
         self._broker = egress
-        servicer = EgressServicer(egress, lambda: _PEER.get().sid, egress.timeout_seconds)
+        servicer = EgressServicer(
+            egress, lambda: _PEER.get().sid, egress.timeout_seconds, limits.max_message_bytes
+        )
         egress_pb2_grpc.add_EgressServiceServicer_to_server(servicer, self._server)
         self._mcp = mcp
         mcp_pb2_grpc.add_McpServiceServicer_to_server(

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ironclawd import ratelog
@@ -131,7 +131,7 @@ class EgressBroker:
         url: str,
         headers: Sequence[tuple[str, str]],
         body: bytes,
-    ) -> AsyncIterator[FetchEvent]:
+    ) -> AsyncGenerator[FetchEvent, None]:
         """Check, then perform one request; yields the head, body chunks, then the end."""
         started = self._clock.monotonic()
         deadline = started + self._limits.timeout_seconds
