@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
 import time
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import prctl
 from pystemd.daemon import notify, watchdog_enabled
@@ -301,7 +303,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ironclawd: {exc}", file=sys.stderr)
         _notify(status=f"failed: {exc}")
         return EX_CONFIG if isinstance(exc, ConfigError) else 1
-    return 0
+    _exit_at_once()
+
+
+def _exit_at_once() -> NoReturn:
+    """After a clean stop everything the daemon holds is closed (store, audit log, sockets,
+    key zeroed): skip the interpreter's teardown of grpc, protobuf and the rest, which took
+    ~130 ms of every ``systemctl stop``/``restart`` here (issue 17). Logs and stdio are
+    flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from ironclawd.host.runtime import RunscRuntime, UnavailableRuntime
 from ironclawd.host.skill_keys import TrustedKeyDir
 from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
-from ironclawd.net.http import PinnedHttpClient, tls_context
+from ironclawd.net.http import LazyAsyncClient, PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
 from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
 from ironclawd.ports.channels import ChannelAdapter
@@ -129,12 +130,16 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         store=store, sessions=service, hooks=hooks, data=data, control=control,
         agent_uid=AGENT_UID, agent_gid=AGENT_GID, audit=audit, clock=clock, limits=config.queues,
     )  # fmt: skip
-    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False)
+    http = LazyAsyncClient(
+        timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False
+    ).as_client()
     credentials = CredentialStore(config.daemon.master_key_file.parent)
     # The agents' mount sources are hidden from every MCP server (another agent's files).
     remote = RemoteMcpLauncher(
         credentials, config.mcp, config.egress, SystemResolver(), audit.record_soon,
-        tls_context(Path(config.egress.ca_file) if config.egress.ca_file else None),
+        functools.partial(
+            tls_context, Path(config.egress.ca_file) if config.egress.ca_file else None
+        ),
     )  # fmt: skip
     launcher = McpLaunchers(
         SystemdMcpLauncher(credentials, config.mcp, config.gateway.mount_allowlist), remote

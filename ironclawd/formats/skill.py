@@ -19,13 +19,12 @@ text in a change payload.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from ironclawd.errors import InvalidArgument, MinisignFormatError, PolicyDenied, SignatureMismatch
 from ironclawd.formats import minisign
@@ -216,13 +215,19 @@ def _text(name: str, path: str, data: bytes) -> SkillFileText:
     return SkillFileText(path, text, hashlib.sha256(data).hexdigest(), len(data))
 
 
-class _NoAliases(yaml.SafeLoader):  # type: ignore[misc]
-    """safe_load without anchors and aliases (no billion-laughs expansion)."""
+@functools.cache
+def _no_aliases_loader() -> type:
+    """safe_load without anchors and aliases (no billion-laughs expansion). Made at the first
+    skill read: PyYAML (~9 ms of imports) is not loaded at the daemon's start (issue 17)."""
+    import yaml  # noqa: PLC0415
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.YAMLError("aliases (*name) are not allowed")
-        return super().compose_node(parent, index)
+    class NoAliases(yaml.SafeLoader):  # type: ignore[misc]
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases (*name) are not allowed")
+            return super().compose_node(parent, index)
+
+    return NoAliases
 
 
 def front_matter(name: str, text: str) -> dict[str, Any]:
@@ -236,8 +241,10 @@ def front_matter(name: str, text: str) -> dict[str, Any]:
     block = "".join(lines[1:end])
     if len(block) > MAX_FRONT_MATTER:
         raise InvalidArgument(f"{where}: front matter longer than {MAX_FRONT_MATTER} characters")
+    import yaml  # noqa: PLC0415 (loaded by _no_aliases_loader: a dictionary lookup)
+
     try:
-        meta = yaml.load(block, Loader=_NoAliases)  # noqa: S506 - a SafeLoader, minus aliases
+        meta = yaml.load(block, Loader=_no_aliases_loader())  # noqa: S506 - SafeLoader, no aliases
     except yaml.YAMLError as exc:
         raise InvalidArgument(f"{where}: front matter is not valid YAML: {exc}") from None
     if not isinstance(meta, dict):

@@ -21,9 +21,7 @@ import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
-
-import httpx2
+from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.addresses import IPAddress, refusal_reason
 from ironclawd.domain.egress import EgressLimits
@@ -32,6 +30,9 @@ from ironclawd.domain.mcp_url import McpEndpoint, parse_url
 from ironclawd.errors import IronclawError, McpServerFailed
 from ironclawd.ports import Credentials, Resolver
 from ironclawd.ports.mcp import McpLauncher, McpTransport
+
+if TYPE_CHECKING:
+    from ironclawd.host.mcp_pinned import PinnedTransport
 
 Record = Callable[..., None]  # (event, actor, **fields): the audit trail
 
@@ -60,88 +61,6 @@ async def resolve_checked(
     return answers[0]
 
 
-class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(
-        self, inner: Any, limit: int, on_close: Callable[[int], None], on_cut: Callable[[str], None]
-    ) -> None:
-        self._inner = inner
-        self._limit = limit
-        self._seen = 0
-        self._on_close = on_close
-        self._on_cut = on_cut
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            self._seen += len(chunk)
-            if self._seen > self._limit:
-                why = (
-                    f"the server sent a response over {self._limit} bytes ([mcp] max_message_bytes)"
-                )
-                self._on_cut(why)
-                raise httpx2.ReadError(why)
-            yield chunk
-
-    async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            self._on_close(self._seen)
-
-
-class PinnedTransport(httpx2.AsyncBaseTransport):
-    """Every request of one remote server's client: to the checked address only."""
-
-    def __init__(
-        self,
-        endpoint: McpEndpoint,
-        address: IPAddress,
-        context: ssl.SSLContext,
-        max_bytes: int,
-        audit: Callable[..., None],
-    ) -> None:
-        self._endpoint = endpoint
-        self._address = address
-        self._max_bytes = max_bytes
-        self._audit = audit
-        self.reason = ""  # why the last response was cut, for the supervisor's message
-        self._inner = httpx2.AsyncHTTPTransport(
-            verify=context, trust_env=False, http1=True, http2=False, retries=0,
-            limits=httpx2.Limits(max_connections=4, max_keepalive_connections=2),
-        )  # fmt: skip
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        url = request.url
-        port = url.port or (443 if url.scheme == "https" else 80)
-        if (url.scheme, url.host, port) != ("https", self._endpoint.host, self._endpoint.port):
-            self._audit(method=request.method, url=str(url), refused="not the registered server")
-            raise httpx2.ConnectError(
-                f"refused: {url.scheme}://{url.host}:{port} is not the registered server "
-                f"{self._endpoint.authority}", request=request,
-            )  # fmt: skip
-        request.url = url.copy_with(host=str(self._address))
-        if self._endpoint.address is None:
-            request.extensions = {**request.extensions, "sni_hostname": self._endpoint.host}
-        try:
-            response = await self._inner.handle_async_request(request)
-        except httpx2.HTTPError as exc:
-            self._audit(method=request.method, error=f"{type(exc).__name__}: {exc}")
-            raise
-        finally:
-            request.url = url
-
-        def done(size: int) -> None:
-            self._audit(method=request.method, status=response.status_code, bytes_in=size)
-
-        def cut(why: str) -> None:
-            self.reason = why
-
-        response.stream = _CappedStream(response.stream, self._max_bytes, done, cut)
-        return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
 @dataclass
 class RemoteTransport(McpTransport):
     """A remote server's SDK streams, and why its HTTP transport last gave up."""
@@ -162,20 +81,22 @@ class RemoteMcpLauncher:
         egress: EgressLimits,
         resolver: Resolver,
         record: Record,
-        context: ssl.SSLContext,
+        context: Callable[[], ssl.SSLContext],
     ) -> None:
         self._credentials = credentials
         self._limits = limits
         self._egress = egress
         self._resolver = resolver
         self._record = record
-        self._context = context
+        self._context = context  # called at each open: not at the daemon's start
 
     @contextlib.asynccontextmanager
     async def open(self, agent: str, server: McpServer) -> AsyncIterator[McpTransport]:
         # The SDK (~0.2-0.4 s of imports) is imported when a remote server is first opened, not
         # when the daemon starts (issue 17).
         from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+
+        from ironclawd.host.mcp_pinned import PinnedTransport, pinned_client  # noqa: PLC0415
 
         endpoint = parse_url(server.url)
         actor = f"agent:{agent}"
@@ -191,13 +112,10 @@ class RemoteMcpLauncher:
             self._record("mcp.remote", actor, **base, address=str(address), **fields)
 
         transport = PinnedTransport(
-            endpoint, address, self._context, self._limits.max_message_bytes, audit
+            endpoint, address, self._context(), self._limits.max_message_bytes, audit
         )
         wait = max(self._limits.call_timeout_seconds, self._limits.list_timeout_seconds)
-        client = httpx2.AsyncClient(
-            transport=transport, headers=headers, follow_redirects=False, trust_env=False,
-            timeout=httpx2.Timeout(wait, connect=self._egress.connect_timeout_seconds),
-        )  # fmt: skip
+        client = pinned_client(transport, headers, wait, self._egress.connect_timeout_seconds)
         async with (
             client,
             streamable_http_client(

@@ -32,7 +32,7 @@ async def main(raw: dict[str, Any], ca_file: str) -> dict[str, Any]:
     egress = EgressLimits(internal_cidrs=(ipaddress.ip_network("203.0.113.0/24"),))
     launcher = RemoteMcpLauncher(
         CredentialStore(paths.MASTER_KEY_FILE.parent), limits, egress, SystemResolver(),
-        lambda *a, **f: None, tls_context(Path(ca_file)),
+        lambda *a, **f: None, lambda: tls_context(Path(ca_file)),
     )  # fmt: skip
     clients = McpSupervisor(launcher, limits)
     try:

@@ -18,7 +18,8 @@ from ironclawd.domain.egress import EgressLimits
 from ironclawd.domain.mcp import McpLimits, McpServer
 from ironclawd.domain.mcp_url import parse_url
 from ironclawd.errors import InvalidArgument, McpServerFailed, PolicyDenied
-from ironclawd.host.mcp_remote import PinnedTransport, RemoteMcpLauncher
+from ironclawd.host.mcp_pinned import PinnedTransport
+from ironclawd.host.mcp_remote import RemoteMcpLauncher
 from tests.fakes.host import FakeCredentials
 
 REMOTE: dict[str, Any] = {
@@ -115,7 +116,7 @@ def _launcher(resolver: _Resolver, records: list[dict[str, Any]], **egress: Any)
     return RemoteMcpLauncher(
         FakeCredentials(**{"docs-token": "Bearer s3cret"}), McpLimits(), EgressLimits(**egress),
         resolver, lambda event, actor, **f: records.append({"event": event, "actor": actor, **f}),
-        ssl.create_default_context(),
+        ssl.create_default_context,
     )  # fmt: skip
 
 

@@ -1,0 +1,44 @@
+"""What the daemon imports before READY (issue 17: restart to READY is mostly imports). A fresh
+interpreter does what ``ironclawd`` does before it serves: ``daemon.main``'s stand-in for httpx's
+command-line client, then ``ironclawd.wiring``. Libraries only some configurations or requests
+use must load when first used, not at start. No timings here: benchmarks measure them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Each: the module, and where it is first needed instead.
+LATER = {
+    "mcp": "an MCP server is opened (host/mcp.py, host/mcp_remote.py)",
+    "pydantic": "an MCP server is opened (the MCP SDK)",
+    "anyio": "an MCP server is opened (the MCP SDK)",
+    "httpx2": "a remote MCP server is opened (host/mcp_pinned.py)",
+    "nio": "a [[channels]] table of type matrix (host/channel_adapters.py)",
+    "aiohttp": "a [[channels]] table of type webhook (host/channel_adapters.py)",
+    "pyroute2": "a netns is inspected (host/netns.py)",
+    "click": "never: httpx's command-line client (daemon.without_httpx_cli)",
+    "rich": "never: httpx's command-line client",
+    "pygments": "never: httpx's command-line client",
+    "yaml": "a skill's front matter is read (formats/skill.py)",
+}
+
+PROBE = """
+import json, sys
+from ironclawd.daemon import without_httpx_cli
+without_httpx_cli()
+import ironclawd.wiring
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+"""
+
+
+def test_the_start_path_leaves_what_it_does_not_need() -> None:
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", PROBE], check=True, capture_output=True, text=True
+    ).stdout
+    loaded = set(json.loads(out))
+    assert "ironclawd" in loaded
+    assert "grpc" in loaded  # the probe did import the start path
+    early = {name: why for name, why in LATER.items() if name in loaded}
+    assert not early, f"imported at the daemon's start, but needed only when: {early}"
