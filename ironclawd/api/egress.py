@@ -1,22 +1,22 @@
 """The egress broker's gRPC face on each granted session's ``egress.sock`` (api/sandbox.py routes
 it there and says which session is calling).
 
-Body bytes reach the agent coalesced while the previous message is being written: the broker
-is read by a task of its own into a bounded buffer, and each message takes everything buffered
-at that moment (at most ``max_chunk`` bytes). A body that trickles in (a stream of events) is
-sent as it comes, never held back to fill a message; a fast body goes in few large messages
-instead of one per TLS record (issue 17: 4 MiB was 0.53x a direct fetch)."""
+Body bytes already buffered while the previous message is written go out joined (api/coalesce.py),
+at most 1 MiB and never over the socket's ``max_message_bytes``: a fast body in few large
+messages instead of one per TLS record (issue 17: 4 MiB was 0.53x a direct fetch), a trickling
+one as it comes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+from typing import Any
 
 import grpc
 
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
+from ironclawd.api.coalesce import Joining, coalesced
 from ironclawd.services.egress import EgressBroker, End, FetchEvent, Head
 
 # A client that stops reading holds its stream open with HTTP/2 flow control, out of reach of
@@ -24,54 +24,13 @@ from ironclawd.services.egress import EgressBroker, End, FetchEvent, Head
 # call is cancelled from outside.
 BACKSTOP_MARGIN_SECONDS = 5.0
 MAX_CHUNK_BYTES = 1024 * 1024  # per message; also bounded by the socket's max_message_bytes
-BUFFER_BYTES = 2 * MAX_CHUNK_BYTES  # read ahead of the agent at most this much
-_DONE = object()
+READ_AHEAD_BYTES = 2 * MAX_CHUNK_BYTES  # read ahead of the agent at most this much
 
-
-class _Buffer:
-    """Events from the broker, in order, with the bytes waiting bounded: the reader waits while
-    ``limit`` bytes are unsent (HTTP/2 flow control then reaches the upstream as before)."""
-
-    def __init__(self, limit: int) -> None:
-        self._items: list[object] = []
-        self._bytes = 0
-        self._limit = limit
-        self._changed = asyncio.Condition()
-
-    async def put(self, item: object) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._bytes < self._limit)
-            self._items.append(item)
-            if isinstance(item, bytes):
-                self._bytes += len(item)
-            self._changed.notify_all()
-
-    async def take(self, max_bytes: int) -> object:
-        """The next event; consecutive body chunks already buffered come joined (up to
-        ``max_bytes``, a larger chunk split)."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._items))
-            first = self._items[0]
-            if not isinstance(first, bytes):
-                self._items.pop(0)
-                return first
-            parts: list[bytes] = []
-            size = 0
-            while self._items and isinstance(self._items[0], bytes) and size < max_bytes:
-                chunk = self._items[0]
-                assert isinstance(chunk, bytes)
-                room = max_bytes - size
-                if len(chunk) > room:
-                    parts.append(chunk[:room])
-                    self._items[0] = chunk[room:]
-                    size += room
-                    break
-                parts.append(chunk)
-                self._items.pop(0)
-                size += len(chunk)
-            self._bytes -= size
-            self._changed.notify_all()
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+BODY = Joining[FetchEvent](
+    size=lambda e: len(e) if isinstance(e, bytes) else None,
+    join=lambda parts: b"".join(p for p in parts if isinstance(p, bytes)),
+    split=lambda e, n: (e[:n], e[n:]) if isinstance(e, bytes) else (e, b""),
+)
 
 
 class EgressServicer(egress_pb2_grpc.EgressServiceServicer):
@@ -98,37 +57,15 @@ class EgressServicer(egress_pb2_grpc.EgressServiceServicer):
         events = self._broker.fetch(
             self._current_sid(), request.method, request.url, headers, request.body
         )
-        buffer = _Buffer(BUFFER_BYTES)
-
-        async def read() -> None:
-            try:
-                async for event in events:
-                    await buffer.put(event)
-            except Exception as exc:  # handed to the writer, raised there
-                await buffer.put(_Failed(exc))
-                return
-            await buffer.put(_DONE)
-
-        reader = asyncio.create_task(read())
+        # aclosing: a client that goes away closes the relay (and so the broker) now, not when
+        # the garbage collector finalizes the generator.
+        relay = coalesced(events, BODY, max_size=self._max_chunk, read_ahead=READ_AHEAD_BYTES)
         try:
-            while True:
-                item = await buffer.take(self._max_chunk)
-                if item is _DONE:
-                    break
-                if isinstance(item, _Failed):
-                    raise item.exc
-                yield _message(cast(FetchEvent, item))
+            async with contextlib.aclosing(relay):
+                async for event in relay:
+                    yield _message(event)
         finally:
             timer.cancel()
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            await events.aclose()  # the broker's audit and upstream close run here
-
-
-class _Failed:
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
 
 
 def _message(event: FetchEvent) -> egress_pb2.FetchResponse:

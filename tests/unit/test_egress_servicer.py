@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
-from ironclawd.api.egress import EgressServicer, _Buffer
+from ironclawd.api.coalesce import Buffer
+from ironclawd.api.egress import BODY, EgressServicer
 from ironclawd.errors import PolicyDenied
 from ironclawd.services.egress import End, FetchEvent, Head
 
@@ -49,7 +50,7 @@ def _run(coro: Any) -> Any:
 
 def test_buffered_chunks_are_joined_and_a_large_one_split() -> None:
     async def main() -> None:
-        buffer = _Buffer(limit=1 << 20)
+        buffer = Buffer(BODY, limit=1 << 20)
         await buffer.put(Head(200, "OK", ()))
         for part in (b"ab", b"cd", b"efghij"):
             await buffer.put(part)
@@ -65,7 +66,7 @@ def test_buffered_chunks_are_joined_and_a_large_one_split() -> None:
 
 def test_the_reader_waits_while_the_buffer_is_full() -> None:
     async def main() -> None:
-        buffer = _Buffer(limit=4)
+        buffer = Buffer(BODY, limit=4)
         await buffer.put(b"1234")
         blocked = asyncio.create_task(buffer.put(b"5"))
         await asyncio.sleep(0.05)

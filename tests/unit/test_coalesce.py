@@ -1,0 +1,89 @@
+"""api/coalesce.py on its own: items that cannot be split join only while they fit and an
+oversized one passes whole; non-joinable items pass alone and in order; a source's error
+arrives after what preceded it; a consumer that stops early closes the source."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+
+from ironclawd.api.coalesce import Buffer, Joining, coalesced
+
+WORDS = Joining[str](size=lambda s: len(s) if s.islower() else None, join="".join)
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_unsplittable_items_join_while_they_fit() -> None:
+    async def main() -> list[object]:
+        buffer = Buffer(WORDS, limit=1000)
+        for item in ("ab", "cd", "efg", "HEAD", "hijklmnop", "q"):
+            await buffer.put(item)
+        return [await buffer.take(5) for _ in range(5)]
+
+    assert _run(main()) == ["abcd", "efg", "HEAD", "hijklmnop", "q"]
+
+
+def test_the_stream_keeps_its_order_and_joins_only_what_waits() -> None:
+    async def source() -> AsyncGenerator[str, None]:
+        for item in ("START", "a", "b", "c", "MIDDLE", "d", "END"):
+            yield item
+
+    async def main() -> list[str]:
+        got = []
+        async for item in coalesced(source(), WORDS, max_size=100, read_ahead=100):
+            got.append(item)
+            await asyncio.sleep(0.01)  # a slow consumer: what arrives meanwhile joins
+        return got
+
+    got = _run(main())
+    assert "".join(got) == "STARTabcMIDDLEdEND"
+    assert [g for g in got if not g.islower()] == ["START", "MIDDLE", "END"]
+    assert len(got) < 7
+
+
+def test_an_error_arrives_after_what_preceded_it() -> None:
+    async def source() -> AsyncGenerator[str, None]:
+        yield "HEAD"
+        yield "body"
+        raise ValueError("upstream broke")
+
+    got: list[str] = []
+
+    async def drain() -> None:
+        async for item in coalesced(source(), WORDS, max_size=100, read_ahead=100):
+            got.append(item)
+
+    async def main() -> list[str]:
+        with pytest.raises(ValueError, match="upstream broke"):
+            await drain()
+        return got
+
+    assert _run(main()) == ["HEAD", "body"]
+
+
+def test_a_consumer_that_stops_closes_the_source() -> None:
+    closed = asyncio.Event()
+
+    async def source() -> AsyncGenerator[str, None]:
+        try:
+            while True:
+                yield "x"
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    async def main() -> None:
+        relay = coalesced(source(), WORDS, max_size=4, read_ahead=8)
+        async for _item in relay:
+            break
+        await relay.aclose()
+        await asyncio.wait_for(closed.wait(), 2)
+
+    _run(main())
+    assert closed.is_set()
