@@ -18,6 +18,13 @@ MAX_RESULT_CHARS = 64 * 1024  # what the model gets back; the broker caps the bo
 _channels: dict[str, grpc.Channel] = {}
 
 
+def close_channels() -> None:
+    """Close the kept channels (the agent is idle: gRPC's threads end with the last channel);
+    the next call opens one again."""
+    while _channels:
+        _channels.popitem()[1].close()
+
+
 class FetchError(Exception):
     pass
 
@@ -39,7 +46,8 @@ def _headers(raw: object) -> list[egress_pb2.Header]:
 
 
 def _stub(socket_path: str) -> egress_pb2_grpc.EgressServiceStub:
-    # One channel for the life of the agent: set-up costs ~20 ms across gVisor.
+    # One channel kept while the agent is busy (set-up costs ~20 ms across gVisor); closed when
+    # it goes idle (close_channels).
     channel = _channels.get(socket_path)
     if channel is None:
         channel = _channels[socket_path] = grpc.insecure_channel(f"unix:{socket_path}")

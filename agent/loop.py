@@ -1,6 +1,8 @@
 """The agent's main loop: answer every inbound message once, in order, and announce each reply.
 
-Events come from the control socket ("inbound <seq>"); nothing polls. A restart resumes after
+Events come from the control socket ("inbound <seq>"); nothing polls. After ``IDLE_SECONDS``
+without one, the responder rests (closes its gRPC channels, whose threads would otherwise keep
+waking an idle sandbox) until the next message. A restart resumes after
 the newest inbound seq already answered (recorded in outbound.db in the same transaction as the
 reply), so no message is answered twice or skipped.
 """
@@ -19,6 +21,9 @@ KEY_FILE = Path("/run/ironclaw-key")
 INBOUND_DB = Path("/queue/inbound/inbound.db")
 OUTBOUND_DB = Path("/queue/outbound/outbound.db")
 MODEL_SOCKET = Path("/run/ironclaw/model.sock")
+# Quiet this long after a reply, the responder closes its channels. Back-to-back messages keep
+# them; a conversation that pauses pays one reconnect (~20 ms in gVisor) for the next turn.
+IDLE_SECONDS = 15.0
 
 Responder = Callable[[str], str]
 
@@ -53,13 +58,29 @@ class Agent:
             out = self.outbound.append(seq, reply)
             self.answered = seq
             sock.sendall(f"outbound {out}\n".encode("ascii"))
+            sock.settimeout(IDLE_SECONDS)  # the responder rests after that long without a message
+
+    def rest(self, sock: socket.socket) -> None:
+        """Nothing came for IDLE_SECONDS: let the responder close what it keeps open, and wait
+        for the next message without a timeout (an idle agent makes no call at all)."""
+        rest = getattr(self._respond, "rest", None)
+        if rest is not None:
+            rest()
+        sock.settimeout(None)
 
     def serve(self, sock: socket.socket) -> None:
         """Run until the host closes the connection."""
         sock.sendall(self.hello())
         self.catch_up(sock, None)
         pending = b""
-        while chunk := sock.recv(65536):
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                self.rest(sock)
+                continue
+            if not chunk:
+                return
             pending += chunk
             *lines, pending = pending.split(b"\n")
             announced = 0

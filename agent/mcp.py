@@ -18,8 +18,16 @@ CALL_TIMEOUT = 150.0  # the host's own time-out (120 s) answers first
 _channels: dict[str, grpc.Channel] = {}
 
 
+def close_channels() -> None:
+    """Close the kept channels (the agent is idle: gRPC's threads end with the last channel);
+    the next call opens one again."""
+    while _channels:
+        _channels.popitem()[1].close()
+
+
 def _stub(socket_path: str) -> mcp_pb2_grpc.McpServiceStub:
-    # One channel for the life of the agent: set-up costs ~20 ms across gVisor.
+    # One channel kept while the agent is busy (set-up costs ~20 ms across gVisor); closed when
+    # it goes idle (close_channels).
     channel = _channels.get(socket_path)
     if channel is None:
         channel = _channels[socket_path] = grpc.insecure_channel(f"unix:{socket_path}")

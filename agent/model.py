@@ -14,7 +14,7 @@ import grpc
 import grpc.experimental
 
 from agent.metered import call_metered
-from agent.tools import run_tool
+from agent.tools import close_channels, run_tool
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 
 MODEL_SOCKET = "/run/ironclaw/model.sock"
@@ -27,22 +27,39 @@ HOST_RESTART_GRACE = 60.0
 
 class ModelResponder:
     def __init__(self, socket_path: str = MODEL_SOCKET) -> None:
-        # One channel for the life of the agent: set-up costs ~20 ms across gVisor.
-        self._channel = grpc.insecure_channel(
-            f"unix:{socket_path}",
-            # Reconnect promptly after a daemon restart (grpc's default backoff reaches 120 s).
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-                # Complete streams on the calling thread: otherwise grpc starts a thread for
-                # every call made while none is in flight (one per message here), and hands each
-                # event across threads, each a clone or futex trapped by gVisor (issue 17).
-                (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
-            ],
-        )
-        self._stub = model_pb2_grpc.ModelServiceStub(self._channel)
+        self._target = f"unix:{socket_path}"
+        self._channel: grpc.Channel | None = None
         self._profile: model_pb2.GetProfileResponse | None = None
         self._history: list[model_pb2.Message] = []
+
+    @property
+    def _stub(self) -> model_pb2_grpc.ModelServiceStub:
+        # One channel while the agent is busy (set-up costs ~20 ms across gVisor), opened at the
+        # first call after ``rest``.
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(
+                self._target,
+                # Reconnect promptly after a daemon restart (grpc's default backoff reaches 120 s).
+                options=[
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                    # Complete streams on the calling thread: otherwise grpc starts a thread for
+                    # every call made while none is in flight (one per message here), and hands
+                    # each event across threads, each a clone or futex trapped by gVisor.
+                    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
+                ],
+            )
+        return model_pb2_grpc.ModelServiceStub(self._channel)
+
+    def rest(self) -> None:
+        """The agent is idle: close every channel it keeps (this one and the tools'). With the
+        last channel gone, gRPC's own threads end: while one is open, its timer, lifeguard and
+        thread-pool threads wake ~8 times a second, and under gVisor's ptrace platform that was
+        ~90% of an idle sandbox's CPU (issue 17). The next call opens a channel again."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        close_channels()
 
     def _get_profile(self) -> model_pb2.GetProfileResponse:
         if self._profile is None:
@@ -75,6 +92,7 @@ class ModelResponder:
         try:
             self._stub.GetProfile(model_pb2.GetProfileRequest(), timeout=5)
         except grpc.RpcError:
+            assert self._channel is not None  # opened by the call just made
             with contextlib.suppress(grpc.FutureTimeoutError):
                 grpc.channel_ready_future(self._channel).result(
                     timeout=max(0.1, deadline - time.monotonic())

@@ -25,6 +25,12 @@ EGRESS_SOCKET = Path("/run/ironclaw/egress.sock")
 MCP_SOCKET = Path("/run/ironclaw/mcp.sock")
 
 
+def close_channels() -> None:
+    """The tools' kept channels to host sockets, closed while the agent is idle."""
+    egress.close_channels()
+    mcp.close_channels()
+
+
 class ToolError(Exception):
     pass
 

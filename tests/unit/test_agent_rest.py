@@ -1,0 +1,141 @@
+"""An idle agent rests (agent/loop.py, agent/model.py): ``IDLE_SECONDS`` after its last reply it
+closes its gRPC channels, whose threads would otherwise wake an idle sandbox ~8 times a second
+(~90% of its CPU under gVisor's ptrace platform, issue 17), and the next message opens them
+again. The loop runs here against real queue files and a socket pair standing for the control
+socket; the model's channel against a real gRPC server on a Unix socket."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import sqlcipher3
+
+from agent import egress, loop, mcp
+from agent.model import ModelResponder
+from ironclaw.model.v1 import model_pb2, model_pb2_grpc
+from ironclawd.store.queues import INBOUND_SCHEMA
+
+
+class CountingResponder:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.rests = 0
+
+    def __call__(self, text: str) -> str:
+        self.asked.append(text)
+        return f"re: {text}"
+
+    def rest(self) -> None:
+        self.rests += 1
+
+
+def _wait_for(check: Any, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _line(sock: socket.socket) -> bytes:
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = sock.recv(1)
+        assert chunk, "the agent closed the control socket"
+        got += chunk
+    return got
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    key = secrets.token_bytes(32)
+    (tmp_path / "key").write_text(key.hex())
+    monkeypatch.setattr(loop, "KEY_FILE", tmp_path / "key")
+    monkeypatch.setattr(loop, "INBOUND_DB", tmp_path / "inbound.db")
+    monkeypatch.setattr(loop, "OUTBOUND_DB", tmp_path / "outbound.db")
+    monkeypatch.setattr(loop, "IDLE_SECONDS", 0.2)
+    host = sqlcipher3.connect(str(tmp_path / "inbound.db"), isolation_level=None)
+    host.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+    host.execute("PRAGMA journal_mode = DELETE")
+    host.execute(INBOUND_SCHEMA)
+    yield host
+    host.close()
+
+
+def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Connection) -> None:
+    responder = CountingResponder()
+    ours, theirs = socket.socketpair()
+    failed: list[BaseException] = []
+
+    def run() -> None:  # the agent's queues belong to the thread that opens them
+        try:
+            loop.Agent(responder).serve(theirs)
+        except BaseException as exc:
+            failed.append(exc)
+            theirs.close()
+
+    serving = threading.Thread(target=run, daemon=True)
+    serving.start()
+    try:
+        assert _line(ours).startswith(b"hello ")
+        time.sleep(0.5)
+        assert responder.rests == 0  # nothing answered yet: nothing open, no timer
+        for n, text in ((1, "one"), (2, "two")):
+            world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, ?)", (text,))
+            ours.sendall(f"inbound {n}\n".encode())
+            assert _line(ours) == f"outbound {n}\n".encode()
+            _wait_for(lambda n=n: responder.rests == n, f"rest number {n}")
+            time.sleep(0.5)
+            assert responder.rests == n  # once per quiet spell, not every IDLE_SECONDS
+        assert responder.asked == ["one", "two"]
+    finally:
+        ours.close()
+        serving.join(5)
+        theirs.close()
+    assert not serving.is_alive()
+    assert not failed
+
+
+class Model(model_pb2_grpc.ModelServiceServicer):
+    def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
+        return model_pb2.GetProfileResponse(agent="a", max_tool_rounds=2)
+
+    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+        yield model_pb2.CompleteResponse(text_delta=f"ok: {request.messages[-1].text}")
+        yield model_pb2.CompleteResponse(stop_reason="end_turn")
+
+
+def test_rest_closes_the_channels_and_the_next_turn_opens_one(tmp_path: Path) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    model_pb2_grpc.add_ModelServiceServicer_to_server(Model(), server)
+    sock = tmp_path / "model.sock"
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    try:
+        responder = ModelResponder(str(sock))
+        assert responder._channel is None  # nothing is opened before the first message
+        assert responder("hi") == "ok: hi"
+        first = responder._channel
+        assert first is not None
+        egress._channels["/x/egress.sock"] = grpc.insecure_channel(f"unix:{tmp_path}/e.sock")
+        mcp._channels["/x/mcp.sock"] = grpc.insecure_channel(f"unix:{tmp_path}/m.sock")
+        responder.rest()
+        assert responder._channel is None
+        assert not egress._channels
+        assert not mcp._channels
+        with pytest.raises(ValueError, match="closed channel"):
+            model_pb2_grpc.ModelServiceStub(first).GetProfile(model_pb2.GetProfileRequest())
+        assert responder("again") == "ok: again"
+        assert responder._channel is not None
+        responder.rest()
+    finally:
+        server.stop(None)
