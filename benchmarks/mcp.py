@@ -285,7 +285,10 @@ def main() -> int:
         raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
     command = [str(mcp_venv() / "bin/mcp-server-time"), "--local-timezone", "UTC"]
     previous = CONFIG.read_text() if CONFIG.exists() else None
-    CONFIG.write_text((previous or "") + unlimited_agent(AGENT, tools=("list_files",)))
+    # The socket meter lifted as in the model-proxy bench: the mcp.sock client calls back to back
+    # (here faster than the default 50 calls/s, refused "too many calls: slow down").
+    meter = "" if "[sockets]" in (previous or "") else "\n[sockets]\ncalls_per_second = 100000\n"
+    CONFIG.write_text((previous or "") + unlimited_agent(AGENT, tools=("list_files",)) + meter)
     subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
     sid = ""
     try:
