@@ -203,7 +203,11 @@ class _Bus:
 
     def wait(self, done: Callable[[], bool], deadline: float) -> bool:
         """Process messages until ``done()`` or the deadline; return ``done()``."""
-        fd = self.bus.get_fd()
+        # poll(2), not select(2): the daemon holds ~4 descriptors per session, and past ~250
+        # sessions a new bus connection's number is above FD_SETSIZE (1024), where select()
+        # raises "filedescriptor out of range" (every create failed there, issue 17).
+        poller = select.poll()
+        poller.register(self.bus.get_fd(), select.POLLIN)
         while True:
             self.drain()
             if done():
@@ -211,7 +215,7 @@ class _Bus:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            select.select([fd], [], [], min(remaining, _TICK))
+            poller.poll(min(remaining, _TICK) * 1000)
 
 
 class SystemdUnitManager:
