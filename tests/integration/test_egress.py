@@ -12,7 +12,6 @@ canary on 127.0.0.1:8088 stands where a rebinding or redirect would land.
 from __future__ import annotations
 
 import base64
-import datetime
 import gzip
 import json
 import secrets
@@ -27,16 +26,13 @@ from urllib.parse import quote
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness.fixtures import RESULTS, ROOT
 from tests.harness.leaks import find_leaks
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
+from tests.support.certs import write_server_set
 
 pytestmark = pytest.mark.integration
 
@@ -74,34 +70,7 @@ EGRESS_NAMES = ("api.egress.test", "keyed.egress.test", "plain.egress.test", "x.
 def make_certs(directory: Path, names: Sequence[str] = EGRESS_NAMES) -> None:
     """A throwaway CA and a server certificate for ``names`` (by default
     api/keyed/plain.egress.test, not wrong.*)."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ironclaw egress test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    pem = serialization.Encoding.PEM
-    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (directory / "server.pem").write_bytes(cert.public_bytes(pem))
-    (directory / "server.key").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    write_server_set(directory, names, "ironclaw egress test CA")
 
 
 def agent_config(agent: str) -> str:

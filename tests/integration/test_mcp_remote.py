@@ -27,7 +27,7 @@ from tests.harness.fixtures import RESULTS, ROOT
 from tests.harness.mcp_venv import mcp_venv
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
-from tests.integration.test_egress import make_certs
+from tests.support.certs import write_server_set
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,7 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
     units = (f"ictest-mcp-remote-{tag}.service", f"ictest-mcp-canary-{tag}.service")
     logs = RESULTS / f"mcp-remote-test-{tag}"
     logs.mkdir(parents=True)
-    make_certs(logs, [NAME, "localhost"])
+    write_server_set(logs, [NAME, "localhost"])
     python = venv / "bin" / "python3"
     cert = f"--cert {logs}/server.pem --key {logs}/server.key"
     setup = f"""

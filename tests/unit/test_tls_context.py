@@ -4,32 +4,12 @@ one as soon as the CA file is rewritten: an operator replacing a CA never waits 
 
 from __future__ import annotations
 
-import datetime
 import os
 import ssl
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from ironclawd.net.http import tls_context
-
-
-def _write_ca(path: Path, name: str) -> None:
-    now = datetime.datetime.now(datetime.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+from tests.support.certs import write_ca
 
 
 def _anchors(context: ssl.SSLContext) -> list[str]:
@@ -38,7 +18,7 @@ def _anchors(context: ssl.SSLContext) -> list[str]:
 
 def test_one_context_while_the_ca_file_is_unchanged(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    _write_ca(ca, "first CA")
+    write_ca(ca, "first CA")
     context = tls_context(ca)
     assert tls_context(ca) is context
     assert context.verify_mode == ssl.CERT_REQUIRED
@@ -49,9 +29,9 @@ def test_one_context_while_the_ca_file_is_unchanged(tmp_path: Path) -> None:
 
 def test_a_rewritten_ca_file_is_loaded_at_the_next_call(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    _write_ca(ca, "first CA")
+    write_ca(ca, "first CA")
     first = tls_context(ca)
-    _write_ca(ca, "second CA")
+    write_ca(ca, "second CA")
     stat = ca.stat()
     os.utime(ca, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a coarse clock too
     second = tls_context(ca)
@@ -62,8 +42,8 @@ def test_a_rewritten_ca_file_is_loaded_at_the_next_call(tmp_path: Path) -> None:
 
 def test_sources_do_not_share_or_evict_each_other(tmp_path: Path) -> None:
     a, b = tmp_path / "a.pem", tmp_path / "b.pem"
-    _write_ca(a, "CA a")
-    _write_ca(b, "CA b")
+    write_ca(a, "CA a")
+    write_ca(b, "CA b")
     context_a, context_b = tls_context(a), tls_context(b)
     assert context_a is not context_b
     assert tls_context(a) is context_a
