@@ -75,23 +75,22 @@ class Buffer(Generic[T]):
                 return first
             parts: list[T] = []
             taken = 0
-            while self._items:
-                item = self._items[0]
-                size = self._size(item)
-                if size is None or (parts and taken + size > max_size and not self._joining.split):
-                    break
-                if taken + size > max_size and self._joining.split is not None:
-                    room = max_size - taken
-                    if room <= 0:
-                        break
-                    head, rest = self._joining.split(cast(T, item), room)
+            while self._items and (size := self._size(self._items[0])) is not None:
+                item, room = cast(T, self._items[0]), max_size - taken
+                if size <= room:  # joins whole
+                    parts.append(item)
+                    self._items.pop(0)
+                    taken += size
+                    continue
+                if self._joining.split is not None and room > 0:  # its head fills the message
+                    head, self._items[0] = self._joining.split(item, room)
                     parts.append(head)
-                    self._items[0] = rest
                     taken += room
-                    break
-                parts.append(cast(T, item))
-                self._items.pop(0)
-                taken += size
+                elif not parts:  # cannot be split: a larger item passes whole, alone
+                    parts.append(item)
+                    self._items.pop(0)
+                    taken += size
+                break
             self._units -= taken
             self._changed.notify_all()
             return parts[0] if len(parts) == 1 else self._joining.join(parts)

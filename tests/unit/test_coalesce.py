@@ -29,6 +29,18 @@ def test_unsplittable_items_join_while_they_fit() -> None:
     assert _run(main()) == ["abcd", "efg", "HEAD", "hijklmnop", "q"]
 
 
+def test_splittable_items_fill_each_message_and_the_rest_follows() -> None:
+    split = Joining[str](WORDS.size, "".join, lambda s, n: (s[:n], s[n:]))
+
+    async def main() -> list[object]:
+        buffer = Buffer(split, limit=1000)
+        for item in ("ab", "cdefgh", "ij", "K", "lmnopqrstuv"):
+            await buffer.put(item)
+        return [await buffer.take(5) for _ in range(6)]
+
+    assert _run(main()) == ["abcde", "fghij", "K", "lmnop", "qrstu", "v"]
+
+
 def test_the_stream_keeps_its_order_and_joins_only_what_waits() -> None:
     async def source() -> AsyncGenerator[str, None]:
         for item in ("START", "a", "b", "c", "MIDDLE", "d", "END"):
