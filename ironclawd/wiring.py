@@ -33,6 +33,7 @@ from ironclawd.filecache import IdentityCache
 from ironclawd.host import probes, runsc
 from ironclawd.host.channel_adapters import matrix_channel, webhook_channel
 from ironclawd.host.clock import SystemClock
+from ironclawd.host.journal import SystemdJournal
 from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
 from ironclawd.host.memory import mem_available_bytes
@@ -301,6 +302,7 @@ def _lifecycle(
         bundles=BundleDirs(),
         sockets=hooks,
         images=images,
+        journal=SystemdJournal(),
     )
 
 

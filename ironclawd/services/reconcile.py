@@ -144,7 +144,7 @@ async def adopt_locked(service: SessionService, session: Session) -> Session:
     """``adopt``, the session's lock already held."""
     sid = session.sid
     try:
-        hello = await service.lifecycle.reattach(sid)
+        hello = await service.lifecycle.reattach(session)
     except (IronclawError, OSError, TimeoutError) as exc:
         reason = describe(exc, f"adopting session {sid}")
         log.warning("%s", reason)

@@ -22,6 +22,7 @@ from ironclawd.ports import (
     AgentHello,
     Bundles,
     ControlPlane,
+    JournalReader,
     MountSources,
     NetnsManager,
     PackageImages,
@@ -35,6 +36,10 @@ from ironclawd.ports import (
 log = logging.getLogger("ironclawd.sessions")
 
 AGENT_ARGV = ("/app/agent/agent",)
+# While waiting for an agent's hello, how often its unit is checked: a sandbox that runsc could
+# not start (the slice out of tasks, a refused spec) fails the wait at once, not at the deadline.
+UNIT_CHECK_SECONDS = 0.25
+LAST_OUTPUT_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class SandboxLayout:
     idle_timeout: float = 0.0  # 0: never stop idle sessions
     mount_allowlist: tuple[str, ...] = ()  # [gateway] mount_allowlist, re-checked at each start
     state_dir: Path = paths.STATE_DIR  # [daemon] state_dir: queues and mount frames live there
+    unit_check_seconds: float = UNIT_CHECK_SECONDS
 
 
 class SandboxLifecycle:
@@ -65,6 +71,7 @@ class SandboxLifecycle:
         bundles: Bundles,
         sockets: SandboxSockets,
         images: PackageImages | None = None,
+        journal: JournalReader | None = None,
     ) -> None:
         self.units = units
         self.netns = netns
@@ -76,6 +83,7 @@ class SandboxLifecycle:
         self.bundles = bundles
         self.sockets = sockets
         self.images = images
+        self.journal = journal
 
     @property
     def platform(self) -> str:
@@ -91,8 +99,7 @@ class SandboxLifecycle:
             await self.sockets.open(sid)
             undo.push_async_callback(quietly, "closing sockets", self.sockets.close, sid)
             await self._start_box(session, agent, undo, pooled=False)
-            async with asyncio.timeout(self.layout.start_timeout):
-                hello = await self.control.wait_hello(sid)
+            hello = await self._hello(session, self.layout.start_timeout)
             undo.pop_all()
         return hello
 
@@ -131,6 +138,10 @@ class SandboxLifecycle:
             quietly_sync, "deleting runsc state", self.runtime.delete, session.container_id
         )
         unit = self._unit_spec(session, agent, bundle, netns, granted, pooled=pooled)
+        # Undone in reverse: stopped, then reset: a unit that failed stays loaded (CollectMode
+        # inactive, so its result can be read) and would hold the name and a "failed" record.
+        undo.push_async_callback(quietly_sync, "resetting unit", self.units.reset_failed,
+                                 session.unit)  # fmt: skip
         undo.push_async_callback(
             quietly_sync, "stopping unit", self.units.stop, session.unit,
             self.layout.stop_timeout,
@@ -153,8 +164,7 @@ class SandboxLifecycle:
             await asyncio.to_thread(self.data.seal, sid, agent.uid, agent.gid)
             await self.control.open(sid)
             await self.sockets.open(sid)
-            async with asyncio.timeout(self.layout.start_timeout):
-                return await self.control.wait_hello(sid)
+            return await self._hello(session, self.layout.start_timeout)
         except BaseException:
             await self.teardown(session)
             raise
@@ -164,13 +174,50 @@ class SandboxLifecycle:
         found = await asyncio.to_thread(self.units.list_units, session.unit)
         return any(u.name == session.unit and u.active_state == "active" for u in found)
 
-    async def reattach(self, sid: str) -> AgentHello:
+    async def reattach(self, session: Session) -> AgentHello:
         """Listen on the sockets of a sandbox an earlier daemon left running and wait for its
         agent to reconnect."""
-        await self.control.open(sid)
-        await self.sockets.open(sid)
-        async with asyncio.timeout(self.layout.adopt_timeout):
-            return await self.control.wait_hello(sid)
+        await self.control.open(session.sid)
+        await self.sockets.open(session.sid)
+        return await self._hello(session, self.layout.adopt_timeout)
+
+    async def _hello(self, session: Session, within: float) -> AgentHello:
+        """The agent's hello within ``within`` seconds (TimeoutError after). The unit is checked
+        meanwhile: one that ended first fails the wait at once with its result and the last
+        line it wrote, instead of a timeout that names neither."""
+        hello = asyncio.ensure_future(self.control.wait_hello(session.sid))
+        try:
+            async with asyncio.timeout(within):
+                while True:
+                    done, _ = await asyncio.wait((hello,), timeout=self.layout.unit_check_seconds)
+                    if done:
+                        return hello.result()
+                    ended = await asyncio.to_thread(self._ended, session.unit)
+                    if ended is not None:
+                        raise SandboxError(ended)
+        finally:
+            hello.cancel()
+
+    def _ended(self, unit: str) -> str | None:
+        """Why ``unit`` can no longer say hello (None: it is still starting or running)."""
+        state = next((u for u in self.units.list_units(unit) if u.name == unit), None)
+        if state is not None and state.active_state not in ("inactive", "failed"):
+            return None
+        how = "is gone" if state is None else f"ended (result: {state.result})"
+        reason = f"sandbox unit {unit} {how} before its agent connected"
+        last = self._last_output(unit)
+        return f"{reason}; its last output: {last!r}" if last else reason
+
+    def _last_output(self, unit: str) -> str:
+        """The unit's last line of its own (runsc's, not systemd's), clipped; "" if none."""
+        if self.journal is None:
+            return ""
+        try:
+            lines = self.journal.tail(unit, 10)
+        except (IronclawError, OSError):
+            return ""
+        own = [line.message for line in lines if line.source != "systemd" and line.message]
+        return own[-1][:LAST_OUTPUT_CHARS] if own else ""
 
     async def wait_exit(self, session: Session) -> str:
         """After the agent's connection dropped: the unit's result once it is inactive."""

@@ -33,16 +33,20 @@ class _Recording:
 
 class FakeUnits(_Recording):
     """``UnitManager``: started units are active until stopped; ``exit(name, result)`` makes
-    one die on its own."""
+    one die on its own; a name in ``dies_at_start`` (name -> result) fails right after it
+    started, as a unit whose runsc could not create the sandbox does."""
 
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
         self.units: dict[str, UnitState] = {}
+        self.dies_at_start: dict[str, str] = {}
 
     def start_transient(self, spec: UnitSpec, timeout: float) -> UnitState:
         self._call("units.start", spec.name)
         state = UnitState(spec.name, "active", "running", 4242, "success")
         self.units[spec.name] = state
+        if spec.name in self.dies_at_start:
+            self.exit(spec.name, self.dies_at_start[spec.name])
         return state
 
     def stop(self, name: str, timeout: float) -> None:

@@ -355,6 +355,31 @@ def test_fatal_start_error_exits_at_once(clean: Any, config: str, needle: str) -
     assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
 
 
+# -- a sandbox runsc cannot start -------------------------------------------------------------
+
+
+def test_a_sandbox_runsc_cannot_start_fails_its_session_at_once_saying_why(clean: Any) -> None:
+    """Past ~290 sessions the slice ran out of tasks and runsc failed at once ("fork/exec
+    /proc/self/exe: resource temporarily unavailable"), yet each create waited the whole start
+    timeout (30 s) and then blamed the agent. Here runsc is starved the same way (an agent whose
+    unit may hold 16 tasks; runsc needs ~50): the create fails as soon as the unit does, with the
+    unit's result and runsc's last line, and nothing of the session is left."""
+    sysd = clean
+    config = '[agents.tiny]\nprovider = "mock"\ntasks_max = 16\n'
+    assert (
+        sh(sysd, f"printf {shlex.quote(config)} > {CONFIG}; systemctl restart ironclawd").returncode
+        == 0
+    )
+    sid = f"starved{secrets.token_hex(3)}"
+    proc = sysd.run(["ironctl", "session", "create", "--agent", "tiny", "--sid", sid, "--json"])
+    assert proc.returncode != 0, out(proc)
+    message = json.loads(proc.stdout)["error"]["message"]
+    assert f"sandbox unit ironclaw-sbx-{sid}.service ended (result: exit-code)" in message, message
+    assert "before its agent connected; its last output: " in message, message
+    assert "in time" not in message, message
+    assert assert_settled(sysd)[sid] == "failed"
+
+
 # -- a clean stop with connected sandboxes ---------------------------------------------------
 
 

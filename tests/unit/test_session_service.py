@@ -43,6 +43,7 @@ STATE_DIR = Path("/var/lib/ironclaw")
 @dataclass
 class World:
     idle_timeout: float = 0.0
+    start_timeout: float = 0.2  # the fake agent says hello at once, or never (silent)
     agent: AgentSpec = field(default_factory=lambda: AgentSpec("demo"))
     log: list[tuple[Any, ...]] = field(default_factory=list)
 
@@ -61,8 +62,9 @@ class World:
         layout = SandboxLayout(
             bundles_dir=STATE_DIR / "bundles",
             rootfs=STATE_DIR / "rootfs" / "x",
-            start_timeout=0.2,  # the fake agent says hello at once, or never (silent)
+            start_timeout=self.start_timeout,
             adopt_timeout=0.2,
+            unit_check_seconds=0.01,
             idle_timeout=self.idle_timeout,
             state_dir=STATE_DIR,
         )
@@ -96,8 +98,8 @@ def _run(world: World, coro: Any) -> Any:
 
 
 MADE = ["control.open", "netns.create", "data.prepare", "bundles.write", "units.start"]
-UNDONE = ["units.stop", "runtime.delete", "bundles.remove", "mounts.remove_frame", "data.release",
-          "netns.delete", "control.close"]  # fmt: skip
+UNDONE = ["units.stop", "units.reset_failed", "runtime.delete", "bundles.remove",
+          "mounts.remove_frame", "data.release", "netns.delete", "control.close"]  # fmt: skip
 
 
 def test_a_start_that_fails_rolls_back_everything_it_made_in_reverse(world: World) -> None:
@@ -122,9 +124,32 @@ def test_an_agent_that_never_says_hello_is_rolled_back_too(world: World) -> None
         _run(world, world.service.create("demo", SID))
     assert world.effects() == MADE + UNDONE
     assert world.store.get(SID).state is State.FAILED
-    # The unit that ran is stopped; the runsc state it left is deleted.
-    assert world.units.units[f"ironclaw-sbx-{SID}.service"].active_state == "inactive"
+    # The unit that ran is stopped and reset (nothing of it stays loaded); the runsc state it
+    # left is deleted.
+    assert f"ironclaw-sbx-{SID}.service" not in world.units.units
     assert not world.runtime.ids
+
+
+def test_a_unit_that_ends_before_the_hello_fails_the_start_at_once_and_says_why() -> None:
+    # runsc could not make the sandbox (seen past ~290 sessions: the slice out of tasks, "fork/
+    # exec /proc/self/exe: resource temporarily unavailable"): the unit fails within a second.
+    # The start fails then, naming the unit's result, not 30 s later as a silent agent.
+    world = World(start_timeout=60.0)
+    world.control.silent.add(SID)
+    world.units.dies_at_start[f"ironclaw-sbx-{SID}.service"] = "exit-code"
+
+    # (Had the wait run to its deadline, the error would say "did not connect ... in time".)
+    with pytest.raises(SandboxError) as failed:
+        _run(world, world.service.create("demo", SID))
+    assert str(failed.value) == (
+        f"starting session {SID}: sandbox unit ironclaw-sbx-{SID}.service ended (result: "
+        "exit-code) before its agent connected"
+    )
+    assert world.effects() == MADE + UNDONE
+    session = world.store.get(SID)
+    assert session.state is State.FAILED
+    assert "ended (result: exit-code)" in session.error
+    assert not world.units.units  # the failed unit was reset, not left holding its name
 
 
 def test_a_started_session_runs_and_stop_tears_down_what_start_made(world: World) -> None:
