@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,6 +113,20 @@ def test_both_exposure_scores_stay_at_most_what_was_reached(scores: dict[str, An
     print(f"\nexposure: daemon {scores['daemon']['score']}, sandbox {scores['sandbox']['score']}")
     assert scores["daemon"]["score"] <= MAX_DAEMON_SCORE, scores["daemon"]["text"]
     assert scores["sandbox"]["score"] <= MAX_SANDBOX_SCORE, scores["sandbox"]["text"]
+
+
+def test_the_sandbox_slice_caps_tasks_below_the_system_and_above_the_density_goal(
+    daemon: SystemdHarness,
+) -> None:
+    # Every sandbox together may not take the host's last tasks, yet 500 idle sandboxes (issue
+    # 17's density goal) at ~54 tasks each (runsc, gofer, sentry, ptrace stubs) must fit: the
+    # fixed 16384 refused the 296th.
+    p = show(daemon, "ironclaw.slice", "TasksMax")
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    threads_max = int(Path("/proc/sys/kernel/threads-max").read_text())
+    assert p["TasksMax"].isdigit(), p  # a cap, not "infinity"
+    assert int(p["TasksMax"]) < min(pid_max, threads_max), (p, pid_max, threads_max)
+    assert int(p["TasksMax"]) >= 500 * 56, p
 
 
 def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, Any]) -> None:
