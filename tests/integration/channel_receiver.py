@@ -27,6 +27,9 @@ def main() -> None:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
+            if len(body) < length:  # the sender went away mid-request (a killed daemon): no
+                self.close_connection = True  # delivery happened, so none is logged
+                return
             write({"path": self.path, "headers": dict(self.headers.items()),
                    "body": body.decode("utf-8", "replace")})  # fmt: skip
             self.send_response(200)
