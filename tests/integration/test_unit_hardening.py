@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,9 +120,13 @@ def test_the_sandbox_slice_caps_tasks_below_the_system_and_above_the_density_goa
     # Every sandbox together may not take the host's last tasks, yet 500 idle sandboxes (issue
     # 17's density goal) at ~54 tasks each (runsc, gofer, sentry, ptrace stubs) must fit: the
     # fixed 16384 refused the 296th.
+    # The limits as the managing systemd sees them: a private systemd in a PID namespace of
+    # its own reads that namespace's pid_max (per namespace since Linux 6.14; 4194304 there
+    # while the host's is 32768), not the test process's.
     p = show(daemon, "ironclaw.slice", "TasksMax")
-    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    threads_max = int(Path("/proc/sys/kernel/threads-max").read_text())
+    seen = daemon.run(["cat", "/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"])
+    assert seen.returncode == 0, _out(seen)
+    pid_max, threads_max = (int(v) for v in seen.stdout.split())
     assert p["TasksMax"].isdigit(), p  # a cap, not "infinity"
     assert int(p["TasksMax"]) < min(pid_max, threads_max), (p, pid_max, threads_max)
     assert int(p["TasksMax"]) >= 500 * 56, p
