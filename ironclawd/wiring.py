@@ -10,9 +10,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ironclawd import paths
 from ironclawd.api.control import ControlServer
@@ -70,6 +68,9 @@ from ironclawd.store.keys import MasterKey, load_master_key
 from ironclawd.store.probes import probe_sqlcipher
 from ironclawd.store.session_data import DataLayout, SessionDataStore
 from ironclawd.store.state import StateStore
+
+if TYPE_CHECKING:  # httpx loads at the first model call or egress request, not at start
+    import httpx
 
 log = logging.getLogger("ironclawd")
 
@@ -131,9 +132,8 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         store=store, sessions=service, hooks=hooks, data=data, control=control,
         agent_uid=AGENT_UID, agent_gid=AGENT_GID, audit=audit, clock=clock, limits=config.queues,
     )  # fmt: skip
-    http = LazyAsyncClient(
-        timeout=httpx.Timeout(120.0, connect=10.0), follow_redirects=False
-    ).as_client()
+    # timeout: (connect, read, write, pool) seconds, as httpx.Timeout(120.0, connect=10.0).
+    http = LazyAsyncClient(timeout=(10.0, 120.0, 120.0, 120.0), follow_redirects=False).as_client()
     credentials = CredentialStore(config.daemon.master_key_file.parent)
     # The agents' mount sources are hidden from every MCP server (another agent's files).
     remote = RemoteMcpLauncher(

@@ -14,12 +14,13 @@ import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
-
-import httpx
+from typing import TYPE_CHECKING, Any, cast
 
 from ironclawd.errors import UpstreamFailed
 from ironclawd.ports import UpstreamRequest
+
+if TYPE_CHECKING:  # httpx loads at the first egress request or model call (not at start)
+    import httpx
 
 
 def tls_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -74,11 +75,15 @@ class _Response:
         self.headers = tuple(
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw
         )
+        import httpx  # noqa: PLC0415 (loaded by then: see the module's TYPE_CHECKING)
+
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         self._chunks: AsyncIterator[bytes] = stream.__aiter__()
 
     async def read_chunk(self) -> bytes:
+        import httpx  # noqa: PLC0415 (the first request loaded it; a dict lookup now)
+
         try:
             return await self._chunks.__anext__()
         except StopAsyncIteration:
@@ -98,6 +103,8 @@ class PinnedHttpClient:
         self._ca_file = ca_file
 
     async def send(self, request: UpstreamRequest) -> _Response:
+        import httpx  # noqa: PLC0415 (at the first egress request, not at the daemon's start)
+
         transport = httpx.AsyncHTTPTransport(
             verify=tls_context(self._ca_file),
             trust_env=False,  # no HTTP(S)_PROXY, no .netrc: the broker is the only way out
@@ -149,6 +156,8 @@ class LazyAsyncClient:
 
     def _made(self) -> httpx.AsyncClient:
         if self._client is None:
+            import httpx  # noqa: PLC0415 (httpx itself loads here too, ~20 ms)
+
             self._client = httpx.AsyncClient(**self._options)
         return self._client
 
@@ -162,4 +171,4 @@ class LazyAsyncClient:
     def as_client(self) -> httpx.AsyncClient:
         """For code typed against httpx.AsyncClient (the providers): every attribute is the
         real client's."""
-        return cast(httpx.AsyncClient, self)
+        return cast("httpx.AsyncClient", self)

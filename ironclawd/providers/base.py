@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ironclawd.errors import ProviderError
 from ironclawd.ports import Provider
+
+if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
+    import httpx
 
 __all__ = ["Provider", "raise_for_status", "sse_events"]
 
 
 # What each adapter module exports as ``build`` (ironclawd/providers/registry.py calls it).
-ProviderFactory = Callable[[httpx.AsyncClient], Provider]
+ProviderFactory = Callable[["httpx.AsyncClient"], Provider]
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
-
-import httpx
+from typing import TYPE_CHECKING
 
 from ironclawd.domain.model import Chunk, Completion, ToolCall
 from ironclawd.errors import ProviderError
 from ironclawd.ports import Provider
+
+if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
+    import httpx
 
 
 def build(http: httpx.AsyncClient) -> Provider:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
 from ironclawd.providers.base import Provider, raise_for_status, sse_events
+
+if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
+    import httpx
 
 
 def build(http: httpx.AsyncClient) -> Provider:

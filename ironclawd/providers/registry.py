@@ -8,12 +8,13 @@ domain's list, nothing else.
 from __future__ import annotations
 
 import importlib
-from typing import cast
-
-import httpx
+from typing import TYPE_CHECKING, cast
 
 from ironclawd.domain.providers import ADAPTER_PACKAGE, PROVIDERS
 from ironclawd.providers.base import Provider, ProviderFactory
+
+if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
+    import httpx
 
 
 def build_providers(http: httpx.AsyncClient) -> dict[str, Provider]:

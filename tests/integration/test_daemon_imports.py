@@ -22,6 +22,9 @@ LATER = {
     "rich": "never: httpx's command-line client",
     "pygments": "never: httpx's command-line client",
     "yaml": "a skill's front matter is read (formats/skill.py)",
+    "httpx": "the first model call or egress request (net/http.py)",
+    "httpcore": "the first model call or egress request (through httpx)",
+    "h11": "the first model call or egress request (through httpx)",
 }
 
 PROBE = """
@@ -29,7 +32,8 @@ import json, sys
 from ironclawd.daemon import without_httpx_cli
 without_httpx_cli()
 import ironclawd.wiring
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+# httpx._main is without_httpx_cli()'s stand-in, not httpx
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules if m != "httpx._main"})))
 """
 
 
