@@ -36,9 +36,11 @@ from ironclawd.ports import (
 log = logging.getLogger("ironclawd.sessions")
 
 AGENT_ARGV = ("/app/agent/agent",)
-# While waiting for an agent's hello, how often its unit is checked: a sandbox that runsc could
-# not start (the slice out of tasks, a refused spec) fails the wait at once, not at the deadline.
+# While waiting for an agent's hello, how soon its unit is first checked (the interval then
+# doubles): a sandbox that runsc could not start (the slice out of tasks, a refused spec) fails
+# the wait at once, not at the deadline.
 UNIT_CHECK_SECONDS = 0.25
+UNIT_CHECK_MAX_FACTOR = 8  # checks at 0.25, 0.75, 1.75, 3.75 s, then every 2 s
 LAST_OUTPUT_CHARS = 300
 
 
@@ -186,12 +188,19 @@ class SandboxLifecycle:
         meanwhile: one that ended first fails the wait at once with its result and the last
         line it wrote, instead of a timeout that names neither."""
         hello = asyncio.ensure_future(self.control.wait_hello(session.sid))
+        # The interval doubles up to UNIT_CHECK_MAX_FACTOR times the first: a failing runsc is
+        # still seen within a second, and 500 sessions adopted together after a restart do not
+        # flood the bus and the worker threads with 2,000 checks a second.
+        interval = self.layout.unit_check_seconds
         try:
             async with asyncio.timeout(within):
                 while True:
-                    done, _ = await asyncio.wait((hello,), timeout=self.layout.unit_check_seconds)
+                    done, _ = await asyncio.wait((hello,), timeout=interval)
                     if done:
                         return hello.result()
+                    interval = min(
+                        interval * 2, self.layout.unit_check_seconds * UNIT_CHECK_MAX_FACTOR
+                    )
                     ended = await asyncio.to_thread(self._ended, session.unit)
                     if ended is not None:
                         raise SandboxError(ended)
