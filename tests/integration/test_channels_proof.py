@@ -164,15 +164,24 @@ def proof(daemon: SystemdHarness, tmp_path_factory: pytest.TempPathFactory) -> I
                 yield Proof(daemon, hs, bot, alice, bob, wired, unwired, loaded,
                             WebhookSender(port, SECRET), receiver)  # fmt: skip
             finally:
-                for agent in ("demo", RELAY):
-                    put_back(daemon, "wiring", {"routes": []}, agent)
-                    put_back(daemon, "permissions", {"allow": [], "unknown": "drop"}, agent)
-                for session in ctl(daemon, "session", "list")["sessions"]:
-                    daemon.run(["ironctl", "session", "rm", "--force", session["sid"]], timeout=120)
-                daemon.run(["bash", "-c", f"rm -f {CONFIG} {CREDENTIALS}/proof-*; "
-                            "systemctl restart ironclawd"], timeout=120)  # fmt: skip
-                alice.close()
-                bob.close()
+                # Each step runs even when one before it failed: a test that failed right after
+                # killing the daemon leaves it restarting, and unclosed Matrix clients would
+                # surface as ResourceWarnings in whichever later test the collector runs in.
+                try:
+                    wait_for("ironclawd serving again",
+                             lambda: daemon.run(["ironctl", "status"], timeout=60).returncode,
+                             functools.partial(operator.eq, 0), 60)  # fmt: skip
+                    for agent in ("demo", RELAY):
+                        put_back(daemon, "wiring", {"routes": []}, agent)
+                        put_back(daemon, "permissions", {"allow": [], "unknown": "drop"}, agent)
+                    for session in ctl(daemon, "session", "list")["sessions"]:
+                        daemon.run(["ironctl", "session", "rm", "--force", session["sid"]],
+                                   timeout=120)  # fmt: skip
+                finally:
+                    daemon.run(["bash", "-c", f"rm -f {CONFIG} {CREDENTIALS}/proof-*; "
+                                "systemctl restart ironclawd"], timeout=120)  # fmt: skip
+                    alice.close()
+                    bob.close()
     finally:
         loop.close()
 
