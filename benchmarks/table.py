@@ -90,14 +90,25 @@ def _cell(summary: Mapping[str, Any] | None, unit: str, key: str) -> str:
     return "" if value is None else f"{value:g}"
 
 
+def _load(machine: Mapping[str, Any]) -> str:
+    shown = ", ".join(f"{x:.1f}" for x in machine.get("load_average_at_start", []))
+    if "load_average_at_end" in machine:
+        return f"load average at the start {shown}"
+    # Files written before load_average_at_end existed took the "start" figure at their end.
+    return f"load average when its first file was written {shown}"
+
+
 def render(results: Path = RESULTS) -> str:
     docs = list(load(results))
-    # The newest run's machine (the files of one make bench share it).
-    machines = sorted((d["machine"] for _, d in docs if "date" in d.get("machine", {})),
-                      key=lambda m: str(m["date"]))  # fmt: skip
-    machine: dict[str, Any] = machines[-1] if machines else {}
     run = results / "bench-run.json"
     run_doc = json.loads(run.read_text()) if run.exists() else {}
+    # The recorded run's machine, from its first benchmark (whose load at the start is the
+    # run's); files of benchmarks run apart from it are listed with their own date and load.
+    in_run = {n.replace("_", "-") for n in run_doc.get("benchmarks", [])}
+    dated = [(n, d["machine"]) for n, d in docs if "date" in d.get("machine", {})]
+    ours = [m for n, m in dated if n in in_run] or [m for _, m in dated]
+    machine: dict[str, Any] = min(ours, key=lambda m: str(m["date"])) if ours else {}
+    apart = [(n, m) for n, m in dated if in_run and n not in in_run]
     lines = [
         "# IronClaw benchmarks",
         "",
@@ -110,8 +121,7 @@ def render(results: Path = RESULTS) -> str:
         f"{machine.get('memory_gib', '?')} GiB",
         f"- kernel {machine.get('kernel', '?')}; runsc {machine.get('runsc', '?')}; daemon's "
         f"platform {machine.get('platform', '?')}",
-        f"- date {machine.get('date', '?')}; load average at the start "
-        f"{', '.join(f'{x:.1f}' for x in machine.get('load_average_at_start', []))}",
+        f"- date {machine.get('date', '?')}; {_load(machine)}",
     ]
     if run_doc:
         failed = ", ".join(run_doc.get("failed", [])) or "none"
@@ -121,6 +131,11 @@ def render(results: Path = RESULTS) -> str:
         )
     if run_doc.get("note"):
         lines.append(f"- {run_doc['note']}")
+    for name, other in apart:
+        lines.append(
+            f"- {name} was run apart from that run: {other.get('date', '?')}, kernel "
+            f"{other.get('kernel', '?')}, {_load(other)}"
+        )
     lines += [
         "",
         "| benchmark | figure | median | p90 | unit | baseline | baseline median | baseline p90 "

@@ -1,0 +1,42 @@
+"""The header of results/BENCH.md (benchmarks/table.py): it names the recorded run's machine
+and load, and each benchmark file run apart from that run with its own date and load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.table import render
+
+
+def _write(results: Path, name: str, date: str, load: list[float], at_end: bool) -> None:
+    machine: dict[str, Any] = {"cpu": "CPU", "cores": 2, "memory_gib": 1.0, "kernel": "k",
+                               "runsc": "r", "platform": "ptrace", "date": date,
+                               "load_average_at_start": load}  # fmt: skip
+    if at_end:
+        machine["load_average_at_end"] = [9.0, 9.0, 9.0]
+    doc = {"benchmark": name, "machine": machine, "figures": []}
+    (results / f"bench-{name}.json").write_text(json.dumps(doc))
+
+
+def test_the_header_is_the_runs_first_benchmark_and_a_separate_run_is_named(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
+    _write(tmp_path, "density", "2026-12-02 15:59 UTC", [7.8, 15.6, 10.9], at_end=True)
+    _write(tmp_path, "density-500", "2026-12-03 16:59 UTC", [5.7, 6.1, 5.3], at_end=True)
+    run = {"seconds": 60, "benchmarks": ["sessions", "density"], "failed": [], "note": ""}
+    (tmp_path / "bench-run.json").write_text(json.dumps(run))
+    text = render(tmp_path)
+    assert "- date 2026-12-02 15:49 UTC; load average at the start 0.8, 1.2, 1.4" in text
+    assert "- density-500 was run apart from that run: 2026-12-03 16:59 UTC" in text
+    assert "load average at the start 5.7, 6.1, 5.3" in text
+    assert "7.8" not in text
+
+
+def test_a_file_from_before_the_fix_does_not_call_its_load_the_start(tmp_path: Path) -> None:
+    _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=False)
+    text = render(tmp_path)
+    assert "load average when its first file was written 0.8, 1.2, 1.4" in text
+    assert "at the start" not in text
