@@ -177,7 +177,8 @@ def test_sandbox_settings_are_in_force(
              "RestrictNamespaces", "RestrictAddressFamilies", "IPAddressDeny", "DevicePolicy",
              "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
              "ProtectControlGroups", "ProtectClock", "ProtectHostname", "ProtectProc",
-             "RestrictSUIDSGID", "SystemCallArchitectures", "MainPID")  # fmt: skip
+             "RestrictSUIDSGID", "SystemCallArchitectures", "MainPID",
+             "InaccessiblePaths")  # fmt: skip
     sid = sandbox_unit.removeprefix("ironclaw-sbx-").removesuffix(".service")
     assert p["NetworkNamespacePath"] == f"/run/netns/ironclaw-{sid}"
     assert p["ProtectSystem"] == "strict"
@@ -188,6 +189,7 @@ def test_sandbox_settings_are_in_force(
     assert p["ReadWritePaths"].split() == [
         "/run/ironclaw/runsc", f"/var/lib/ironclaw/queues/{sid}/outbound"
     ]  # fmt: skip
+    assert p["InaccessiblePaths"] == "-/run/netns", p
     assert p["RestrictAddressFamilies"] == "AF_UNIX"
     assert set(p["RestrictNamespaces"].split()) == set(hardening.SANDBOX_NAMESPACES)
     assert set(p["IPAddressDeny"].split()) == {"0.0.0.0/0", "::/0"}
@@ -206,3 +208,24 @@ def test_sandbox_settings_are_in_force(
     assert proc["NoNewPrivs"] == "1", proc
     assert proc["Seccomp"] == "2", proc
     assert_devices_closed(daemon, p["MainPID"])
+
+
+def test_a_sandbox_units_mounts_name_no_other_session(
+    daemon: SystemdHarness, sandbox_unit: str
+) -> None:
+    # Where runsc's host side stands (its unit's mount namespace): another session's netns
+    # mount, made before or after this unit started, is not there (it used to propagate into
+    # every sandbox unit: O(N^2) mounts, and a view of the other sessions' netns).
+    pid = show(daemon, sandbox_unit, "MainPID")["MainPID"]
+    proc = daemon.run(["ironctl", "session", "create", "--agent", "demo", "--json"], timeout=120)
+    assert proc.returncode == 0, _out(proc)
+    other = str(json.loads(proc.stdout)["sid"])
+    try:
+        mounts = _out(daemon.run(["cat", f"/proc/{pid}/mountinfo"]))
+        assert mounts.strip(), pid
+        assert " nsfs " not in mounts, [ln for ln in mounts.splitlines() if " nsfs " in ln]
+        assert f"/run/netns/ironclaw-{other}" not in mounts
+        host = _out(daemon.run(["cat", "/proc/1/mountinfo"]))
+        assert f"/run/netns/ironclaw-{other}" in host  # the mount exists, out of its sight
+    finally:
+        daemon.run(["ironctl", "session", "rm", "--force", other], timeout=120)
