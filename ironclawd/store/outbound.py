@@ -282,13 +282,20 @@ def _select(
 
 def strip_setid(directory: Path, agent_uid: int, max_entries: int) -> int:
     """Clear setuid/setgid bits on everything under the outbound directory (gVisor's gofer
-    creates the agent's files with the modes it asks for); never follows a link and never opens
-    a file for reading (store/fdwalk.py). Returns how many entries were changed."""
+    creates the agent's files with the modes it asks for), and give back to the agent what is
+    not its own; never follows a link and never opens a file for reading (store/fdwalk.py).
+    Returns how many entries were changed.
+
+    Not its own: runsc's gofer (host root) creates a file and then chowns it to the agent. A
+    sandbox killed between the two leaves a root-owned file, e.g. an empty
+    ``outbound.db-journal`` that the next agent cannot open ("unable to open database file" at
+    its first reply), so every restart died and the session was wedged."""
     dir_fd = open_outbound_dir(directory, agent_uid)
+    owner = (agent_uid, os.fstat(dir_fd).st_gid)
     changed = [0]
 
     def strip(parent_fd: int, name: str) -> None:
-        changed[0] += _strip_one(parent_fd, name)
+        changed[0] += _strip_one(parent_fd, name, owner)
 
     try:
         fdwalk.visit(dir_fd, strip, max_entries)
@@ -299,17 +306,24 @@ def strip_setid(directory: Path, agent_uid: int, max_entries: int) -> int:
     return changed[0]
 
 
-def _strip_one(parent_fd: int, name: str) -> int:
+def _strip_one(parent_fd: int, name: str, owner: tuple[int, int]) -> int:
     try:
         fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
     except OSError:
         return 0  # gone meanwhile
     try:
         st = os.fstat(fd)
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or not st.st_mode & SETID:
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             return 0  # O_PATH|O_NOFOLLOW on a symlink names the link itself: never changed
-        # chmod through the O_PATH descriptor's magic link: the inode we checked, by no name.
-        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~SETID)
+        # Through the O_PATH descriptor's magic link: the inode we checked, by no name. The
+        # outbound tmpfs is a file system of its own, so no hard link reaches a host file.
+        foreign = st.st_uid != owner[0] and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1)
+        if foreign:
+            os.chown(f"/proc/self/fd/{fd}", *owner)
+        if st.st_mode & SETID:
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~SETID)
+        elif not foreign:
+            return 0
     except OSError:
         return 0
     finally:

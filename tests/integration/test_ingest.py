@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclawd.store.outbound import strip_setid
 from tests.harness.box_scripts import JOIN_UNIT
 from tests.harness.private_systemd import SystemdHarness
 from tests.integration.test_messages import (
@@ -400,3 +401,24 @@ def test_a_lost_outbound_tmpfs_is_rebuilt_from_the_record(
     assert [(r.seq, r.in_reply_to) for r in box.replies()] == [(1, 1), (2, 2), (3, 3)]
     proc = daemon.run(["ironctl", "session", "verify", box.sid])
     assert proc.returncode == 0, out(proc)
+
+
+def test_a_file_the_gofer_left_root_owned_is_given_back_to_the_agent(tmp_path: Path) -> None:
+    # runsc's gofer creates as root and then chowns: a sandbox killed in between left an empty
+    # root-owned outbound.db-journal, and every later agent died opening it (a wedged session).
+    agent, group = 10000, 10000
+    outdir = tmp_path / "queues" / "s1" / "outbound"
+    outdir.mkdir(parents=True, mode=0o700)
+    os.chown(outdir, agent, group)
+    journal = outdir / "outbound.db-journal"
+    journal.touch(mode=0o600)  # root's, as the gofer left it
+    os.chown(journal, 0, 0)
+    (outdir / "db").write_bytes(b"x")
+    os.chown(outdir / "db", agent, group)  # already the agent's: left alone
+    host = tmp_path / "host-file"
+    host.write_bytes(b"x")
+    (outdir / "link").symlink_to(host)
+    assert strip_setid(outdir, agent, 100) == 1
+    assert (journal.stat().st_uid, journal.stat().st_gid) == (agent, group)
+    assert host.stat().st_uid == os.getuid()  # a link is never followed
+    assert os.lstat(outdir / "link").st_uid == os.getuid()
