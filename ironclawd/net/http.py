@@ -80,15 +80,14 @@ class _Response:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         self._chunks: AsyncIterator[bytes] = stream.__aiter__()
+        self._http_error = httpx.HTTPError  # kept: read_chunk runs once per body chunk
 
     async def read_chunk(self) -> bytes:
-        import httpx  # noqa: PLC0415 (the first request loaded it; a dict lookup now)
-
         try:
             return await self._chunks.__anext__()
         except StopAsyncIteration:
             return b""
-        except httpx.HTTPError as exc:
+        except self._http_error as exc:
             raise UpstreamFailed(f"{self._host}: reading the body: {_describe(exc)}") from exc
 
     async def close(self) -> None:

@@ -318,12 +318,13 @@ def _strip_one(parent_fd: int, name: str, owner: tuple[int, int]) -> int:
         # Through the O_PATH descriptor's magic link: the inode we checked, by no name. The
         # outbound tmpfs is a file system of its own, so no hard link reaches a host file.
         foreign = st.st_uid != owner[0] and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1)
+        setid = st.st_mode & SETID
+        if not (foreign or setid):
+            return 0
         if foreign:
             os.chown(f"/proc/self/fd/{fd}", *owner)
-        if st.st_mode & SETID:
+        if setid:
             os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~SETID)
-        elif not foreign:
-            return 0
     except OSError:
         return 0
     finally:

@@ -10,6 +10,7 @@ Needs root only to hand a listed file to another owner; nothing here boots syste
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import pytest
 
 from agent import runner
 from agent.tools import ToolError, run
+from tests.harness.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -182,10 +184,7 @@ def test_a_timeout_kills_the_whole_process_group(image: Path, workspace: Path) -
 
     # Dead (a zombie until reaped). SIGKILL is sent by then, but a process can still show
     # "R" for a moment while it exits (seen in CI), so allow it a bounded moment.
-    deadline = time.monotonic() + 5
-    while (left := alive()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not left, left
+    wait_for("the timed-out process group dead", alive, operator.not_, 5)
 
 
 def test_a_flood_on_both_streams_neither_deadlocks_nor_floods_the_model(
