@@ -28,6 +28,7 @@ from ironclawd.config import Config, load_config, reference_markdown
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host.clock import SystemClock
+from ironclawd.host.fdstore import SystemdFdStore
 from ironclawd.host.journal import SystemdJournal
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.systemd import SystemdUnitManager
@@ -36,6 +37,7 @@ from ironclawd.services.doctor import Doctor
 from ironclawd.services.reconcile import Recovery, claim, reconcile
 
 if TYPE_CHECKING:
+    from ironclawd.api.control import ControlServer
     from ironclawd.services.pool import WarmPool
     from ironclawd.wiring import Wired
 
@@ -43,6 +45,8 @@ log = logging.getLogger("ironclawd")
 
 EX_CONFIG = 78  # sysexits.h; the unit's RestartPreventExitStatus names it
 LOG_SUMMARY_SECONDS = 1.0
+# How long a stop waits for systemd to confirm it holds the control sockets.
+FD_STORE_BARRIER_SECONDS = 2.0
 
 
 def _notify(**states: int | str) -> None:
@@ -76,6 +80,12 @@ class Daemon:
         netns = NetnsAdapter()
         wired = wire(self._config, netns)
         sessions, control = wired.sessions, wired.control
+        fdstore = SystemdFdStore()
+        # What the last clean stop handed to systemd: the agents' control connections go on
+        # as if nothing had happened (adoption below uses them instead of waiting for a hello).
+        restored = control.restore(fdstore.take())
+        if restored:
+            log.info("took back %d agent control connection(s) from the fd store", restored)
         self._pool = sessions.pool
         doctor = Doctor(
             config_path=self._config_path, config=self._config, netns=netns,
@@ -134,7 +144,9 @@ class Daemon:
             await sessions.pool.close()
         await sessions.close()
         await wired.mcp.close()
+        self._hand_over(control, fdstore)
         await control.close_all_listeners()
+        control.discard_restored()
         await wired.sandbox_api.stop()
         await wired.http.aclose()
         wired.audit.close()
@@ -142,10 +154,23 @@ class Daemon:
         wired.master.zero()
         log.info("stopped", extra=message_id(MessageId.DAEMON_STOPPED))
 
+    @staticmethod
+    def _hand_over(control: ControlServer, fdstore: SystemdFdStore) -> None:
+        """Store the sessions' control sockets with systemd for the next start, and wait until
+        it holds them: this process closes its copies next, and exits soon after."""
+        handed = control.hand_over()
+        stored = sum(fdstore.put(name, fds) for name, fds in handed)
+        if handed and (stored < len(handed) or not fdstore.barrier(FD_STORE_BARRIER_SECONDS)):
+            log.warning("the fd store did not take the control sockets (%d of %d sent): agents "
+                        "reconnect after the restart", stored, len(handed))  # fmt: skip
+        elif handed:
+            log.info("handed %d control socket(s) to the fd store", stored)
+
     async def _recover(self, wired: Wired, recovery: Recovery) -> None:
         """After READY: settle what an earlier run left (reconcile), apply changes approved
         before it died, then resume messages and channels. Cancelled by a stop."""
         report = await reconcile(wired.sessions, recovery)
+        wired.control.discard_restored()  # of sessions that were not adopted
         if wired.sessions.pool is not None:  # after reconcile: nothing of it is an orphan
             wired.sessions.pool.start()
         await wired.gateway.resume()

@@ -16,6 +16,14 @@ pushes out the oldest that has not said hello yet, else it is refused: the agent
 which said hello long ago, is never pushed out), a hello within the handshake timeout, lines of
 at most MAX_LINE bytes, and a peer that stops reading cannot hold up ``send`` for longer than
 SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironclawd/ratelog.py).
+
+A clean daemon stop hands each session's listening socket and its agent's connection to systemd's
+file descriptor store (``hand_over``), and the next start takes them back (``restore``): the
+agent never sees its connection end, so a restart costs the sandboxes nothing. A restored
+connection is checked again like a new one (its peer must still be in the session's unit), and
+the session's outbound queue is read again in full ("resync"), since a line the old daemon had
+read but not acted on is gone with it. Anything that cannot be restored is closed, and the agent
+reconnects and says hello as after a crash.
 """
 
 from __future__ import annotations
@@ -34,14 +42,30 @@ from ironclawd import paths, ratelog
 from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, serve_unix
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.session import check_sid, unit_name
-from ironclawd.errors import HostError
-from ironclawd.ports import AgentHello, ControlListener
+from ironclawd.errors import HostError, IronclawError
+from ironclawd.ports import RESYNC, AgentHello, ControlListener
 
 log = logging.getLogger("ironclawd.control")
 
 CONTROL_SOCKET = "control.sock"
 MAX_LINE = 256
 SEND_TIMEOUT = 5.0
+# Names in the fd store: "control.<sid>" (the listener), "control.<sid>.<pid>.<uid>" (the
+# agent's connection, with what its hello said).
+STORE_PREFIX = "control."
+
+
+@dataclass
+class Restored:
+    """What the fd store gave back for one session."""
+
+    listener: socket.socket | None = None
+    connections: list[tuple[socket.socket, AgentHello]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for sock in [self.listener, *(c for c, _ in self.connections)]:
+            if sock is not None:
+                sock.close()
 
 
 @dataclass
@@ -51,6 +75,8 @@ class _Channel:
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
     waiting: list[asyncio.StreamWriter] = field(default_factory=list)  # no hello yet, oldest first
+    hellos: dict[asyncio.StreamWriter, AgentHello] = field(default_factory=dict)
+    restoring: set[asyncio.Task[None]] = field(default_factory=set)
     closing: bool = False
 
 
@@ -60,6 +86,7 @@ class ControlServer:
         self._limits = limits
         self._channels: dict[str, _Channel] = {}
         self._listener: ControlListener | None = None
+        self._restored: dict[str, Restored] = {}
 
     def set_listener(self, listener: ControlListener) -> None:
         self._listener = listener
@@ -103,9 +130,16 @@ class ControlServer:
         ensure_private_dir(self._dir, 0o711)
         directory = self._session_dir(sid)
         ensure_private_dir(directory, 0o711)
-        # 0666: the sandbox's host-side processes run as an unprivileged uid of runsc's choosing;
-        # who may talk here is decided by the cgroup check below, not by the mode.
-        sock = bind_unix_socket(directory / CONTROL_SOCKET, mode=0o666, group=None)
+        restored = self._restored.pop(sid, Restored())
+        path = directory / CONTROL_SOCKET
+        sock = restored.listener
+        restored.listener = None
+        if sock is None or not _listens_at(sock, path):
+            if sock is not None:
+                sock.close()
+            # 0666: the sandbox's host-side processes run as an unprivileged uid of runsc's
+            # choosing; who may talk here is decided by the cgroup check below, not by the mode.
+            sock = bind_unix_socket(path, mode=0o666, group=None)
         loop = asyncio.get_running_loop()
         hello: asyncio.Future[AgentHello] = loop.create_future()
         channel: _Channel
@@ -116,7 +150,66 @@ class ControlServer:
         server = await serve_unix(handle, sock, limit=MAX_LINE)
         channel = _Channel(server, hello)
         self._channels[sid] = channel
+        for conn, said in restored.connections:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_LINE)
+            task = asyncio.create_task(self._serve(sid, channel, reader, writer, said))
+            channel.restoring.add(task)
+            task.add_done_callback(channel.restoring.discard)
         return directory
+
+    def restore(self, taken: dict[str, list[socket.socket]]) -> int:
+        """Keep what the fd store gave back under this server's names, for ``open`` to use;
+        close the rest. Returns how many agents' connections were restored."""
+        count = 0
+        for name, socks in taken.items():
+            parsed = _parse_store_name(name)
+            if parsed is None or len(socks) != 1:
+                log.warning("fd store: %d descriptor(s) under %r: not ours, closed", len(socks),
+                            name)  # fmt: skip
+                for sock in socks:
+                    sock.close()
+                continue
+            sid, said = parsed
+            entry = self._restored.setdefault(sid, Restored())
+            if said is None:
+                if entry.listener is not None:
+                    entry.listener.close()
+                entry.listener = socks[0]
+            else:
+                entry.connections.append((socks[0], said))
+                count += 1
+        return count
+
+    def discard_restored(self) -> None:
+        """Close what was restored for sessions that were not opened again (removed meanwhile,
+        or failed to adopt): their agents, if any, see the connection end."""
+        for entry in self._restored.values():
+            entry.close()
+        self._restored.clear()
+
+    def hand_over(self) -> list[tuple[str, list[int]]]:
+        """At a clean stop, once nothing else will use the sockets: every session's listener
+        and its agents' connections that said hello and have nothing left to send, named for
+        the fd store. The caller stores them, then ``close_all_listeners`` closes this process's
+        copies (systemd's keep the connections open)."""
+        handed: list[tuple[str, list[int]]] = []
+        for sid, channel in self._channels.items():
+            listener = channel.server.sockets
+            if len(listener) != 1:
+                continue
+            handed.append((f"{STORE_PREFIX}{sid}", [listener[0].fileno()]))
+            for writer, said in channel.hellos.items():
+                if writer.is_closing() or writer.transport.get_write_buffer_size():
+                    continue  # what is not sent yet would be lost: let the agent reconnect
+                sock: socket.socket = writer.get_extra_info("socket")
+                handed.append((f"{STORE_PREFIX}{sid}.{said.pid}.{said.uid}", [sock.fileno()]))
+        # Taken back at start but not yet opened (a stop while adopting): handed on as they are.
+        for sid, entry in self._restored.items():
+            if entry.listener is not None:
+                handed.append((f"{STORE_PREFIX}{sid}", [entry.listener.fileno()]))
+            for conn, said in entry.connections:
+                handed.append((f"{STORE_PREFIX}{sid}.{said.pid}.{said.uid}", [conn.fileno()]))
+        return handed
 
     async def _serve(
         self,
@@ -124,6 +217,7 @@ class ControlServer:
         channel: _Channel,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        restored: AgentHello | None = None,
     ) -> None:
         sock: socket.socket = writer.get_extra_info("socket")
         if not peer_in_unit(sock, unit_name(sid)):
@@ -135,13 +229,18 @@ class ControlServer:
         if not self._make_room(sid, channel):
             writer.transport.abort()
             return
-        hello = await self._hello(sid, channel, reader, writer)
+        hello = restored or await self._hello(sid, channel, reader, writer)
         if hello is None:
             return
         channel.writers.add(writer)
+        channel.hellos[writer] = hello
         if not channel.hello.done():
             channel.hello.set_result(hello)
-        if hello.outbound_seq:
+        if restored is not None:
+            log.info("session %s: control connection of agent pid %d restored from the fd store",
+                     sid, hello.pid)  # fmt: skip
+            await self._announce(sid, RESYNC, 0)
+        elif hello.outbound_seq:
             await self._announce(sid, "outbound", hello.outbound_seq)
         try:
             while line := await reader.readline():
@@ -156,6 +255,7 @@ class ControlServer:
             pass  # ValueError: a line over MAX_LINE; the connection is dropped
         finally:
             channel.writers.discard(writer)
+            channel.hellos.pop(writer, None)
             writer.close()
             # Every connection comes from inside the unit, so the sandbox is gone only when the
             # last one is: an extra connection that says hello and leaves is not an exit.
@@ -216,6 +316,8 @@ class ControlServer:
             return
         channel.closing = True
         channel.server.close()
+        for task in channel.restoring:
+            task.cancel()
         for writer in [*channel.writers, *channel.waiting]:
             writer.close()
         if not channel.hello.done():
@@ -248,6 +350,35 @@ class ControlServer:
             return self._channels[sid]
         except KeyError:
             raise HostError(f"session {sid}: control socket is not open") from None
+
+
+def _listens_at(sock: socket.socket, path: Path) -> bool:
+    """Whether ``sock`` is a listening Unix stream socket bound to ``path``."""
+    try:
+        return (
+            sock.family == socket.AF_UNIX
+            and sock.type == socket.SOCK_STREAM
+            and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+            and sock.getsockname() == str(path)
+        )
+    except OSError:
+        return False
+
+
+def _parse_store_name(name: str) -> tuple[str, AgentHello | None] | None:
+    """(sid, None) for a listener's name, (sid, hello) for a connection's; None if not ours."""
+    if not name.startswith(STORE_PREFIX):
+        return None
+    words = name[len(STORE_PREFIX) :].split(".")
+    try:
+        sid = check_sid(words[0])
+        if len(words) == 1:
+            return sid, None
+        if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
+            return sid, AgentHello(pid=int(words[1]), uid=int(words[2]))
+    except IronclawError:
+        pass
+    return None
 
 
 def _parse_hello(line: bytes) -> AgentHello:

@@ -292,7 +292,10 @@ class AgentHello:
     outbound_seq: int = 0  # the newest outbound row the agent has committed
 
 
-# Called with (sid, event, value) for what an agent announces: ("outbound", seq).
+# Called with (sid, event, value) for what an agent announces: ("outbound", seq); and with
+# (sid, RESYNC, 0) when a connection comes back from systemd's fd store after a daemon restart
+# (what the old daemon had read but not acted on is lost: read the agent's queue again in full).
+RESYNC = "resync"
 ControlListener = Callable[[str, str, int], Awaitable[None]]
 
 

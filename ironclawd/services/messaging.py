@@ -30,6 +30,7 @@ from ironclawd.domain.messages import (
 from ironclawd.domain.session import State
 from ironclawd.errors import DiskFull, IronclawError
 from ironclawd.ports import (
+    RESYNC,
     AuditSink,
     Clock,
     ControlPlane,
@@ -201,6 +202,8 @@ class MessageService:
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
             await self.ingest(sid, value)
+        elif event == RESYNC:
+            await self.ingest(sid)
 
     async def ingest(self, sid: str, up_to: int | None = None) -> int:
         """Copy the agent's new outbound rows into the record; return how many. Never raises

@@ -459,6 +459,82 @@ def test_killed_daemon_adopts_sessions_then_reconcile_cleans_up(clean: Any) -> N
         assert leftovers(sysd, sid) == {}
 
 
+UNIT_SOCKETS = r"""
+import os, sys
+unit = sys.argv[1]
+found = set()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if f"/{unit}" not in open(f"/proc/{pid}/cgroup").read():
+            continue
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:"):
+                found.add(target)
+    except OSError:
+        continue
+print(" ".join(sorted(found)))
+"""
+
+
+def unit_sockets(sysd: Any, sid: str) -> set[str]:
+    """The sockets the processes of ``sid``'s sandbox unit hold (runsc's host side holds the
+    agent's end of its control connection: a reconnect brings a socket it did not hold)."""
+    unit = f"ironclaw-sbx-{sid}.service"
+    proc = sysd.run([".venv/bin/python", "-c", UNIT_SOCKETS, unit])
+    assert proc.returncode == 0, out(proc)
+    return set(proc.stdout.decode().split())
+
+
+def test_a_restart_hands_the_agents_connections_to_systemd_and_back(clean: Any) -> None:
+    """``systemctl restart ironclawd``: the stopping daemon stores each session's control
+    socket and its agent's connection in systemd's fd store and the new one takes them back.
+    The agents see nothing: the same connection is there before and after, and the first
+    message after the restart is announced and answered over it."""
+    sysd = clean
+    sids = [new_sid(f"keep{i}") for i in range(2)]
+    for sid in sids:
+        create(sysd, sid)
+    assert ctl(sysd, "send", sids[0], "before")[1]["reply"]["text"] == "mock: before"
+    held = {sid: unit_sockets(sysd, sid) for sid in sids}
+    assert all(held.values()), held
+    mark = cursor(sysd)
+    t0 = time.monotonic()
+    assert sysd.run(["systemctl", "restart", "ironclawd.service"]).returncode == 0
+    note("restart_to_ready_kept_seconds", time.monotonic() - t0)
+    wait_recovered(sysd)
+    log = journal_since(sysd, mark)
+    assert "handed 4 control socket(s) to the fd store" in log, log
+    assert "took back 2 agent control connection(s) from the fd store" in log, log
+    for sid in sids:
+        assert re.search(rf"session {sid}: control connection of agent pid \d+ restored", log), log
+        assert re.search(rf"session {sid} adopted: agent pid \d+", log), log
+    assert "reconcile: adopted 2 session(s), settled 0, removed 0 orphan(s)" in log, log
+
+    for sid in sids:
+        # No socket the sandbox did not hold before: its agent did not reconnect. (The model
+        # channel of the session that had talked was closed by the old daemon: one fewer.)
+        new = unit_sockets(sysd, sid) - held[sid]
+        assert not new, f"session {sid}: the agent reconnected ({new})"
+    for sid in sids:
+        code, doc = ctl(sysd, "send", sid, f"after {sid}")
+        assert code == 0, doc
+        assert doc["reply"]["text"] == f"mock: after {sid}", doc
+    # Nothing is left in the store once taken: a stop for good empties it anyway, and a stale
+    # entry must never reach a later run.
+    store = unit_props(sysd, "ironclawd.service", "NFileDescriptorStore")
+    assert store.get("NFileDescriptorStore") == "0", store
+
+    # The same look does see a reconnect: a stop for good empties the store, so the agents'
+    # connections end and they connect again once the daemon is back.
+    held = {sid: unit_sockets(sysd, sid) for sid in sids}
+    assert sysd.run(["systemctl", "stop", "ironclawd.service"]).returncode == 0
+    assert sysd.run(["systemctl", "start", "ironclawd.service"]).returncode == 0
+    wait_recovered(sysd)
+    for sid in sids:
+        assert unit_sockets(sysd, sid) - held[sid], f"session {sid}: no reconnect seen"
+
+
 # -- 4. a memory hog is killed inside its unit; the daemon lives -----------------------------
 
 

@@ -1,0 +1,197 @@
+"""Handing the control sockets over a daemon restart (ironclawd/api/control.py ``hand_over`` and
+``restore``), over real Unix sockets, with ``os.dup`` in the place of systemd's fd store (the
+integration tier does it with the real store and a real sandbox): the agent's connection never
+ends, what it wrote meanwhile is read, the new server answers on the same listener, and nothing
+that is not ours is used."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ironclawd.api import control
+from ironclawd.api.control import ControlServer
+from ironclawd.ports import RESYNC
+
+SID = "keep0001"
+
+
+def _bind(path: Path, *, mode: int, group: str | None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(8)
+    sock.setblocking(False)
+    return sock
+
+
+@pytest.fixture(autouse=True)
+def no_root_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parts that need root (a root-owned directory, chown) and a sandbox unit (the peer's
+    cgroup) are stood in for; everything on the sockets is real."""
+    monkeypatch.setattr(control, "ensure_private_dir", lambda path, mode: path.mkdir(exist_ok=True))
+    monkeypatch.setattr(control, "bind_unix_socket", _bind)
+    monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: True)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int]] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, sid: str, event: str, value: int) -> None:
+        self.seen.append((sid, event, value))
+        self.changed.set()
+
+    async def wait_for(self, item: tuple[str, str, int]) -> None:
+        async with asyncio.timeout(5):
+            while item not in self.seen:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def store_copy(handed: list[tuple[str, list[int]]]) -> dict[str, list[socket.socket]]:
+    """What systemd would give the next run: its own copies, by name."""
+    return {name: [socket.socket(fileno=os.dup(fd)) for fd in fds] for name, fds in handed}
+
+
+async def agent_connect(path: Path, hello: bytes) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    sock.sendall(hello)
+    sock.setblocking(False)
+    return sock
+
+
+async def recv_line(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(loop.sock_recv(sock, 100), 5)
+
+
+def still_open(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(100) != b""
+    except BlockingIOError:
+        return True
+
+
+def run(body: Callable[[Path], Coroutine[Any, Any, None]], tmp_path: Path) -> None:
+    asyncio.run(body(tmp_path))
+
+
+def test_the_agents_connection_outlives_a_restart_and_what_it_wrote_meanwhile_is_read(
+    tmp_path: Path,
+) -> None:
+    async def body(root: Path) -> None:
+        old, old_events = ControlServer(root), Events()
+        old.set_listener(old_events)
+        directory = await old.open(SID)
+        path = directory / control.CONTROL_SOCKET
+        agent = await agent_connect(path, b"hello 7 10000 2\n")
+        assert (await old.wait_hello(SID)).pid == 7
+        await old_events.wait_for((SID, "outbound", 2))
+
+        handed = old.hand_over()
+        assert sorted(name for name, _ in handed) == [f"control.{SID}", f"control.{SID}.7.10000"]
+        taken = store_copy(handed)
+        await old.close_all_listeners()
+        assert still_open(agent), "the agent saw its connection end"
+        agent.sendall(b"outbound 3\n")  # written while no daemon runs
+
+        new, events = ControlServer(root), Events()
+        new.set_listener(events)
+        assert new.restore(taken) == 1
+        await new.open(SID)
+        hello = await new.wait_hello(SID)
+        assert (hello.pid, hello.uid) == (7, 10000)
+        await events.wait_for((SID, RESYNC, 0))  # the queue is read again in full
+        await events.wait_for((SID, "outbound", 3))  # and the line from the gap is read
+        assert await new.send(SID, "inbound", 9)
+        assert await recv_line(agent) == b"inbound 9\n"
+        # The listener is the one the path names: a new connection reaches the new server.
+        other = await agent_connect(path, b"hello 8 10000\n")
+        await asyncio.sleep(0.05)
+        assert still_open(other)
+        other.close()
+        agent.close()
+        await new.close_all_listeners()
+
+    run(body, tmp_path)
+
+
+def test_what_is_not_ours_is_closed_and_never_used(tmp_path: Path) -> None:
+    async def body(root: Path) -> None:
+        (root / SID).mkdir()
+        stranger_a, stranger_b = socket.socketpair()
+        elsewhere = _bind(root / "elsewhere.sock", mode=0o666, group=None)
+        server = ControlServer(root)
+        restored = server.restore(
+            {
+                "something.else": [stranger_a],
+                f"control.{SID}.x.y": [stranger_b],  # not a pid and uid
+                f"control.{SID}": [elsewhere],  # a listener bound at another path
+            }
+        )
+        assert restored == 0
+        assert stranger_a.fileno() == -1
+        assert stranger_b.fileno() == -1
+        await server.open(SID)
+        assert elsewhere.fileno() == -1, "a listener at another path was used"
+        assert (root / SID / control.CONTROL_SOCKET).exists()
+        await server.close_all_listeners()
+
+    run(body, tmp_path)
+
+
+def test_a_stop_before_a_restored_session_was_opened_hands_it_on(tmp_path: Path) -> None:
+    async def body(root: Path) -> None:
+        ours, theirs = socket.socketpair()
+        server = ControlServer(root)
+        server.restore({f"control.{SID}.7.10000": [ours]})
+        assert server.hand_over() == [(f"control.{SID}.7.10000", [ours.fileno()])]
+        theirs.close()
+        server.discard_restored()
+
+    run(body, tmp_path)
+
+
+def test_restored_but_never_opened_is_closed_by_discard(tmp_path: Path) -> None:
+    async def body(root: Path) -> None:
+        ours, theirs = socket.socketpair()
+        server = ControlServer(root)
+        assert server.restore({f"control.{SID}.7.10000": [ours]}) == 1
+        server.discard_restored()  # the session was removed while the daemon was down
+        assert ours.fileno() == -1
+        theirs.setblocking(False)
+        assert not still_open(theirs)
+        theirs.close()
+
+    run(body, tmp_path)
+
+
+def test_a_restored_connection_from_outside_the_unit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body(root: Path) -> None:
+        ours, theirs = socket.socketpair()
+        monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: False)
+        server = ControlServer(root)
+        server.restore({f"control.{SID}.7.10000": [ours]})
+        await server.open(SID)
+        theirs.setblocking(False)
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if not still_open(theirs):
+                break
+        assert not still_open(theirs)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(server.wait_hello(SID), 0.05)
+        theirs.close()
+        await server.close_all_listeners()
+
+    run(body, tmp_path)
