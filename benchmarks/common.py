@@ -8,6 +8,7 @@ the same work measured in the same run (``ratio`` = figure median / baseline med
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -16,7 +17,7 @@ import platform
 import re
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from benchmarks.stats import summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
+DAEMON_CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 
 # round number -> seconds taken by the timed part, or several named timings of one round
 Way = Callable[[int], "float | Mapping[str, float]"]
@@ -171,3 +173,20 @@ def one_line(f: Mapping[str, Any]) -> str:
     if f["baseline"]:
         shown += f" vs {f['baseline_name']} {f['baseline'][key]} {f['unit']} ({f['ratio']}x)"
     return shown
+
+
+@contextlib.contextmanager
+def daemon_config(extra: str) -> Iterator[None]:
+    """The daemon restarted with ``extra`` added to its config file for the ``with`` block, then
+    restarted with the file as it was (or without one)."""
+    previous = DAEMON_CONFIG.read_text() if DAEMON_CONFIG.exists() else None
+    DAEMON_CONFIG.write_text((previous or "") + extra)
+    subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
+    try:
+        yield
+    finally:
+        if previous is None:
+            DAEMON_CONFIG.unlink()
+        else:
+            DAEMON_CONFIG.write_text(previous)
+        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)

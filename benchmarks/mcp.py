@@ -51,6 +51,7 @@ import mcp_types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from benchmarks.common import DAEMON_CONFIG, daemon_config
 from benchmarks.messages import Replies
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -65,7 +66,6 @@ from tests.harness.mcp_venv import mcp_venv
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 SOCKET = "/run/ironclaw/admin.sock"
-CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 CALLS = int(os.environ.get("BENCH_CALLS", "100"))
 COLD = int(os.environ.get("BENCH_MCP_COLD", "5"))
 WARMUP = 5
@@ -284,14 +284,11 @@ def main() -> int:
     if not Path(SOCKET).exists():
         raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
     command = [str(mcp_venv() / "bin/mcp-server-time"), "--local-timezone", "UTC"]
-    previous = CONFIG.read_text() if CONFIG.exists() else None
+    previous = DAEMON_CONFIG.read_text() if DAEMON_CONFIG.exists() else ""
     # The socket meter lifted as in the model-proxy bench: the mcp.sock client calls back to back
     # (here faster than the default 50 calls/s, refused "too many calls: slow down").
-    meter = "" if "[sockets]" in (previous or "") else "\n[sockets]\ncalls_per_second = 100000\n"
-    CONFIG.write_text((previous or "") + unlimited_agent(AGENT, tools=("list_files",)) + meter)
-    subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
-    sid = ""
-    try:
+    meter = "" if "[sockets]" in previous else "\n[sockets]\ncalls_per_second = 100000\n"
+    with daemon_config(unlimited_agent(AGENT, tools=("list_files",)) + meter):
         _approved("add", "time", "--agent", AGENT, "--command", " ".join(command))
         _approved("grant", "time", TOOL, "--agent", AGENT)
         with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
@@ -304,12 +301,6 @@ def main() -> int:
             finally:
                 sandbox.replies.close()
                 stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=60)
-    finally:
-        if previous is None:
-            CONFIG.unlink()
-        else:
-            CONFIG.write_text(previous)
-        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
     report = {"calls": CALLS, "cold_starts": COLD, "server": "mcp-server-time 2026.10.19",
               **results, "added_median_ms": _added(results["warm"])}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)

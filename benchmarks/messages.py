@@ -29,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import queue
-import subprocess
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ import grpc
 from benchmarks import bare
 from benchmarks.common import (
     ROUNDS,
+    daemon_config,
     env_int,
     figure,
     interleave,
@@ -56,7 +56,6 @@ from tests.harness.agents import unlimited_agent
 
 SOCKET = "/run/ironclaw/admin.sock"
 WATCHERS_PER_CONNECTION = 16
-CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 ROUND_TRIPS = env_int("BENCH_ROUND_TRIPS", 100)
 LEVELS = [int(n) for n in os.environ.get("BENCH_MSG_SESSIONS", "1 5 20 50").split()]
 # Below the admin server's max_concurrent_streams (refused streams come back as UNAVAILABLE).
@@ -280,18 +279,8 @@ def measure(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
 def main() -> None:
     if not Path(SOCKET).exists():
         raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
-    previous = CONFIG.read_text() if CONFIG.exists() else None
-    CONFIG.write_text((previous or "") + AGENT_CONFIG)
-    subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
-    try:
-        with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
-            results = measure(admin_pb2_grpc.AdminServiceStub(channel))
-    finally:
-        if previous is None:
-            CONFIG.unlink()
-        else:
-            CONFIG.write_text(previous)
-        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
+    with daemon_config(AGENT_CONFIG), grpc.insecure_channel(f"unix:{SOCKET}") as channel:
+        results = measure(admin_pb2_grpc.AdminServiceStub(channel))
     base = "the same agent in a bare runsc sandbox, stub model, host side in-process"
     rt = results["round_trip"]
     figures = [ms_figure("round trip, one warm session (send -> reply seen)", rt["ironclaw"],

@@ -62,6 +62,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks.common import daemon_config
 from benchmarks.mcp import Sandbox
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -72,7 +73,6 @@ from tests.harness.agents import unlimited_agent
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 SOCKET = "/run/ironclaw/admin.sock"
-CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 ROOTFS_DIR = Path("/var/lib/ironclaw/rootfs")
 BUILDS = int(os.environ.get("BENCH_PKG_BUILDS", "5"))
 SESSIONS = int(os.environ.get("BENCH_PKG_SESSIONS", "10"))
@@ -198,11 +198,8 @@ def tool_calls(sandbox: Sandbox) -> dict[str, list[float]]:
 
 def in_daemon() -> dict[str, Any]:
     """The two agents configured, jq granted the real way, then sessions and tool calls."""
-    previous = CONFIG.read_text() if CONFIG.exists() else None
     tables = unlimited_agent(JQ_AGENT, tools=("list_files", "run"))
-    CONFIG.write_text((previous or "") + tables + unlimited_agent(BASE_AGENT, ("list_files",)))
-    subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
-    try:
+    with daemon_config(tables + unlimited_agent(BASE_AGENT, ("list_files",))):
         approve_seconds = grant_jq()
         with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
             stub = admin_pb2_grpc.AdminServiceStub(channel)
@@ -215,12 +212,6 @@ def in_daemon() -> dict[str, Any]:
                 sandbox.replies.close()
                 request = admin_pb2.RemoveSessionRequest(sid=sandbox.sid, force=True)
                 stub.RemoveSession(request, timeout=60)
-    finally:
-        if previous is None:
-            CONFIG.unlink()
-        else:
-            CONFIG.write_text(previous)
-        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
     return {"approve_jq_s": round(approve_seconds, 2), "starts": starts, "calls": calls}
 
 

@@ -29,6 +29,7 @@ import grpc
 from benchmarks.common import (
     ROUNDS,
     Way,
+    daemon_config,
     interleave,
     ms_figure,
     not_measured,
@@ -41,7 +42,6 @@ from ironclawd import config
 from tests.harness.agents import unlimited_agent
 
 SOCKET = "/run/ironclaw/admin.sock"
-CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 POOLED, COLD = "bench-pool", "bench-cold"
 POOL_CONFIG = f'\n[pool]\nsize = 2\nagents = ["{POOLED}"]\nmin_available_bytes = 0\n'
 
@@ -164,20 +164,9 @@ def main() -> None:
         why = "this checkout has no [pool] configuration (issue 17 item 1 not landed)"
         write_result("pool", [not_measured("pooled engage (ironctl), first reply", why)])
         return
-    previous = CONFIG.read_text() if CONFIG.exists() else None
-    CONFIG.write_text(
-        (previous or "") + unlimited_agent(POOLED) + unlimited_agent(COLD) + POOL_CONFIG
-    )
-    subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
-    try:
-        with grpc.insecure_channel(f"unix:{SOCKET}") as channel:
-            samples = interleave(ways(admin_pb2_grpc.AdminServiceStub(channel)), ROUNDS)
-    finally:
-        if previous is None:
-            CONFIG.unlink()
-        else:
-            CONFIG.write_text(previous)
-        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
+    extra = unlimited_agent(POOLED) + unlimited_agent(COLD) + POOL_CONFIG
+    with daemon_config(extra), grpc.insecure_channel(f"unix:{SOCKET}") as channel:
+        samples = interleave(ways(admin_pb2_grpc.AdminServiceStub(channel)), ROUNDS)
     write_result("pool", figures(samples), rounds=ROUNDS, pool_config=POOL_CONFIG.strip())
 
 
