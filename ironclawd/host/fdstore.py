@@ -78,7 +78,9 @@ class SystemdFdStore:
                 os.close(write_end)
             if not sent:
                 return False
-            ready, _, _ = select.select([read_end], [], [], timeout)
-            return bool(ready)
+            # poll, not select: with hundreds of sessions the descriptor is above FD_SETSIZE.
+            waiter = select.poll()
+            waiter.register(read_end, select.POLLIN | select.POLLHUP)
+            return bool(waiter.poll(timeout * 1000))
         finally:
             os.close(read_end)
