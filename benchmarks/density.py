@@ -11,7 +11,8 @@ Run inside a systemd with ironclawd installed (``make bench`` does). Steps:
 3. Sessions of agent ``demo`` created one after another over gRPC up to each count in
    ``BENCH_DENSITY`` ("10 100 500") not above ``BENCH_MAX_SESSIONS`` (100: 500 sessions take
    about 6 minutes to create on this 2-core machine, past the 15-minute budget of a full
-   ``make bench``), each creation timed; at each count, after 5 s of settling: PSS per session
+   ``make bench``), each creation timed (the daemon runs with ``idle_timeout_seconds = 0`` so
+   that no session stops itself meanwhile); at each count, after 5 s of settling: PSS per session
    (all processes of the ``ironclaw-sbx-*`` units), the drop of MemAvailable per session (what
    the host lost, daemon and tmpfs files included), and the CPU of all sandboxes together over
    ``BENCH_IDLE_SECONDS`` (10) s, as % of one core, read from /proc/<pid>/stat on the host
