@@ -144,7 +144,7 @@ class Daemon:
             await sessions.pool.close()
         await sessions.close()
         await wired.mcp.close()
-        self._hand_over(control, fdstore)
+        await self._hand_over(control, fdstore)
         await control.close_all_listeners()
         control.discard_restored()
         await wired.sandbox_api.stop()
@@ -155,10 +155,10 @@ class Daemon:
         log.info("stopped", extra=message_id(MessageId.DAEMON_STOPPED))
 
     @staticmethod
-    def _hand_over(control: ControlServer, fdstore: SystemdFdStore) -> None:
+    async def _hand_over(control: ControlServer, fdstore: SystemdFdStore) -> None:
         """Store the sessions' control sockets with systemd for the next start, and wait until
         it holds them: this process closes its copies next, and exits soon after."""
-        handed = control.hand_over()
+        handed = await control.hand_over()
         stored = sum(fdstore.put(name, fds) for name, fds in handed)
         if handed and (stored < len(handed) or not fdstore.barrier(FD_STORE_BARRIER_SECONDS)):
             log.warning("the fd store did not take the control sockets (%d of %d sent): agents "

@@ -20,10 +20,11 @@ SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironc
 A clean daemon stop hands each session's listening socket and its agent's connection to systemd's
 file descriptor store (``hand_over``), and the next start takes them back (``restore``): the
 agent never sees its connection end, so a restart costs the sandboxes nothing. A restored
-connection is checked again like a new one (its peer must still be in the session's unit), and
-the session's outbound queue is read again in full ("resync"), since a line the old daemon had
-read but not acted on is gone with it. Anything that cannot be restored is closed, and the agent
-reconnects and says hello as after a crash.
+connection is checked again like a new one (its peer must still be in the session's unit). The
+stopping daemon stops reading the connections it hands over; one it had read a line from that it
+had not finished acting on is marked, and the next daemon reads that session's outbound queue
+again in full ("resync"). Anything that cannot be restored is closed, and the agent reconnects
+and says hello as after a crash.
 """
 
 from __future__ import annotations
@@ -51,8 +52,23 @@ CONTROL_SOCKET = "control.sock"
 MAX_LINE = 256
 SEND_TIMEOUT = 5.0
 # Names in the fd store: "control.<sid>" (the listener), "control.<sid>.<pid>.<uid>" (the
-# agent's connection, with what its hello said).
+# agent's connection, with what its hello said), ending ".resync" if what was read from it may
+# not all have been acted on.
 STORE_PREFIX = "control."
+RESYNC_SUFFIX = "resync"
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """An agent's connection kept through a restart."""
+
+    sock: socket.socket
+    hello: AgentHello
+    resync: bool
+
+    def name(self, sid: str) -> str:
+        name = f"{STORE_PREFIX}{sid}.{self.hello.pid}.{self.hello.uid}"
+        return f"{name}.{RESYNC_SUFFIX}" if self.resync else name
 
 
 @dataclass
@@ -60,10 +76,10 @@ class Restored:
     """What the fd store gave back for one session."""
 
     listener: socket.socket | None = None
-    connections: list[tuple[socket.socket, AgentHello]] = field(default_factory=list)
+    connections: list[_Kept] = field(default_factory=list)
 
     def close(self) -> None:
-        for sock in [self.listener, *(c for c, _ in self.connections)]:
+        for sock in [self.listener, *(c.sock for c in self.connections)]:
             if sock is not None:
                 sock.close()
 
@@ -76,6 +92,8 @@ class _Channel:
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
     waiting: list[asyncio.StreamWriter] = field(default_factory=list)  # no hello yet, oldest first
     hellos: dict[asyncio.StreamWriter, AgentHello] = field(default_factory=dict)
+    readers: dict[asyncio.StreamWriter, asyncio.StreamReader] = field(default_factory=dict)
+    acting: set[asyncio.StreamWriter] = field(default_factory=set)  # a line read, not acted on
     restoring: set[asyncio.Task[None]] = field(default_factory=set)
     closing: bool = False
 
@@ -150,9 +168,9 @@ class ControlServer:
         server = await serve_unix(handle, sock, limit=MAX_LINE)
         channel = _Channel(server, hello)
         self._channels[sid] = channel
-        for conn, said in restored.connections:
-            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_LINE)
-            task = asyncio.create_task(self._serve(sid, channel, reader, writer, said))
+        for kept in restored.connections:
+            reader, writer = await asyncio.open_unix_connection(sock=kept.sock, limit=MAX_LINE)
+            task = asyncio.create_task(self._serve(sid, channel, reader, writer, kept))
             channel.restoring.add(task)
             task.add_done_callback(channel.restoring.discard)
         return directory
@@ -169,14 +187,14 @@ class ControlServer:
                 for sock in socks:
                     sock.close()
                 continue
-            sid, said = parsed
+            sid, said, resync = parsed
             entry = self._restored.setdefault(sid, Restored())
             if said is None:
                 if entry.listener is not None:
                     entry.listener.close()
                 entry.listener = socks[0]
             else:
-                entry.connections.append((socks[0], said))
+                entry.connections.append(_Kept(socks[0], said, resync))
                 count += 1
         return count
 
@@ -187,28 +205,42 @@ class ControlServer:
             entry.close()
         self._restored.clear()
 
-    def hand_over(self) -> list[tuple[str, list[int]]]:
+    async def hand_over(self) -> list[tuple[str, list[int]]]:
         """At a clean stop, once nothing else will use the sockets: every session's listener
         and its agents' connections that said hello and have nothing left to send, named for
-        the fd store. The caller stores them, then ``close_all_listeners`` closes this process's
-        copies (systemd's keep the connections open)."""
-        handed: list[tuple[str, list[int]]] = []
+        the fd store. Those connections are read no more from here on (what the agent writes
+        waits in the socket for the next daemon). The caller stores them, then
+        ``close_all_listeners`` closes this process's copies (systemd's keep them open)."""
+        kept: list[tuple[str, asyncio.StreamWriter, _Kept]] = []
         for sid, channel in self._channels.items():
-            listener = channel.server.sockets
-            if len(listener) != 1:
-                continue
-            handed.append((f"{STORE_PREFIX}{sid}", [listener[0].fileno()]))
             for writer, said in channel.hellos.items():
                 if writer.is_closing() or writer.transport.get_write_buffer_size():
                     continue  # what is not sent yet would be lost: let the agent reconnect
+                transport = writer.transport
+                assert isinstance(transport, asyncio.Transport)  # a stream socket's
+                transport.pause_reading()
                 sock: socket.socket = writer.get_extra_info("socket")
-                handed.append((f"{STORE_PREFIX}{sid}.{said.pid}.{said.uid}", [sock.fileno()]))
+                kept.append((sid, writer, _Kept(sock, said, False)))
+        # A line already read lets its task run on the next turns of the loop: after them, a
+        # connection is clean if nothing it sent is in hand, acted on or not.
+        for _ in range(2):
+            await asyncio.sleep(0)
+        handed: list[tuple[str, list[int]]] = []
+        for sid, channel in self._channels.items():
+            listener = channel.server.sockets
+            if len(listener) == 1:
+                handed.append((f"{STORE_PREFIX}{sid}", [listener[0].fileno()]))
+        for sid, writer, entry in kept:
+            channel = self._channels[sid]
+            unread = _buffered(channel.readers.get(writer))
+            resync = writer in channel.acting or unread
+            handed.append((_Kept(entry.sock, entry.hello, resync).name(sid), [entry.sock.fileno()]))
         # Taken back at start but not yet opened (a stop while adopting): handed on as they are.
-        for sid, entry in self._restored.items():
-            if entry.listener is not None:
-                handed.append((f"{STORE_PREFIX}{sid}", [entry.listener.fileno()]))
-            for conn, said in entry.connections:
-                handed.append((f"{STORE_PREFIX}{sid}.{said.pid}.{said.uid}", [conn.fileno()]))
+        for sid, restored in self._restored.items():
+            if restored.listener is not None:
+                handed.append((f"{STORE_PREFIX}{sid}", [restored.listener.fileno()]))
+            for conn in restored.connections:
+                handed.append((conn.name(sid), [conn.sock.fileno()]))
         return handed
 
     async def _serve(
@@ -217,7 +249,7 @@ class ControlServer:
         channel: _Channel,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        restored: AgentHello | None = None,
+        restored: _Kept | None = None,
     ) -> None:
         sock: socket.socket = writer.get_extra_info("socket")
         if not peer_in_unit(sock, unit_name(sid)):
@@ -229,38 +261,57 @@ class ControlServer:
         if not self._make_room(sid, channel):
             writer.transport.abort()
             return
-        hello = restored or await self._hello(sid, channel, reader, writer)
+        hello = restored.hello if restored else await self._hello(sid, channel, reader, writer)
         if hello is None:
             return
         channel.writers.add(writer)
         channel.hellos[writer] = hello
+        channel.readers[writer] = reader
         if not channel.hello.done():
             channel.hello.set_result(hello)
-        if restored is not None:
-            log.info("session %s: control connection of agent pid %d restored from the fd store",
-                     sid, hello.pid)  # fmt: skip
-            await self._announce(sid, RESYNC, 0)
-        elif hello.outbound_seq:
-            await self._announce(sid, "outbound", hello.outbound_seq)
         try:
+            channel.acting.add(writer)
+            await self._first_news(sid, hello, restored)
+            channel.acting.discard(writer)
             while line := await reader.readline():
+                channel.acting.add(writer)
                 try:
-                    event, value = _parse_event(line)
-                except ValueError as exc:
-                    ratelog.warning(log, sid, "control.sock bad line",
-                                    "session %s: ignoring control line: %s", sid, exc)  # fmt: skip
-                    continue
-                await self._announce(sid, event, value)
+                    await self._act(sid, line)
+                finally:
+                    channel.acting.discard(writer)
         except (OSError, ValueError):
             pass  # ValueError: a line over MAX_LINE; the connection is dropped
         finally:
             channel.writers.discard(writer)
             channel.hellos.pop(writer, None)
+            channel.readers.pop(writer, None)
+            channel.acting.discard(writer)
             writer.close()
             # Every connection comes from inside the unit, so the sandbox is gone only when the
             # last one is: an extra connection that says hello and leaves is not an exit.
             if not channel.closing and not channel.writers:
                 channel.disconnected.set()
+
+    async def _first_news(self, sid: str, hello: AgentHello, restored: _Kept | None) -> None:
+        """What a new or restored connection means for the session's outbound queue."""
+        if restored is None:
+            if hello.outbound_seq:
+                await self._announce(sid, "outbound", hello.outbound_seq)
+            return
+        again = ": reading its outbound queue again" if restored.resync else ""
+        log.info("session %s: control connection of agent pid %d restored from the fd store%s",
+                 sid, hello.pid, again)  # fmt: skip
+        if restored.resync:
+            await self._announce(sid, RESYNC, 0)
+
+    async def _act(self, sid: str, line: bytes) -> None:
+        try:
+            event, value = _parse_event(line)
+        except ValueError as exc:
+            ratelog.warning(log, sid, "control.sock bad line",
+                            "session %s: ignoring control line: %s", sid, exc)  # fmt: skip
+            return
+        await self._announce(sid, event, value)
 
     async def _hello(
         self,
@@ -365,17 +416,29 @@ def _listens_at(sock: socket.socket, path: Path) -> bool:
         return False
 
 
-def _parse_store_name(name: str) -> tuple[str, AgentHello | None] | None:
-    """(sid, None) for a listener's name, (sid, hello) for a connection's; None if not ours."""
+def _buffered(reader: asyncio.StreamReader | None) -> bool:
+    """Whether ``reader`` holds bytes read from its socket and not yet taken. StreamReader has
+    no public way to ask: without its ``_buffer`` (another Python), the answer is yes, which
+    only costs the next daemon a read of the queue."""
+    buffer = getattr(reader, "_buffer", None)
+    return buffer is None or len(buffer) > 0
+
+
+def _parse_store_name(name: str) -> tuple[str, AgentHello | None, bool] | None:
+    """(sid, None, False) for a listener's name, (sid, hello, resync) for a connection's; None
+    if not ours."""
     if not name.startswith(STORE_PREFIX):
         return None
     words = name[len(STORE_PREFIX) :].split(".")
+    resync = len(words) == 4 and words[3] == RESYNC_SUFFIX
+    if resync:
+        words = words[:3]
     try:
         sid = check_sid(words[0])
         if len(words) == 1:
-            return sid, None
+            return sid, None, False
         if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
-            return sid, AgentHello(pid=int(words[1]), uid=int(words[2]))
+            return sid, AgentHello(pid=int(words[1]), uid=int(words[2])), resync
     except IronclawError:
         pass
     return None
