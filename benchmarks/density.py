@@ -18,8 +18,10 @@ Run inside a systemd with ironclawd installed (``make bench`` does). Steps:
    ``BENCH_IDLE_SECONDS`` (10) s, as % of one core, read from /proc/<pid>/stat on the host
    (gVisor's own getrusage overcounts).
 4. Restart to READY with the sessions up (100, or the largest count), interleaved with the
-   minimal service again; after each restart the benchmark waits until every session is
-   RUNNING again before the next round.
+   minimal service again and with ironclawd whose fd store is turned off by a drop-in
+   (``FileDescriptorStoreMax=0``: the agents' control connections end and they reconnect, as
+   before the hand-over). After each restart the benchmark waits until every session is
+   RUNNING again (timed too) and counts the CPU the sandboxes used until then.
 
 Writes ``results/bench-density.json``.
 """
@@ -39,6 +41,7 @@ import grpc
 from benchmarks import bare
 from benchmarks.common import (
     ROUNDS,
+    Way,
     daemon_config,
     env_int,
     figure,
@@ -160,18 +163,69 @@ def wait_running(stub: admin_pb2_grpc.AdminServiceStub, count: int, timeout: flo
     raise SystemExit(f"bench: {count} sessions not running again within {timeout:g} s")
 
 
-def restarts(stub: admin_pb2_grpc.AdminServiceStub, sessions: int) -> dict[str, list[float]]:
-    def ours(_r: int) -> float:
+NO_STORE_DROPIN = Path("/run/systemd/system/ironclawd.service.d/bench-no-fd-store.conf")
+
+
+def _fd_store(enabled: bool) -> None:
+    """Turn the daemon's fd store off (``FileDescriptorStoreMax=0``: systemd refuses what a
+    stopping daemon hands it, and the agents reconnect as before issue 17's hand-over) or on."""
+    if enabled:
+        NO_STORE_DROPIN.unlink(missing_ok=True)
+    else:
+        NO_STORE_DROPIN.parent.mkdir(parents=True, exist_ok=True)
+        NO_STORE_DROPIN.write_text("[Service]\nFileDescriptorStoreMax=0\n")
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+
+
+def restarts(
+    stub: admin_pb2_grpc.AdminServiceStub, sessions: int, compare_store: bool = False
+) -> dict[str, list[float]]:
+    """Restart to READY of ironclawd and of the minimal service, interleaved; with
+    ``compare_store``, also ironclawd with its fd store off, and for both the time until every
+    session is running again and the CPU the sandboxes used meanwhile ("<way>_back",
+    "<way>_cpu", in seconds)."""
+
+    def restart(name: str) -> dict[str, float]:
         # Untimed: forget earlier restarts, so systemd's start limit never refuses one.
         subprocess.run(["systemctl", "reset-failed", "ironclawd"], check=False)
-        took = timed(lambda: subprocess.run(["systemctl", "restart", "ironclawd"], check=True))
+        pids = sandbox_pids()
+        cpu_before = sum(_cpu_ticks(p) for p in pids)
+        started = time.perf_counter()
+        subprocess.run(["systemctl", "restart", "ironclawd"], check=True)
+        ready = time.perf_counter() - started
         wait_running(stub, sessions)
-        return took
+        back = time.perf_counter() - started
+        cpu = (sum(_cpu_ticks(p) for p in pids) - cpu_before) / TICKS
+        return {name: ready, f"{name}_back": back, f"{name}_cpu": cpu}
+
+    def no_store(_r: int) -> dict[str, float]:
+        _fd_store(False)
+        try:
+            return restart("no_store")
+        finally:
+            _fd_store(True)
 
     def minimal(_r: int) -> float:
         return timed(lambda: subprocess.run(["systemctl", "restart", NOTIFY_UNIT], check=True))
 
-    return interleave({"ironclawd": ours, "minimal": minimal}, ROUNDS)
+    ways: dict[str, Way] = {"ironclawd": lambda _r: restart("ironclawd"), "minimal": minimal}
+    if compare_store:
+        ways["no_store"] = no_store
+    return interleave(ways, ROUNDS)
+
+
+def restart_figures(top: int, loaded: dict[str, list[float]]) -> list[dict[str, Any]]:
+    off = "the same with the fd store off (agents reconnect)"
+    return [
+        ms_figure(f"restart to READY, {top} sessions", loaded["ironclawd"],
+                  "a minimal Type=notify Python service", loaded["minimal"]),
+        ms_figure(f"restart to READY, {top} sessions (fd store)", loaded["ironclawd"],
+                  off, loaded["no_store"]),
+        ms_figure(f"restart until all {top} sessions run again", loaded["ironclawd_back"],
+                  off, loaded["no_store_back"]),
+        ms_figure(f"sandboxes' CPU during that restart, {top} sessions (ms of CPU)",
+                  loaded["ironclawd_cpu"], off, loaded["no_store_cpu"]),
+    ]  # fmt: skip
 
 
 def bare_idle() -> dict[str, Any]:
@@ -272,15 +326,7 @@ def main() -> None:
                         )
                     )
             top = len(sids)
-            loaded = restarts(stub, top)
-            figures.append(
-                ms_figure(
-                    f"restart to READY, {top} sessions",
-                    loaded["ironclawd"],
-                    "a minimal Type=notify Python service",
-                    loaded["minimal"],
-                )
-            )
+            figures += restart_figures(top, restarts(stub, top, compare_store=True))
         finally:
             for sid in sids:
                 try:
