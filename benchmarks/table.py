@@ -5,6 +5,7 @@ benchmarks.table``); it only reads the result files.
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -13,6 +14,8 @@ from typing import Any
 
 from benchmarks.common import RESULTS, figure
 
+# Dates are to the minute and a file is written when its benchmark ends: room for both.
+RUN_SLACK = 120.0
 ORDER = ("sessions", "messages", "pool", "density", "platforms", "egress", "model-proxy", "mcp",
          "packages", "channels")  # fmt: skip
 
@@ -98,6 +101,11 @@ def _load(machine: Mapping[str, Any]) -> str:
     return f"load average when its first file was written {shown}"
 
 
+def _when(machine: dict[str, Any]) -> datetime.datetime:
+    """A file's date (``%Y-%m-%d %H:%M UTC``, written by benchmarks/common.py)."""
+    return datetime.datetime.strptime(str(machine["date"]), "%Y-%m-%d %H:%M UTC")
+
+
 def render(results: Path = RESULTS) -> str:
     docs = list(load(results))
     run = results / "bench-run.json"
@@ -106,9 +114,17 @@ def render(results: Path = RESULTS) -> str:
     # run's); files of benchmarks run apart from it are listed with their own date and load.
     in_run = {n.replace("_", "-") for n in run_doc.get("benchmarks", [])}
     dated = [(n, d["machine"]) for n, d in docs if "date" in d.get("machine", {})]
-    ours = [m for n, m in dated if n in in_run] or [m for _, m in dated]
+    listed = [(n, m) for n, m in dated if n in in_run]
+    # A file the run lists but written after the run had ended is a later run of that benchmark
+    # alone (its figures replaced the run's): it is named apart, like one the run never had.
+    if listed:
+        first = min(_when(m) for _, m in listed)
+        ended = first + datetime.timedelta(seconds=float(run_doc.get("seconds", 0)) + RUN_SLACK)
+        listed = [(n, m) for n, m in listed if _when(m) <= ended]
+    ours = [m for _, m in listed] or [m for _, m in dated]
     machine: dict[str, Any] = min(ours, key=lambda m: str(m["date"])) if ours else {}
-    apart = [(n, m) for n, m in dated if in_run and n not in in_run]
+    kept = {n for n, _ in listed}
+    apart = [(n, m) for n, m in dated if in_run and n not in kept]
     lines = [
         "# IronClaw benchmarks",
         "",
