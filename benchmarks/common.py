@@ -26,6 +26,7 @@ from benchmarks.stats import summary_ms
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 DAEMON_CONFIG = Path("/etc/ironclaw/ironclawd.toml")
+DATE_FORMAT = "%Y-%m-%d %H:%M UTC"  # a result file's machine["date"]
 
 # round number -> seconds taken by the timed part, or several named timings of one round
 Way = Callable[[int], "float | Mapping[str, float]"]
@@ -148,7 +149,7 @@ def machine() -> dict[str, Any]:
         "platform": daemon_platform(),
         "load_average_at_start": _LOAD_AT_START,
         "load_average_at_end": os.getloadavg(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime(DATE_FORMAT),
     }
 
 

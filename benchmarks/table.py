@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, figure
+from benchmarks.common import DATE_FORMAT, RESULTS, figure
 
 # Dates are to the minute and a file is written when its benchmark ends: room for both.
 RUN_SLACK = 120.0
@@ -102,8 +102,8 @@ def _load(machine: Mapping[str, Any]) -> str:
 
 
 def _when(machine: dict[str, Any]) -> datetime.datetime:
-    """A file's date (``%Y-%m-%d %H:%M UTC``, written by benchmarks/common.py)."""
-    return datetime.datetime.strptime(str(machine["date"]), "%Y-%m-%d %H:%M UTC")
+    """A file's date, as benchmarks/common.py writes it."""
+    return datetime.datetime.strptime(str(machine["date"]), DATE_FORMAT)
 
 
 def render(results: Path = RESULTS) -> str:

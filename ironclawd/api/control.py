@@ -67,8 +67,12 @@ class _Kept:
     resync: bool
 
     def name(self, sid: str) -> str:
-        name = f"{STORE_PREFIX}{sid}.{self.hello.pid}.{self.hello.uid}"
+        name = f"{_listener_name(sid)}.{self.hello.pid}.{self.hello.uid}"
         return f"{name}.{RESYNC_SUFFIX}" if self.resync else name
+
+
+def _listener_name(sid: str) -> str:
+    return f"{STORE_PREFIX}{sid}"
 
 
 @dataclass
@@ -211,16 +215,15 @@ class ControlServer:
         the fd store. Those connections are read no more from here on (what the agent writes
         waits in the socket for the next daemon). The caller stores them, then
         ``close_all_listeners`` closes this process's copies (systemd's keep them open)."""
-        kept: list[tuple[str, asyncio.StreamWriter, _Kept]] = []
+        kept: list[tuple[str, asyncio.StreamWriter]] = []
         for sid, channel in self._channels.items():
-            for writer, said in channel.hellos.items():
+            for writer in channel.hellos:
                 if writer.is_closing() or writer.transport.get_write_buffer_size():
                     continue  # what is not sent yet would be lost: let the agent reconnect
                 transport = writer.transport
                 assert isinstance(transport, asyncio.Transport)  # a stream socket's
                 transport.pause_reading()
-                sock: socket.socket = writer.get_extra_info("socket")
-                kept.append((sid, writer, _Kept(sock, said, False)))
+                kept.append((sid, writer))
         # A line already read lets its task run on the next turns of the loop: after them, a
         # connection is clean if nothing it sent is in hand, acted on or not.
         for _ in range(2):
@@ -229,16 +232,17 @@ class ControlServer:
         for sid, channel in self._channels.items():
             listener = channel.server.sockets
             if len(listener) == 1:
-                handed.append((f"{STORE_PREFIX}{sid}", [listener[0].fileno()]))
-        for sid, writer, entry in kept:
+                handed.append((_listener_name(sid), [listener[0].fileno()]))
+        for sid, writer in kept:
             channel = self._channels[sid]
-            unread = _buffered(channel.readers.get(writer))
-            resync = writer in channel.acting or unread
-            handed.append((_Kept(entry.sock, entry.hello, resync).name(sid), [entry.sock.fileno()]))
+            resync = writer in channel.acting or _buffered(channel.readers.get(writer))
+            sock: socket.socket = writer.get_extra_info("socket")
+            entry = _Kept(sock, channel.hellos[writer], resync)
+            handed.append((entry.name(sid), [sock.fileno()]))
         # Taken back at start but not yet opened (a stop while adopting): handed on as they are.
         for sid, restored in self._restored.items():
             if restored.listener is not None:
-                handed.append((f"{STORE_PREFIX}{sid}", [restored.listener.fileno()]))
+                handed.append((_listener_name(sid), [restored.listener.fileno()]))
             for conn in restored.connections:
                 handed.append((conn.name(sid), [conn.sock.fileno()]))
         return handed

@@ -20,15 +20,20 @@ def _write(results: Path, name: str, date: str, load: list[float], at_end: bool)
     (results / f"bench-{name}.json").write_text(json.dumps(doc))
 
 
+def _render_run(results: Path, benchmarks: list[str]) -> str:
+    """The table, with a recorded 700 s run of ``benchmarks``."""
+    run = {"seconds": 700, "benchmarks": benchmarks, "failed": [], "note": ""}
+    (results / "bench-run.json").write_text(json.dumps(run))
+    return render(results)
+
+
 def test_the_header_is_the_runs_first_benchmark_and_a_separate_run_is_named(
     tmp_path: Path,
 ) -> None:
     _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
     _write(tmp_path, "density", "2026-12-02 15:59 UTC", [7.8, 15.6, 10.9], at_end=True)
     _write(tmp_path, "density-500", "2026-12-03 16:59 UTC", [5.7, 6.1, 5.3], at_end=True)
-    run = {"seconds": 700, "benchmarks": ["sessions", "density"], "failed": [], "note": ""}
-    (tmp_path / "bench-run.json").write_text(json.dumps(run))
-    text = render(tmp_path)
+    text = _render_run(tmp_path, ["sessions", "density"])
     assert "- date 2026-12-02 15:49 UTC; load average at the start 0.8, 1.2, 1.4" in text
     assert "- density-500 was run apart from that run: 2026-12-03 16:59 UTC" in text
     assert "load average at the start 5.7, 6.1, 5.3" in text
@@ -45,9 +50,7 @@ def test_a_file_from_before_the_fix_does_not_call_its_load_the_start(tmp_path: P
 def test_a_listed_benchmark_run_again_later_is_named_apart(tmp_path: Path) -> None:
     _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
     _write(tmp_path, "density", "2026-12-03 21:32 UTC", [3.1, 2.0, 1.0], at_end=True)
-    run = {"seconds": 700, "benchmarks": ["sessions", "density"], "failed": [], "note": ""}
-    (tmp_path / "bench-run.json").write_text(json.dumps(run))
-    text = render(tmp_path)
+    text = _render_run(tmp_path, ["sessions", "density"])
     assert "- date 2026-12-02 15:49 UTC; load average at the start 0.8, 1.2, 1.4" in text
     assert "- density was run apart from that run: 2026-12-03 21:32 UTC" in text
     assert "load average at the start 3.1, 2.0, 1.0" in text
