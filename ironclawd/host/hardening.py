@@ -130,6 +130,8 @@ def sandbox_properties(writable: Sequence[str]) -> list[Property]:
         # mounts, which slowed each new unit's namespace setup (77 ms at 10 sessions, 416 ms at
         # 300). systemd unmounts what is below an inaccessible path, and nothing propagates
         # there afterwards. It joins NetworkNamespacePath= before it builds this namespace.
+        # Names exist only while sandboxes are being set up now (a running session releases
+        # its own), but one being set up still must not be visible to the others.
         ("InaccessiblePaths", "as", [f"-{paths.NETNS_DIR}"]),
         ("PrivateTmp", "b", True),
         ("PrivateDevices", "b", True),

@@ -9,10 +9,14 @@ down loopback keeps the namespace free of the local routes the kernel adds when 
 
 Namespaces are made the way ``ip netns add`` makes them (so ``ip netns exec`` works for
 operators): ``/run/netns`` is a shared mount point, and each namespace is a bind mount of an nsfs
-file onto an empty file there. Nothing here forks: the namespace is entered or made by a
-short-lived thread, because ``unshare(CLONE_NEWNET)`` and ``setns(fd, CLONE_NEWNET)`` change only
-the calling thread (unshare(2), setns(2)), and a netlink socket belongs to the namespace of the
-thread that opened it. pyroute2's own helpers fork, which is unsafe in a daemon with gRPC threads.
+file onto an empty file there. The name lives only while a sandbox is being set up: once the
+sandbox unit's process has joined the namespace (and holds it), the session releases the name
+(services/session_lifecycle.py); operators reach a running session's namespace through its
+unit's main process, ``nsenter --net=/proc/<MainPID>/ns/net``. Nothing here forks: the
+namespace is entered or made by a short-lived thread, because ``unshare(CLONE_NEWNET)`` and
+``setns(fd, CLONE_NEWNET)`` change only the calling thread (unshare(2), setns(2)), and a netlink
+socket belongs to the namespace of the thread that opened it. pyroute2's own helpers fork, which
+is unsafe in a daemon with gRPC threads.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from ironclawd.domain.session import (
     sid_from_unit,
 )
 from ironclawd.errors import IronclawError, NotFound
+from ironclawd.services.session_lifecycle import quietly_sync
 from ironclawd.services.sessions import SessionService, describe
 
 log = logging.getLogger("ironclawd.reconcile")
@@ -129,6 +130,7 @@ async def _reconcile(service: SessionService, recovery: Recovery) -> ReconcileRe
     # are not orphans (the report would count them as removed).
     left = await asyncio.to_thread(host.units.list_units, "ironclaw-sbx-*.service")
     await _remove_orphans(service, kept, recovery.claimed, [u.name for u in left], report)
+    await _release_netns_names(service, kept)
     log.info("reconcile: %s", report.summary())
     return report
 
@@ -197,6 +199,19 @@ async def _last_resort(service: SessionService, session: Session, reason: str) -
     except Exception:  # logged; the daemon starts and serves the others
         log.exception("reconcile: marking session %s failed", session.sid)
         return replace(session, state=State.FAILED)  # never adopted; its leftovers are orphans
+
+
+async def _release_netns_names(service: SessionService, kept: Collection[str]) -> None:
+    """Release the netns name of each adopted session that still has one (an earlier version
+    of the daemon kept it while the session ran): its sandbox's process holds the namespace,
+    and a name is one more mount every new unit copies. Not an orphan: the session owns it."""
+    host = service.lifecycle
+    names = set(await asyncio.to_thread(host.netns.list_names, "ironclaw-"))
+    for sid in sorted(kept):
+        name = netns_name(sid)
+        if name in names:
+            async with service.lock(sid):
+                await quietly_sync("releasing the netns name", host.netns.delete, name)
 
 
 Removal = tuple[str, Callable[..., object], tuple[object, ...]]  # (what, how, its arguments)

@@ -149,6 +149,12 @@ class SandboxLifecycle:
             self.layout.stop_timeout,
         )  # fmt: skip
         await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+        # The unit's main process joined the netns before its exec (NetworkNamespacePath=, and
+        # the start job of a Type=exec unit ends only after the exec), so it holds the namespace
+        # now: its name under /run/netns is no longer needed. Released, a running session keeps
+        # no mount on the host, and the next unit start does not copy (then hide) one more
+        # mount per running session into its own mount namespace (docs/development.md).
+        await quietly_sync("releasing the netns name", self.netns.delete, session.netns)
 
     async def bring_up_pooled(self, session: Session, agent: AgentSpec) -> None:
         """Start a sandbox for a pool (services/pool.py): its netns, empty queue directories and

@@ -381,7 +381,14 @@ def test_install_serve_reload_restart(world: World) -> None:
     assert w.platform in json.dumps(shown), (w.platform, shown)
     units = sh(w, "systemctl list-units --plain --no-legend --state=active 'ironclaw-sbx-*'")
     assert w.sid in units, units
-    assert f"ironclaw-{w.sid}" in sh(w, "ls /run/netns")
+    # Its own netns, held by runsc's parent (the name is released once the unit runs): not the
+    # host's, and nothing in it but lo.
+    pid = sh(w, f"systemctl show -P MainPID ironclaw-sbx-{w.sid}.service").strip()
+    assert f"ironclaw-{w.sid}" not in sh(w, "ls -A /run/netns 2>/dev/null || true")
+    inodes = sh(w, f"stat -L -c %i /proc/{pid}/ns/net /proc/1/ns/net").split()
+    assert len(set(inodes)) == 2, inodes
+    links = sh(w, f"nsenter --net=/proc/{pid}/ns/net ip -o link").splitlines()
+    assert [line.split(":")[1].strip() for line in links] == ["lo"], links
     started = time.monotonic()
     assert "hello" in reply(w, "hello")
     w.timed("send_reply", started)

@@ -24,7 +24,13 @@ def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], timeo
         time.sleep(0.1)
 
 
+def netns_of(sid: str) -> str:
+    """A shell word naming a running session's netns: its sandbox unit's main process (runsc's
+    parent) holds it; the session keeps no name under /run/netns once its unit runs."""
+    return f"/proc/$(systemctl show -P MainPID ironclaw-sbx-{sid}.service)/ns/net"
+
+
 def in_netns(sid: str, command: str) -> str:
     """runsc's control socket of a sandbox is an abstract Unix socket, which belongs to a
     network namespace: ``runsc ps/exec`` must run in the session's netns to reach it."""
-    return f"nsenter --net=/run/netns/ironclaw-{sid} {command}"
+    return f"nsenter --net={netns_of(sid)} {command}"

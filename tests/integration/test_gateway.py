@@ -29,7 +29,7 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclaw.gateway.v1 import gateway_pb2
 from ironclaw.model.v1 import model_pb2
 from ironclawd.domain.agents import AgentSpec
-from tests.harness.polling import wait_for
+from tests.harness.polling import in_netns, wait_for
 from tests.harness.probe import PROBE_IN_BOX
 
 pytestmark = pytest.mark.integration
@@ -154,9 +154,8 @@ def verify(sysd: Any) -> tuple[int, str]:
 
 def probe(sysd: Any, sid: str, *args: str) -> dict[str, Any]:
     """The red-team probe's report, run as the agent (uid 10000) inside the session's sandbox."""
-    command = (
-        f"nsenter --net=/run/netns/ironclaw-{sid} {RUNSC} exec --user 10000:10000 "
-        f"ironclaw-{sid} {PROBE} " + " ".join(args)
+    command = in_netns(sid, f"{RUNSC} exec --user 10000:10000 ironclaw-{sid} {PROBE} ") + " ".join(
+        args
     )
     proc = sh(sysd, command, timeout=120)
     assert proc.returncode == 0, out(proc)

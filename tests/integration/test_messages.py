@@ -184,11 +184,12 @@ class Box:
     def runsc(self, *argv: str) -> Any:
         """runsc as root inside the session's netns (runsc reaches its sandbox through an
         abstract socket, which belongs to a network namespace)."""
+        unit = f"ironclaw-sbx-{self.sid}.service"
+        pid = out(self.sysd.run(["systemctl", "show", "-P", "MainPID", unit])).strip()
+        netns = f"/proc/{pid}/ns/net"  # runsc's parent holds it; the session keeps no name
         return self.sysd.run(
-            ["nsenter", f"--net=/run/netns/ironclaw-{self.sid}", "runsc", f"--root={RUNSC_ROOT}",
-             *argv],
-            timeout=60,
-        )  # fmt: skip
+            ["nsenter", f"--net={netns}", "runsc", f"--root={RUNSC_ROOT}", *argv], timeout=60
+        )
 
     def probe_paths(self, *paths: str) -> dict[str, Any]:
         user = f"{AGENT_UID}:{AGENT_UID}"

@@ -210,22 +210,34 @@ def test_sandbox_settings_are_in_force(
     assert_devices_closed(daemon, p["MainPID"])
 
 
-def test_a_sandbox_units_mounts_name_no_other_session(
+def test_a_running_session_keeps_no_netns_mount_and_its_unit_sees_no_other(
     daemon: SystemdHarness, sandbox_unit: str
 ) -> None:
-    # Where runsc's host side stands (its unit's mount namespace): another session's netns
-    # mount, made before or after this unit started, is not there (it used to propagate into
-    # every sandbox unit: O(N^2) mounts, and a view of the other sessions' netns).
+    # A running session's netns is held by its unit's main process (runsc's parent) alone: no
+    # name under /run/netns, so no nsfs mount on the host for any new unit to copy, and none
+    # in a sandbox unit's mount namespace (another session's used to propagate into every
+    # sandbox unit: O(N^2) mounts, and a view of the other sessions' netns).
+    sid = sandbox_unit.removeprefix("ironclaw-sbx-").removesuffix(".service")
     pid = show(daemon, sandbox_unit, "MainPID")["MainPID"]
     proc = daemon.run(["ironctl", "session", "create", "--agent", "demo", "--json"], timeout=120)
     assert proc.returncode == 0, _out(proc)
     other = str(json.loads(proc.stdout)["sid"])
     try:
+        other_pid = show(daemon, f"ironclaw-sbx-{other}.service", "MainPID")["MainPID"]
         mounts = _out(daemon.run(["cat", f"/proc/{pid}/mountinfo"]))
         assert mounts.strip(), pid
         assert " nsfs " not in mounts, [ln for ln in mounts.splitlines() if " nsfs " in ln]
-        assert f"/run/netns/ironclaw-{other}" not in mounts
         host = _out(daemon.run(["cat", "/proc/1/mountinfo"]))
-        assert f"/run/netns/ironclaw-{other}" in host  # the mount exists, out of its sight
+        for name in (sid, other):
+            assert f"/run/netns/ironclaw-{name}" not in host, name
+        inodes = [
+            _out(daemon.run(["stat", "-L", "-c", "%i", f"/proc/{p}/ns/net"])).strip()
+            for p in (pid, other_pid, "1")
+        ]
+        assert all(inodes), inodes
+        assert len(set(inodes)) == 3, inodes  # two sessions' own, neither the host's
+        for p in (pid, other_pid):
+            links = _out(daemon.run(["nsenter", f"--net=/proc/{p}/ns/net", "ip", "-o", "link"]))
+            assert [ln.split(":")[1].strip() for ln in links.splitlines()] == ["lo"], links
     finally:
         daemon.run(["ironctl", "session", "rm", "--force", other], timeout=120)

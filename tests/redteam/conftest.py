@@ -9,7 +9,8 @@ tests/conftest.py), so `pytest tests/integration tests/redteam` boots one system
   program the ``daemon`` fixture adds to the agent image) *inside* the session's sandbox, as
   the agent's uid, with ``runsc exec``. runsc 20221219 reaches a sandbox over an abstract Unix
   socket that its ``run`` process created in the session's netns (abstract sockets belong to a
-  network namespace), so ``runsc exec`` works only from inside that netns: ``ip netns exec``.
+  network namespace), so ``runsc exec`` works only from inside that netns: ``nsenter`` into
+  the namespace of the sandbox unit's main process (the session keeps no /run/netns name).
 * `pooled_daemon(sysd)`: the daemon with a warm pool for the demo agent (``[pool]``), so that
   ``Sessions(sysd, pooled=True).create()`` claims a pre-started sandbox (and checks it did);
   attack modules parametrized over ``SANDBOX_KINDS`` run against both kinds of sandbox.
@@ -85,14 +86,19 @@ class Sandbox:
 
     @property
     def netns(self) -> str:
-        return f"ironclaw-{self.sid}"
+        """The session's netns, as the sandbox unit's main process (runsc's parent) holds it."""
+        proc = self.sysd.run(["systemctl", "show", "-P", "MainPID", self.unit])
+        pid = int(out(proc).strip() or 0)
+        assert pid > 0, f"{self.unit} has no main process: {out(proc)!r}"
+        return f"/proc/{pid}/ns/net"
+
+    def in_netns(self, *argv: str) -> list[str]:
+        """``argv`` run as root inside the session's netns."""
+        return ["nsenter", f"--net={self.netns}", *argv]
 
     def runsc(self, *argv: str, timeout: float = 60) -> Any:
         """``runsc`` as root from inside the session's netns (see the module docstring)."""
-        return self.sysd.run(
-            ["ip", "netns", "exec", self.netns, "runsc", f"--root={RUNSC_ROOT}", *argv],
-            timeout=timeout,
-        )
+        return self.sysd.run(self.in_netns("runsc", f"--root={RUNSC_ROOT}", *argv), timeout=timeout)
 
     def probe(self, *args: str) -> dict[str, Any]:
         """The probe's report from inside the sandbox, run as the agent's uid/gid."""

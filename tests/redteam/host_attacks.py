@@ -138,7 +138,7 @@ def attacks(p: dict[str, Any]) -> dict[str, Callable[[], object]]:
         "host-users.proc.gofer-root": lambda: os.listdir(f"/proc/{p['gofer_pid']}/root/"),
         "host-users.proc.sandbox-mem": lambda: _sandbox_mem(int(p["sandbox_pid"])),
         "host-users.journal.read": lambda: _journal(sid),
-        "host-users.netns.setns": lambda: _setns(f"/run/netns/ironclaw-{sid}"),
+        "host-users.netns.setns": lambda: _setns(f"/proc/{p['runsc_pid']}/ns/net"),
     }
 
 

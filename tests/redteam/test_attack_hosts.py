@@ -91,6 +91,10 @@ def target(daemon: SystemdHarness) -> Iterator[Target]:
                 ).strip(),
                 "sandbox_pid": _pid_of(daemon, box.unit, "runsc-sandbox"),
                 "gofer_pid": _pid_of(daemon, box.unit, "runsc-gofer"),
+                # runsc's parent: it holds the session's netns (no /run/netns name is kept).
+                "runsc_pid": out(
+                    daemon.run(["systemctl", "show", "-P", "MainPID", box.unit])
+                ).strip(),
                 "cgroup_procs": procs,
             }
             assert daemon.run(["test", "-e", params["cgroup_procs"]]).returncode == 0, params

@@ -246,7 +246,7 @@ def battle(daemon: SystemdHarness, request: pytest.FixtureRequest) -> Iterator[B
             assert box.send("hello").endswith("hello")  # inbound.db exists; the agent answers
             abstract = [
                 line.split()[-1] for line in out(
-                    daemon.run(["ip", "netns", "exec", box.netns, "cat", "/proc/net/unix"])
+                    daemon.run(box.in_netns("cat", "/proc/net/unix"))
                 ).splitlines() if "@runsc-sandbox" in line
             ]  # fmt: skip
             assert abstract, "control: runsc's abstract socket in the session's netns"

@@ -98,6 +98,8 @@ def _run(world: World, coro: Any) -> Any:
 
 
 MADE = ["control.open", "netns.create", "data.prepare", "bundles.write", "units.start"]
+# Once the unit runs, its process holds the netns: the name is released at once.
+STARTED = [*MADE, "netns.delete"]
 UNDONE = ["units.stop", "units.reset_failed", "runtime.delete", "bundles.remove",
           "mounts.remove_frame", "data.release", "netns.delete", "control.close"]  # fmt: skip
 
@@ -122,7 +124,7 @@ def test_an_agent_that_never_says_hello_is_rolled_back_too(world: World) -> None
     world.control.silent.add(SID)
     with pytest.raises(SandboxError, match="did not connect to its control socket in time"):
         _run(world, world.service.create("demo", SID))
-    assert world.effects() == MADE + UNDONE
+    assert world.effects() == STARTED + UNDONE
     assert world.store.get(SID).state is State.FAILED
     # The unit that ran is stopped and reset (nothing of it stays loaded); the runsc state it
     # left is deleted.
@@ -145,7 +147,7 @@ def test_a_unit_that_ends_before_the_hello_fails_the_start_at_once_and_says_why(
         f"starting session {SID}: sandbox unit ironclaw-sbx-{SID}.service ended (result: "
         "exit-code) before its agent connected"
     )
-    assert world.effects() == MADE + UNDONE
+    assert world.effects() == STARTED + UNDONE
     session = world.store.get(SID)
     assert session.state is State.FAILED
     assert "ended (result: exit-code)" in session.error
@@ -153,14 +155,18 @@ def test_a_unit_that_ends_before_the_hello_fails_the_start_at_once_and_says_why(
 
 
 def test_a_started_session_runs_and_stop_tears_down_what_start_made(world: World) -> None:
+    names_while_running: set[str] = set()
+
     async def go() -> tuple[Session, Session]:
         running = await world.service.create("demo", SID)
+        names_while_running.update(world.netns.names)
         return running, await world.service.stop(SID)
 
     running, stopped = _run(world, go())
     assert (running.state, running.platform) == (State.RUNNING, "fake")
     assert stopped.state is State.STOPPED
-    assert world.effects()[: len(MADE)] == MADE
+    assert world.effects()[: len(STARTED)] == STARTED
+    assert not names_while_running  # a running session keeps no netns name (no host mount)
     assert {"units.stop", "runtime.delete", "netns.delete", "bundles.remove", "data.release",
             "control.close"} <= set(world.effects()[len(MADE):])  # fmt: skip
     assert not world.netns.names
@@ -169,7 +175,8 @@ def test_a_started_session_runs_and_stop_tears_down_what_start_made(world: World
 
 
 def _left_running(world: World) -> Session:
-    """What a killed daemon leaves: a running record, its unit, netns and runsc state."""
+    """What a killed daemon leaves: a running record, its unit, netns and runsc state (the
+    netns with its name, as an earlier version of the daemon kept it)."""
     session = Session(SID, "demo", State.RUNNING, 1.0, 1.0, 1.0, platform="fake")
     world.store.rows[SID] = session
     world.units.units[session.unit] = world.units.start_transient(_spec(session.unit), 1.0)
@@ -208,12 +215,17 @@ def test_reconcile_adopts_a_running_sandbox_whose_agent_reconnects(world: World)
     world.units.units[orphan] = world.units.start_transient(_spec(orphan), 1.0)
     world.log.clear()
 
-    async def go() -> list[str]:
+    async def go() -> tuple[list[str], list[str]]:
         report = await reconcile(world.service)
-        return report.adopted
+        return report.adopted, report.removed
 
-    assert _run(world, go()) == [SID]
+    adopted, removed = _run(world, go())
+    assert adopted == [SID]
     assert world.store.get(SID).state is State.RUNNING
+    # Its netns name is released (the sandbox holds the namespace), not counted as an orphan.
+    assert not world.netns.names
+    assert ("netns.delete", session.netns) in world.log
+    assert not [r for r in removed if SID in r]
     assert "session.adopted" in world.audit.events()
     assert ("control.open", SID) in world.log
     assert ("units.stop", orphan) in world.log  # an orphan unit is removed
