@@ -16,7 +16,10 @@ Run inside a systemd with ironclawd installed (``make bench`` does). Steps:
    (all processes of the ``ironclaw-sbx-*`` units), the drop of MemAvailable per session (what
    the host lost, daemon and tmpfs files included), and the CPU of all sandboxes together over
    ``BENCH_IDLE_SECONDS`` (10) s, as % of one core, read from /proc/<pid>/stat on the host
-   (gVisor's own getrusage overcounts).
+   (gVisor's own getrusage overcounts), and the mounts in PID 1's mount namespace (each new
+   unit copies them into its own). Creation times at 11-100 and 101-500 sessions are set
+   beside those at 2-10, and so is systemd's own set-up of each sandbox unit ("Starting" to
+   "Started" in the journal), which is where a count-dependent cost would show.
 4. Restart to READY with the sessions up (100, or the largest count), interleaved with the
    minimal service again and with ironclawd whose fd store is turned off by a drop-in
    (``FileDescriptorStoreMax=0``: the agents' control connections end and they reconnect, as
@@ -28,6 +31,7 @@ Writes ``results/bench-density.json``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,6 +71,9 @@ NOTIFY_SCRIPT = (
     "s.connect(os.environ['NOTIFY_SOCKET']); s.send(b'READY=1'); signal.pause()"
 )
 TICKS = os.sysconf("SC_CLK_TCK")
+# systemd's "Starting <unit>..." and "Started <unit>." (sd-messages.h).
+UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
 
 
 def _pss_kib(pid: int) -> int:
@@ -128,6 +135,37 @@ def idle_cpu_percent(pids: list[int], seconds: float) -> float:
     time.sleep(seconds)
     after = sum(_cpu_ticks(p) for p in pids)
     return round(100 * (after - before) / TICKS / seconds, 2)
+
+
+def host_mounts() -> int:
+    """Mounts in PID 1's mount namespace: what systemd copies into each new unit's own."""
+    return len(Path("/proc/1/mountinfo").read_text().splitlines())
+
+
+def unit_start_ms(units: list[str], since: float) -> list[float]:
+    """systemd's "Starting" to "Started" of each of ``units`` (in that order) from the journal,
+    in ms: the unit's set-up by systemd (its mount namespace above all), without runsc or the
+    daemon. A unit with either message missing is left out."""
+    proc = subprocess.run(
+        ["journalctl", "-o", "json", "--no-pager", f"--since=@{int(since)}",
+         f"MESSAGE_ID={UNIT_STARTING}", f"MESSAGE_ID={UNIT_STARTED}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    seen: dict[tuple[str, str], int] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        unit, mid = entry.get("UNIT"), entry.get("MESSAGE_ID")
+        if isinstance(unit, str) and isinstance(mid, str):
+            seen[(unit, mid)] = int(entry["__REALTIME_TIMESTAMP"])
+    out = []
+    for unit in units:
+        begun, done = seen.get((unit, UNIT_STARTING)), seen.get((unit, UNIT_STARTED))
+        if begun is not None and done is not None:
+            out.append((done - begun) / 1e3)
+    return out
 
 
 def mem_available_kib() -> int:
@@ -256,6 +294,7 @@ def main() -> None:
     levels: dict[int, Any] = {}
     sids: list[str] = []
     create_times: list[float] = []
+    unit_ms: list[float] = []
     # Sessions that stop themselves when idle (the default: after 15 min) would be gone before
     # 500 are made: the figures are of idle sessions that stay up.
     with daemon_config(NEVER_IDLE_STOP), grpc.insecure_channel(f"unix:{SOCKET}") as channel:
@@ -273,6 +312,8 @@ def main() -> None:
         sids.append(first.session.sid)  # (its bundle names the agent image for the baseline)
         base = bare_idle()
         free_before = mem_available_kib()
+        mounts_before = host_mounts()
+        since = time.time() - 1
         try:
             for count in counts:
                 while len(sids) < count:
@@ -292,6 +333,10 @@ def main() -> None:
                     "mem_available_drop_mib_per_session": round(lost, 1),
                     "idle_cpu_percent_all_sandboxes": cpu,
                     "processes": len(pids),
+                    "host_mounts": host_mounts(),
+                    "host_mounts_per_session": round(
+                        (host_mounts() - mounts_before) / (count - 1 or 1), 2
+                    ),
                 }
                 print(f"density: {count} sessions: {levels[count]}")
                 figures.append(
@@ -325,6 +370,23 @@ def main() -> None:
                             first_batch,
                         )
                     )
+            # The same spans for systemd's set-up of each sandbox unit alone.
+            unit_ms = unit_start_ms([f"ironclaw-sbx-{sid}.service" for sid in sids[1:]], since)
+            if len(unit_ms) == len(sids) - 1:
+                for lo, hi in ((11, 100), (101, 500)):
+                    chunk = unit_ms[lo - 2 : hi - 1]
+                    if chunk:
+                        figures.append(
+                            ms_figure(
+                                f"sandbox unit set-up by systemd (Starting to Started), sessions "
+                                f"{lo}-{lo + len(chunk) - 1}",
+                                chunk,
+                                "the same, sessions 2-10 (same run)",
+                                unit_ms[:9],
+                            )
+                        )
+            else:
+                print(f"bench: unit start times for {len(unit_ms)} of {len(sids) - 1} units")
             top = len(sids)
             figures += restart_figures(top, restarts(stub, top, compare_store=True))
         finally:
@@ -351,6 +413,7 @@ def main() -> None:
         levels=levels,
         bare=base,
         create_ms_all=[round(t * 1e3, 1) for t in create_times],
+        unit_start_ms_all=[round(t, 1) for t in unit_ms],
         create_summary=summary_ms(create_times) if create_times else None,
         notes="PSS counts each shared page once across processes. The drop of MemAvailable per "
         "session (levels in bench-density.json) is noise while other work shares the machine. "
