@@ -142,9 +142,9 @@ def host_mounts() -> int:
     return len(Path("/proc/1/mountinfo").read_text().splitlines())
 
 
-def unit_start_ms(units: list[str], since: float) -> list[float]:
+def unit_start_seconds(units: list[str], since: float) -> list[float]:
     """systemd's "Starting" to "Started" of each of ``units`` (in that order) from the journal,
-    in ms: the unit's set-up by systemd (its mount namespace above all), without runsc or the
+    in seconds: the unit's set-up by systemd (its mount namespace above all), without runsc or the
     daemon. A unit with either message missing is left out."""
     proc = subprocess.run(
         ["journalctl", "-o", "json", "--no-pager", f"--since=@{int(since)}",
@@ -164,7 +164,7 @@ def unit_start_ms(units: list[str], since: float) -> list[float]:
     for unit in units:
         begun, done = seen.get((unit, UNIT_STARTING)), seen.get((unit, UNIT_STARTED))
         if begun is not None and done is not None:
-            out.append((done - begun) / 1e3)
+            out.append((done - begun) / 1e6)  # the journal's timestamps are in µs
     return out
 
 
@@ -294,7 +294,7 @@ def main() -> None:
     levels: dict[int, Any] = {}
     sids: list[str] = []
     create_times: list[float] = []
-    unit_ms: list[float] = []
+    unit_s: list[float] = []
     # Sessions that stop themselves when idle (the default: after 15 min) would be gone before
     # 500 are made: the figures are of idle sessions that stay up.
     with daemon_config(NEVER_IDLE_STOP), grpc.insecure_channel(f"unix:{SOCKET}") as channel:
@@ -371,10 +371,10 @@ def main() -> None:
                         )
                     )
             # The same spans for systemd's set-up of each sandbox unit alone.
-            unit_ms = unit_start_ms([f"ironclaw-sbx-{sid}.service" for sid in sids[1:]], since)
-            if len(unit_ms) == len(sids) - 1:
+            unit_s = unit_start_seconds([f"ironclaw-sbx-{sid}.service" for sid in sids[1:]], since)
+            if len(unit_s) == len(sids) - 1:
                 for lo, hi in ((11, 100), (101, 500)):
-                    chunk = unit_ms[lo - 2 : hi - 1]
+                    chunk = unit_s[lo - 2 : hi - 1]
                     if chunk:
                         figures.append(
                             ms_figure(
@@ -382,11 +382,11 @@ def main() -> None:
                                 f"{lo}-{lo + len(chunk) - 1}",
                                 chunk,
                                 "the same, sessions 2-10 (same run)",
-                                unit_ms[:9],
+                                unit_s[:9],
                             )
                         )
             else:
-                print(f"bench: unit start times for {len(unit_ms)} of {len(sids) - 1} units")
+                print(f"bench: unit start times for {len(unit_s)} of {len(sids) - 1} units")
             top = len(sids)
             figures += restart_figures(top, restarts(stub, top, compare_store=True))
         finally:
@@ -413,7 +413,7 @@ def main() -> None:
         levels=levels,
         bare=base,
         create_ms_all=[round(t * 1e3, 1) for t in create_times],
-        unit_start_ms_all=[round(t, 1) for t in unit_ms],
+        unit_start_ms_all=[round(t * 1e3, 1) for t in unit_s],
         create_summary=summary_ms(create_times) if create_times else None,
         notes="PSS counts each shared page once across processes. The drop of MemAvailable per "
         "session (levels in bench-density.json) is noise while other work shares the machine. "
