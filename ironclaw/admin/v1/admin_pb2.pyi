@@ -865,6 +865,9 @@ class Session(_message.Message):
     unit: _builtins.str
     """The transient unit running the sandbox, e.g. "ironclaw-sbx-<sid>.service"."""
     netns: _builtins.str
+    """The netns name while the sandbox is set up ("ironclaw-<sid>"); once the unit runs, its
+    main process holds the namespace and the name under /run/netns is released.
+    """
     platform: _builtins.str
     def __init__(
         self,
