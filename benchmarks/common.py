@@ -109,6 +109,11 @@ def not_measured(name: str, why: str, unit: str = "ms") -> dict[str, Any]:
     return figure(name, None, unit=unit, note=f"not measured: {why}")
 
 
+def host_mounts() -> int:
+    """Mounts in PID 1's mount namespace: what systemd copies into each new unit's own."""
+    return len(Path("/proc/1/mountinfo").read_text().splitlines())
+
+
 def _run(*argv: str) -> str:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)

@@ -49,6 +49,7 @@ from benchmarks.common import (
     daemon_config,
     env_int,
     figure,
+    host_mounts,
     interleave,
     ms_figure,
     not_measured,
@@ -135,11 +136,6 @@ def idle_cpu_percent(pids: list[int], seconds: float) -> float:
     time.sleep(seconds)
     after = sum(_cpu_ticks(p) for p in pids)
     return round(100 * (after - before) / TICKS / seconds, 2)
-
-
-def host_mounts() -> int:
-    """Mounts in PID 1's mount namespace: what systemd copies into each new unit's own."""
-    return len(Path("/proc/1/mountinfo").read_text().splitlines())
 
 
 def unit_start_seconds(units: list[str], since: float) -> list[float]:
@@ -328,14 +324,15 @@ def main() -> None:
                 pss_mib = sum(_pss_kib(p) for p in pids) / 1024 / count
                 cpu = idle_cpu_percent(pids, IDLE_SECONDS)
                 lost = (free_before - mem_available_kib()) / 1024 / (count - 1 or 1)
+                mounts = host_mounts()
                 levels[count] = {
                     "pss_mib_per_session": round(pss_mib, 1),
                     "mem_available_drop_mib_per_session": round(lost, 1),
                     "idle_cpu_percent_all_sandboxes": cpu,
                     "processes": len(pids),
-                    "host_mounts": host_mounts(),
+                    "host_mounts": mounts,
                     "host_mounts_per_session": round(
-                        (host_mounts() - mounts_before) / (count - 1 or 1), 2
+                        (mounts - mounts_before) / (count - 1 or 1), 2
                     ),
                 }
                 print(f"density: {count} sessions: {levels[count]}")

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROUNDS, env_int, ms_figure, write_result
+from benchmarks.common import ROUNDS, env_int, host_mounts, ms_figure, write_result
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.ports import UnitSpec
@@ -40,10 +40,6 @@ from ironclawd.ports import UnitSpec
 MOUNTS = env_int("BENCH_MOUNTS", 500)
 PREFIX = "ironclaw-bmnt"
 UNIT = "ironclaw-bench-mounts.service"
-
-
-def host_mounts() -> int:
-    return len(Path("/proc/1/mountinfo").read_text().splitlines())
 
 
 def start_times(units: SystemdUnitManager, netns: Path) -> list[float]:
