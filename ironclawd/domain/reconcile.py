@@ -22,7 +22,9 @@ class HostFacts:
     """What the host shows for one session when the daemon starts."""
 
     unit_state: str = ""  # the sandbox unit's ActiveState, "" when it is not loaded
-    netns: bool = False  # /run/netns/ironclaw-<sid> exists
+    # /run/netns/ironclaw-<sid> exists. A running session has none (its sandbox unit's main
+    # process holds the namespace), so this says only whether a name is left over.
+    netns: bool = False
     runsc: bool = False  # runsc knows its container
 
     @property
@@ -32,7 +34,7 @@ class HostFacts:
     def describe(self) -> str:
         unit = f"unit {self.unit_state}" if self.unit_state else "no unit"
         return (
-            f"{unit}, {'a' if self.netns else 'no'} netns, "
+            f"{unit}, {'a' if self.netns else 'no'} netns name, "
             f"{'a' if self.runsc else 'no'} runsc container"
         )
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.harness.private_systemd import SystemdHarness
 
 T = TypeVar("T")
 
@@ -28,6 +31,16 @@ def netns_of(sid: str) -> str:
     """A shell word naming a running session's netns: its sandbox unit's main process (runsc's
     parent) holds it; the session keeps no name under /run/netns once its unit runs."""
     return f"/proc/$(systemctl show -P MainPID ironclaw-sbx-{sid}.service)/ns/net"
+
+
+def session_netns(sysd: SystemdHarness, sid: str) -> str:
+    """The path of a running session's netns (``netns_of``, resolved now, from Python)."""
+    unit = f"ironclaw-sbx-{sid}.service"
+    proc = sysd.run(["systemctl", "show", "-P", "MainPID", unit])
+    shown = (proc.stdout or b"").decode(errors="replace").strip()
+    pid = int(shown or 0) if proc.returncode == 0 else 0
+    assert pid > 0, f"{unit} has no main process: {shown!r} {proc.stderr!r}"
+    return f"/proc/{pid}/ns/net"
 
 
 def in_netns(sid: str, command: str) -> str:

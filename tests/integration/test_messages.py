@@ -35,6 +35,7 @@ import sqlcipher3
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.store.keys import MasterKey
 from tests.harness.agents import unlimited_agent
+from tests.harness.polling import session_netns
 from tests.harness.private_systemd import SystemdHarness
 from tests.harness.probe import PROBE_IN_BOX
 
@@ -184,9 +185,7 @@ class Box:
     def runsc(self, *argv: str) -> Any:
         """runsc as root inside the session's netns (runsc reaches its sandbox through an
         abstract socket, which belongs to a network namespace)."""
-        unit = f"ironclaw-sbx-{self.sid}.service"
-        pid = out(self.sysd.run(["systemctl", "show", "-P", "MainPID", unit])).strip()
-        netns = f"/proc/{pid}/ns/net"  # runsc's parent holds it; the session keeps no name
+        netns = session_netns(self.sysd, self.sid)
         return self.sysd.run(
             ["nsenter", f"--net={netns}", "runsc", f"--root={RUNSC_ROOT}", *argv], timeout=60
         )

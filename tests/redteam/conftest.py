@@ -32,7 +32,7 @@ import pytest
 
 from ironclawd.domain.agents import BUILTIN
 from tests.harness.fixtures import RESULTS
-from tests.harness.polling import wait_for
+from tests.harness.polling import session_netns, wait_for
 from tests.harness.pool import wait_pool_ready
 from tests.harness.private_systemd import SystemdHarness
 from tests.harness.probe import PROBE_IN_BOX
@@ -87,10 +87,7 @@ class Sandbox:
     @property
     def netns(self) -> str:
         """The session's netns, as the sandbox unit's main process (runsc's parent) holds it."""
-        proc = self.sysd.run(["systemctl", "show", "-P", "MainPID", self.unit])
-        pid = int(out(proc).strip() or 0)
-        assert pid > 0, f"{self.unit} has no main process: {out(proc)!r}"
-        return f"/proc/{pid}/ns/net"
+        return session_netns(self.sysd, self.sid)
 
     def in_netns(self, *argv: str) -> list[str]:
         """``argv`` run as root inside the session's netns."""

@@ -57,5 +57,6 @@ def test_decision_table(state: State, facts: HostFacts, expected: Action) -> Non
 def test_reason_names_what_the_host_showed() -> None:
     _, reason = decide(State.RUNNING, HostFacts("failed", netns=True, runsc=False))
     assert reason == (
-        "daemon restarted while the session was running (unit failed, a netns, no runsc container)"
+        "daemon restarted while the session was running "
+        "(unit failed, a netns name, no runsc container)"
     )
