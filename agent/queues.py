@@ -115,8 +115,15 @@ class Outbound:
         os.close(fd)
         self._db = sqlcipher3.connect(str(path), isolation_level=None)
         _keyed(self._db, key)
-        self._db.execute("PRAGMA journal_mode = DELETE")
-        self._db.execute("PRAGMA synchronous = FULL")
+        # The file lives on the session's tmpfs, so an fsync makes nothing more durable: what a
+        # reboot loses is lost either way, and a write(2) the sentry returned from is already
+        # in the host's file (a killed sandbox keeps it; the journal still rolls back a commit
+        # it cut short). A kept journal, truncated at each commit, spares the create, chown and
+        # unlink through the gofer that DELETE mode costs per commit. Together: sandbox CPU
+        # per message 15.1 -> 9.5 ms, 20 sessions (docs/development.md). The host takes an
+        # empty journal as "no commit under way" (ironclawd/store/outbound.py).
+        self._db.execute("PRAGMA journal_mode = TRUNCATE")
+        self._db.execute("PRAGMA synchronous = OFF")
         if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
             self._db.executescript(
                 f"BEGIN IMMEDIATE; {OUTBOUND_SCHEMA}; PRAGMA user_version = {QUEUE_VERSION}; "

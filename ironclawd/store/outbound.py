@@ -21,9 +21,10 @@ transaction, drops what it had cached. Only this daemon writes the copy, never d
 the schema is checked on every read. Verification reads on a fresh connection (see read_range).
 
 File locks do not cross the gVisor boundary, so a copy can catch the agent mid-commit. The
-agent's rollback journal exists for the whole of a commit and every page write changes the
-file's mtime: a copy is kept only if no ``-journal`` existed before or after it and size, mtime
-and ctime did not change meanwhile; otherwise it is taken again (bounded).
+agent's rollback journal holds content for the whole of a commit (it keeps the file and
+truncates it when the commit ends: journal_mode=TRUNCATE) and every page write changes the
+file's mtime: a copy is kept only if no non-empty ``-journal`` existed before or after it and
+size, mtime and ctime did not change meanwhile; otherwise it is taken again (bounded).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def open_outbound_dir(directory: Path, agent_uid: int) -> int:
 
 def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bool:
     """Copy outbound.db (see the module doc) over ``dest``; False if there is no file yet."""
-    if _exists(dir_fd, JOURNAL_FILE):
+    if _committing(dir_fd):
         raise Changing("the agent is committing (journal present)")
     try:
         path_fd = os.open(OUTBOUND_FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -108,7 +109,7 @@ def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bo
         os.close(src)
     if _fingerprint(after) != _fingerprint(before) or copied != before.st_size:
         raise Changing("the agent wrote the file while it was copied")
-    if _exists(dir_fd, JOURNAL_FILE):
+    if _committing(dir_fd):
         raise Changing("the agent began a commit while the file was copied")
     return True
 
@@ -127,12 +128,13 @@ def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _exists(dir_fd: int, name: str) -> bool:
+def _committing(dir_fd: int) -> bool:
+    """Whether the agent's rollback journal holds a commit: it exists and is not empty."""
     try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        st = os.stat(JOURNAL_FILE, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    return True
+    return st.st_size > 0 or not stat.S_ISREG(st.st_mode)
 
 
 class OutboundReader:

@@ -4,8 +4,10 @@
 ``outbound.db`` — the agent is its only writer; the host reads it read-only and *ingests* rows
 into the state DB, which is the record.
 
-Both are SQLCipher 4 with the session's raw 256-bit key, rollback journal (WAL's shared memory
-does not cross the gVisor boundary), synchronous=FULL. File locks taken in the sandbox are not
+Both are SQLCipher 4 with the session's raw 256-bit key and a rollback journal (WAL's shared
+memory does not cross the gVisor boundary). inbound.db, on the state disk: journal DELETE,
+synchronous=FULL. outbound.db, on the session's tmpfs: journal TRUNCATE (kept, empty between
+commits), synchronous=OFF (agent/queues.py says why). File locks taken in the sandbox are not
 seen by the host, so nothing relies on them: each file has one writer, commits are announced on
 the control socket, and a reader that meets a hot journal or a half-written page gets an error
 and retries (docs/development.md, "SQLite / SQLCipher").

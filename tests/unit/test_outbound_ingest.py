@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import sqlcipher3
 
+from agent.queues import Outbound as AgentOutbound
 from ironclawd.config import parse_config
 from ironclawd.domain.messages import QueueLimits, accept_row, chain_link
 from ironclawd.errors import ConfigError, HostError
@@ -207,16 +208,61 @@ def test_a_commit_in_progress_is_waited_out(outdir: Path, monkeypatch: pytest.Mo
     with pytest.raises(HostError, match="no quiet moment"):
         reader(outdir).read_after(0, 10, CAP)
     calls = []
-    real = outbound._exists
+    real = outbound._committing
 
-    def journal_goes_away(dir_fd: int, name: str) -> bool:
-        calls.append(name)
+    def journal_goes_away(dir_fd: int) -> bool:
+        calls.append(dir_fd)
         if len(calls) == 3:
             journal.unlink()
-        return real(dir_fd, name)
+        return real(dir_fd)
 
-    monkeypatch.setattr(outbound, "_exists", journal_goes_away)
+    monkeypatch.setattr(outbound, "_committing", journal_goes_away)
     assert [row[0] for row in reader(outdir).read_after(0, 10, CAP)] == [1]
+
+
+@pytest.mark.parametrize("kind", ["truncated", "non-empty", "directory"])
+def test_an_empty_journal_is_a_finished_commit(
+    outdir: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The agent keeps its journal between commits (journal_mode=TRUNCATE): an empty one
+    means no commit is under way; one with content, or anything but a file, means wait."""
+    write_db(outdir / "outbound.db", [(1, 1.0, "x")])
+    journal = outdir / "outbound.db-journal"
+    if kind == "directory":
+        journal.mkdir()
+    else:
+        journal.write_bytes(b"" if kind == "truncated" else b"\xd9\xd5\x05\xf9")
+    monkeypatch.setattr(outbound, "READ_BACKOFF", 0)
+    if kind == "truncated":
+        assert [row[0] for row in reader(outdir).read_after(0, 10, CAP)] == [1]
+    else:
+        with pytest.raises(HostError, match="no quiet moment"):
+            reader(outdir).read_after(0, 10, CAP)
+
+
+def test_the_agents_outbound_is_read_commit_by_commit(
+    outdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's own writer (agent/queues.py: a kept journal, no fsync on its tmpfs) against
+    the host's kept reader: every commit is seen, the journal is empty between commits, and a
+    copy is not taken while one is under way."""
+    agent_side = AgentOutbound(outdir / "outbound.db", KEY)
+    host_side = reader(outdir)
+    for n in range(1, 20):
+        assert agent_side.append(n, f"reply {n}") == n
+        assert (outdir / "outbound.db-journal").stat().st_size == 0
+        rows = host_side.read_after(n - 1, n, CAP)
+        assert [(row[0], row[3]) for row in rows] == [(n, f"reply {n}".encode())]
+    monkeypatch.setattr(outbound, "READ_BACKOFF", 0)
+    db = agent_side._db
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("INSERT INTO messages (in_reply_to, created_at, body) VALUES (20, 1.0, 'x')")
+    db.execute("DELETE FROM messages WHERE seq < 10")  # pages of the file change before COMMIT
+    assert (outdir / "outbound.db-journal").stat().st_size > 0
+    with pytest.raises(HostError, match="no quiet moment"):
+        reader(outdir).read_after(0, 30, CAP)
+    db.execute("COMMIT")
+    assert [row[0] for row in reader(outdir).read_after(0, 30, CAP)] == [*range(10, 21)]
 
 
 def test_a_write_during_the_copy_is_detected(outdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
