@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class Agent:
         self.outbound = Outbound(OUTBOUND_DB, key)
         self.answered = self.outbound.last_answered()
         self._respond = respond or default_responder()
+        self._awake = False
 
     def hello(self) -> bytes:
         return f"hello {os.getpid()} {os.getuid()} {self.outbound.last_seq()}\n".encode("ascii")
@@ -58,7 +60,9 @@ class Agent:
             out = self.outbound.append(seq, reply)
             self.answered = seq
             sock.sendall(f"outbound {out}\n".encode("ascii"))
-            sock.settimeout(IDLE_SECONDS)  # the responder rests after that long without a message
+            if not self._awake:  # the responder rests after IDLE_SECONDS without a message
+                _receive_timeout(sock, IDLE_SECONDS)
+                self._awake = True
 
     def rest(self, sock: socket.socket) -> None:
         """Nothing came for IDLE_SECONDS: let the responder close what it keeps open, and wait
@@ -66,7 +70,8 @@ class Agent:
         rest = getattr(self._respond, "rest", None)
         if rest is not None:
             rest()
-        sock.settimeout(None)
+        _receive_timeout(sock, 0.0)
+        self._awake = False
 
     def serve(self, sock: socket.socket) -> None:
         """Run until the host closes the connection."""
@@ -76,7 +81,7 @@ class Agent:
         while True:
             try:
                 chunk = sock.recv(65536)
-            except TimeoutError:
+            except BlockingIOError:  # SO_RCVTIMEO ran out: IDLE_SECONDS without a message
                 self.rest(sock)
                 continue
             if not chunk:
@@ -90,3 +95,15 @@ class Agent:
                     announced = max(announced, int(words[1]))
             if announced > self.answered:
                 self.catch_up(sock, announced)
+
+
+def _receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """A blocking ``recv`` on ``sock`` fails with EAGAIN after ``seconds`` (0: never). The kernel's
+    SO_RCVTIMEO, not a Python socket timeout: that one makes the socket non-blocking and calls
+    poll(2) before every send and receive, and each call is a trip through gVisor's sentry."""
+    whole = int(seconds)
+    sock.setsockopt(
+        socket.SOL_SOCKET,
+        socket.SO_RCVTIMEO,
+        struct.pack("@ll", whole, int((seconds - whole) * 1_000_000)),
+    )
