@@ -75,7 +75,7 @@ def open_outbound_dir(directory: Path, agent_uid: int) -> int:
 def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bool:
     """Copy outbound.db (see the module doc) over ``dest``; False if there is no file yet."""
     if _committing(dir_fd):
-        raise Changing("the agent is committing (journal present)")
+        raise Changing("the agent is committing (its journal is not empty)")
     try:
         path_fd = os.open(OUTBOUND_FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:

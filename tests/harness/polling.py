@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
+from ironclawd.domain.session import unit_name
+
 if TYPE_CHECKING:
     from tests.harness.private_systemd import SystemdHarness
 
@@ -30,12 +32,12 @@ def wait_for(what: str, probe: Callable[[], T], done: Callable[[T], bool], timeo
 def netns_of(sid: str) -> str:
     """A shell word naming a running session's netns: its sandbox unit's main process (runsc's
     parent) holds it; the session keeps no name under /run/netns once its unit runs."""
-    return f"/proc/$(systemctl show -P MainPID ironclaw-sbx-{sid}.service)/ns/net"
+    return f"/proc/$(systemctl show -P MainPID {unit_name(sid)})/ns/net"
 
 
 def session_netns(sysd: SystemdHarness, sid: str) -> str:
     """The path of a running session's netns (``netns_of``, resolved now, from Python)."""
-    unit = f"ironclaw-sbx-{sid}.service"
+    unit = unit_name(sid)
     proc = sysd.run(["systemctl", "show", "-P", "MainPID", unit])
     shown = (proc.stdout or b"").decode(errors="replace").strip()
     pid = int(shown or 0) if proc.returncode == 0 else 0
