@@ -1,9 +1,10 @@
 """The agent's main loop: answer every inbound message once, in order, and announce each reply.
 
-Events come from the control socket ("inbound <seq>"); nothing polls. After ``IDLE_SECONDS``
-without one, the responder rests (closes its gRPC channels, whose threads would otherwise keep
-waking an idle sandbox) until the next message. A restart resumes after
-the newest inbound seq already answered (recorded in outbound.db in the same transaction as the
+Events come from the control socket: "inbound <seq>", and "restarted 0" when a new daemon took
+the connection back after a restart (the responder's channels are dropped); nothing polls. After
+``IDLE_SECONDS`` without a message, the responder rests (closes its gRPC channels, whose threads
+would otherwise keep waking an idle sandbox) until the next message. A restart resumes after the
+newest inbound seq already answered (recorded in outbound.db in the same transaction as the
 reply), so no message is answered twice or skipped.
 """
 
@@ -25,6 +26,9 @@ MODEL_SOCKET = Path("/run/ironclaw/model.sock")
 # Quiet this long after a reply, the responder closes its channels. Back-to-back messages keep
 # them; a conversation that pauses pays one reconnect (~20 ms in gVisor) for the next turn.
 IDLE_SECONDS = 15.0
+# The host's first line on a control connection it restored after a restart
+# (ironclawd/api/control.py RESTARTED_LINE).
+RESTARTED = b"restarted"
 
 Responder = Callable[[str], str]
 
@@ -75,6 +79,9 @@ class Agent:
 
     def serve(self, sock: socket.socket) -> None:
         """Run until the host closes the connection."""
+        # A new connection follows a host that went away: the connections under the responder's
+        # channels ended with it, and gRPC's client would find that out only by failing a call.
+        self.rest(sock)
         sock.sendall(self.hello())
         self.catch_up(sock, None)
         pending = b""
@@ -91,8 +98,14 @@ class Agent:
             announced = 0
             for line in lines:
                 words = line.split()
-                if len(words) == 2 and words[0] == b"inbound" and words[1].isdigit():
+                if len(words) != 2 or not words[1].isdigit():
+                    continue
+                if words[0] == b"inbound":
                     announced = max(announced, int(words[1]))
+                elif words[0] == RESTARTED:
+                    # A new daemon took this connection back from systemd's fd store; the
+                    # connections under the responder's channels (model, tools) ended.
+                    self.rest(sock)
             if announced > self.answered:
                 self.catch_up(sock, announced)
 

@@ -16,8 +16,9 @@ from typing import TypeVar
 
 import grpc
 
-# The host's side: ironclawd/api/sandbox.py (RETRY_AFTER_KEY).
+# The host's side: ironclawd/api/sandbox.py (RETRY_AFTER_KEY, ANSWERED_KEY).
 RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
+ANSWERED_KEY = "ironclaw-answered"
 FIRST_DELAY = 0.005
 MAX_DELAY = 1.0
 DEADLINE = 120.0
@@ -39,6 +40,14 @@ def retry_after(err: grpc.RpcError) -> float | None:
                 return None
             return min(max(millis, 0.0), MAX_DELAY * 1000) / 1000
     return None
+
+
+def answered_by_host(err: grpc.RpcError) -> bool:
+    """Whether the host answered the failed call (its trailer is there). A call without it ended
+    with its connection: the host went away, or closed a connection this side kept open."""
+    if not isinstance(err, grpc.Call):
+        return False
+    return any(key == ANSWERED_KEY for key, _ in err.trailing_metadata() or ())
 
 
 def call_metered(

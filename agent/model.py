@@ -13,7 +13,7 @@ import time
 import grpc
 import grpc.experimental
 
-from agent.metered import call_metered
+from agent.metered import answered_by_host, call_metered
 from agent.tools import close_channels, run_tool
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 
@@ -23,6 +23,8 @@ CALL_TIMEOUT = 300.0
 # How long a turn waits for the host's proxy to come back (a daemon restart takes seconds)
 # before the user is told the model is unavailable.
 HOST_RESTART_GRACE = 60.0
+RETRY_FIRST_PAUSE = 0.05
+RETRY_MAX_PAUSE = 1.0
 
 
 class ModelResponder:
@@ -34,6 +36,9 @@ class ModelResponder:
 
     @property
     def _stub(self) -> model_pb2_grpc.ModelServiceStub:
+        return model_pb2_grpc.ModelServiceStub(self._open())
+
+    def _open(self) -> grpc.Channel:
         # One channel while the agent is busy (set-up costs ~20 ms across gVisor), opened at the
         # first call after ``rest``.
         if self._channel is None:
@@ -49,7 +54,7 @@ class ModelResponder:
                     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
                 ],
             )
-        return model_pb2_grpc.ModelServiceStub(self._channel)
+        return self._channel
 
     def rest(self) -> None:
         """The agent is idle: close every channel it keeps (this one and the tools'). With the
@@ -69,11 +74,13 @@ class ModelResponder:
 
     def __call__(self, text: str) -> str:
         deadline = time.monotonic() + HOST_RESTART_GRACE
+        pause = 0.0
         while True:
             try:
                 return self._turn(text)
             except grpc.RpcError as err:
-                if self._host_went_away(err, deadline):
+                if self._host_went_away(err, deadline, pause):
+                    pause = min(max(pause * 2, RETRY_FIRST_PAUSE), RETRY_MAX_PAUSE)
                     continue
                 code = err.code()
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -83,22 +90,26 @@ class ModelResponder:
                 self._history = []
                 return f"[the agent failed on this message: {type(exc).__name__}]"
 
-    def _host_went_away(self, err: grpc.RpcError, deadline: float) -> bool:
-        """Whether the proxy itself is gone (the daemon restarting), as opposed to the model
-        failing behind it; if so, wait for it to come back. A provider failure also arrives as
-        UNAVAILABLE, so the proxy is asked something only it answers (GetProfile)."""
-        if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+    def _host_went_away(self, err: grpc.RpcError, deadline: float, pause: float) -> bool:
+        """Whether the call failed because its connection to the proxy ended (the daemon
+        restarting, or a connection the host closed while it was idle) rather than the model
+        failing behind the proxy; if so, open a new channel and wait until it is ready. A provider
+        failure also arrives as UNAVAILABLE, but with the host's trailer (answered_by_host).
+        The legacy gRPC client (agent/__main__.py) notices a closed idle connection only when a
+        call fails on it, so the first retry is at once; later ones back off by ``pause``."""
+        if err.code() != grpc.StatusCode.UNAVAILABLE or answered_by_host(err):
             return False
-        try:
-            self._stub.GetProfile(model_pb2.GetProfileRequest(), timeout=5)
-        except grpc.RpcError:
-            assert self._channel is not None  # opened by the call just made
-            with contextlib.suppress(grpc.FutureTimeoutError):
-                grpc.channel_ready_future(self._channel).result(
-                    timeout=max(0.1, deadline - time.monotonic())
-                )
-            return True
-        return False
+        if time.monotonic() + pause >= deadline:
+            return False
+        time.sleep(pause)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        with contextlib.suppress(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(self._open()).result(
+                timeout=max(0.1, deadline - time.monotonic())
+            )
+        return True
 
     def _turn(self, text: str) -> str:
         profile = self._get_profile()

@@ -23,8 +23,9 @@ agent never sees its connection end, so a restart costs the sandboxes nothing. A
 connection is checked again like a new one (its peer must still be in the session's unit). The
 stopping daemon stops reading the connections it hands over; one it had read a line from that it
 had not finished acting on is marked, and the next daemon reads that session's outbound queue
-again in full ("resync"). Anything that cannot be restored is closed, and the agent reconnects
-and says hello as after a crash.
+again in full ("resync"). The next daemon's first line on a restored connection is "restarted 0":
+the agent's gRPC connections to the session's other sockets ended with the old daemon. Anything
+that cannot be restored is closed, and the agent reconnects and says hello as after a crash.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ SEND_TIMEOUT = 5.0
 # agent's connection, with what its hello said), ending ".resync" if what was read from it may
 # not all have been acted on.
 STORE_PREFIX = "control."
+# The first line on a restored connection: the agent drops its channels (agent/loop.py RESTARTED).
+RESTARTED_LINE = b"restarted 0\n"
 RESYNC_SUFFIX = "resync"
 
 
@@ -268,6 +271,10 @@ class ControlServer:
         hello = restored.hello if restored else await self._hello(sid, channel, reader, writer)
         if hello is None:
             return
+        if restored is not None:
+            # Before any other line: the agent's gRPC connections to the old daemon's sockets
+            # ended with it, and its client would find that out only by failing a call on each.
+            writer.write(RESTARTED_LINE)
         channel.writers.add(writer)
         channel.hellos[writer] = hello
         channel.readers[writer] = reader

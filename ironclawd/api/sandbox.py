@@ -56,6 +56,11 @@ SERVICE_SOCKET = {
 # A call refused for the rate alone says in this trailer when the next would be taken: the agent
 # waits that long and calls again (agent/metered.py) rather than telling its user to slow down.
 RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
+# Every call the host answers carries this trailer. A call that fails without it never got an
+# answer from the host (its connection ended: a daemon restart, or a connection closed while
+# idle), and the agent makes it again on a new connection (agent/metered.py).
+ANSWERED_KEY = "ironclaw-answered"
+ANSWERED = ((ANSWERED_KEY, "1"),)
 # egress.sock and mcp.sock only if granted (EgressBroker.has_grants, McpGateway.has_grants).
 SOCKETS = ("model", "gateway", "egress", "mcp")
 __all__ = ["SandboxApi", "SandboxPeer"]
@@ -103,6 +108,9 @@ class _PeerInterceptor(_Interceptor):
         return self._peers.get(context.peer().removeprefix(f"unix-abstract:{PREFIX}"))
 
     async def _meter(self, peer: SandboxPeer | None, context: Context) -> None:
+        """Refuse a call over the session's rate. Every call comes here first: from here on, its
+        status carries the host's trailer (an abort that sets none keeps it)."""
+        context.set_trailing_metadata(ANSWERED)
         rate = self.rates.get(peer.sid) if peer is not None else None
         if peer is not None and rate is not None and not rate.take():
             ratelog.warning(log, peer.sid, "calls over rate",

@@ -556,6 +556,9 @@ def test_canary_key_is_absent_from_everything_the_sandbox_can_read(env: Env, pro
         f"[the model is unavailable (unavailable): {provider}: upstream answered HTTP 401: "
     ), replies["error"]
     assert "[REDACTED]" in replies["error"]
+    # The proxy's failure carries the host's trailer, so the agent reported it and did not make
+    # the turn again (agent/model.py makes again only a call the host never answered).
+    assert sum("/echo-key-401" in json.dumps(r.body) for r in echoed) == 1
     assert replies["last"] == f"fake {provider} says: hello after the echoes"
     # The tool call's id (which held the key) went back to the upstream scrubbed.
     ids = json.dumps([r.body["messages"] for r in echoed])

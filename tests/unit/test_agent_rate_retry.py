@@ -161,6 +161,10 @@ def test_other_refusals_are_not_retried(
 class _Context:
     def __init__(self) -> None:
         self.aborted: tuple[Any, str, Any] | None = None
+        self.trailer: Any = ()
+
+    def set_trailing_metadata(self, trailer: Any) -> None:
+        self.trailer = trailer
 
     async def abort(self, code: Any, details: str, trailing_metadata: Any = ()) -> None:
         self.aborted = (code, details, trailing_metadata)
@@ -178,6 +182,7 @@ def test_the_host_says_when_the_next_call_would_be_taken() -> None:
     peer = SandboxPeer("s1", "model")
     asyncio.run(interceptor._meter(peer, context))  # type: ignore[arg-type]
     assert context.aborted is None
+    assert context.trailer == ((sandbox.ANSWERED_KEY, "1"),)  # see test_agent_reconnect.py
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(interceptor._meter(peer, context))  # type: ignore[arg-type]
     assert context.aborted is not None

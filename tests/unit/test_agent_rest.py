@@ -87,15 +87,17 @@ def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Conne
     serving.start()
     try:
         assert _line(ours).startswith(b"hello ")
+        # A new connection drops what the responder kept open for the previous host.
+        assert responder.rests == 1
         time.sleep(0.5)
-        assert responder.rests == 0  # nothing answered yet: nothing open, no timer
+        assert responder.rests == 1  # nothing answered yet: nothing open, no timer
         for n, text in ((1, "one"), (2, "two")):
             world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, ?)", (text,))
             ours.sendall(f"inbound {n}\n".encode())
             assert _line(ours) == f"outbound {n}\n".encode()
-            _wait_for(lambda n=n: responder.rests == n, f"rest number {n}")
+            _wait_for(lambda n=n: responder.rests == n + 1, f"rest number {n}")
             time.sleep(0.5)
-            assert responder.rests == n  # once per quiet spell, not every IDLE_SECONDS
+            assert responder.rests == n + 1  # once per quiet spell, not every IDLE_SECONDS
         assert responder.asked == ["one", "two"]
     finally:
         ours.close()
@@ -103,6 +105,35 @@ def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Conne
         theirs.close()
     assert not serving.is_alive()
     assert not failed
+
+
+def test_a_restarted_host_makes_the_responder_drop_its_channels(
+    world: sqlcipher3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new daemon that took the connection back from systemd's fd store says "restarted 0"
+    first: the connections under the responder's channels ended with the old daemon, and the
+    agent's gRPC client would find that out only by failing a call on each."""
+    monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)  # no rest for being idle in this test
+    responder = CountingResponder()
+    ours, theirs = socket.socketpair()
+    serving = threading.Thread(target=lambda: loop.Agent(responder).serve(theirs), daemon=True)
+    serving.start()
+    try:
+        assert _line(ours).startswith(b"hello ")
+        assert responder.rests == 1  # the connection's own
+        world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'one')")
+        ours.sendall(b"restarted 0\ninbound 1\n")
+        assert _line(ours) == b"outbound 1\n"
+        assert responder.rests == 2  # before the message was answered
+        assert responder.asked == ["one"]
+        ours.sendall(b"restarted x\nrestarted\n")  # not the host's line: ignored
+        time.sleep(0.1)
+        assert responder.rests == 2
+    finally:
+        ours.close()
+        serving.join(5)
+        theirs.close()
+    assert not serving.is_alive()
 
 
 class Model(model_pb2_grpc.ModelServiceServicer):

@@ -111,6 +111,8 @@ def test_the_agents_connection_outlives_a_restart_and_what_it_wrote_meanwhile_is
         assert (hello.pid, hello.uid) == (7, 10000)
         await events.wait_for((SID, "outbound", 3))  # the line from the gap is read
         assert (SID, RESYNC, 0) not in events.seen  # nothing was in hand: no full read
+        # The new daemon's first line: the agent's gRPC connections ended with the old one.
+        assert await recv_line(agent) == control.RESTARTED_LINE == b"restarted 0\n"
         assert await new.send(SID, "inbound", 9)
         assert await recv_line(agent) == b"inbound 9\n"
         # The listener is the one the path names: a new connection reaches the new server.
