@@ -95,7 +95,10 @@ def check_json(text: str, name: str) -> None:
     numbers, lone surrogates (escaped as ``\\ud800``; the wire's UTF-8 cannot carry them)."""
     depth = 0
     in_string = escaped = False
-    for ch in text:  # a cheap depth scan before the recursive parser sees it
+    # A depth scan before the recursive parser sees it, unless there are too few brackets to
+    # nest that deep (str.count is C; the scan is a Python loop over every character).
+    shallow = text.count("[") + text.count("{") <= MAX_JSON_DEPTH
+    for ch in "" if shallow else text:
         if in_string:
             escaped = not escaped and ch == "\\"
             in_string = escaped or ch != '"'

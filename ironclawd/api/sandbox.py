@@ -34,7 +34,7 @@ from ironclawd.api.sandbox_gateway import GatewayServicer
 from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer, SessionSockets
 from ironclawd.api.sockets import remove_stale_socket
 from ironclawd.config import SocketsConfig
-from ironclawd.domain.model import Message, ToolCall, ToolDef
+from ironclawd.domain.model import Chunk, Message, ToolCall, ToolDef
 from ironclawd.ports import AuditSink, Clock
 from ironclawd.services.audit import Throttled
 from ironclawd.services.egress import EgressBroker
@@ -61,6 +61,9 @@ RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
 # idle), and the agent makes it again on a new connection (agent/metered.py).
 ANSWERED_KEY = "ironclaw-answered"
 ANSWERED = ((ANSWERED_KEY, "1"),)
+# The most text, in characters, one Complete event joins from the provider's chunks: an eighth
+# of the largest message (a character is at most 4 bytes in UTF-8), and 16 Ki at most.
+TEXT_BATCH_CHARS = 16 * 1024
 # egress.sock and mcp.sock only if granted (EgressBroker.has_grants, McpGateway.has_grants).
 SOCKETS = ("model", "gateway", "egress", "mcp")
 __all__ = ["SandboxApi", "SandboxPeer"]
@@ -207,8 +210,9 @@ class _PeerInterceptor(_Interceptor):
 
 
 class ModelServicer(model_pb2_grpc.ModelServiceServicer):
-    def __init__(self, proxy: ModelProxy) -> None:
+    def __init__(self, proxy: ModelProxy, max_message_bytes: int) -> None:
         self._proxy = proxy
+        self._batch = max(1, min(TEXT_BATCH_CHARS, max_message_bytes // 8))
 
     async def GetProfile(
         self, request: model_pb2.GetProfileRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -226,24 +230,54 @@ class ModelServicer(model_pb2_grpc.ModelServiceServicer):
     ) -> AsyncIterator[model_pb2.CompleteResponse]:
         messages = [_message_from_proto(m) for m in request.messages]
         tools = [ToolDef(t.name, t.description, t.parameters_json) for t in request.tools]
-        async for chunk in self._proxy.complete(
-            _PEER.get().sid, messages, tools, request.max_tokens
-        ):
-            if chunk.text:
-                yield model_pb2.CompleteResponse(text_delta=chunk.text)
-            elif chunk.tool_call is not None:
-                call = chunk.tool_call
-                yield model_pb2.CompleteResponse(
-                    tool_call=model_pb2.ToolCall(
-                        id=call.id, name=call.name, arguments_json=call.arguments_json
-                    )
-                )
-            elif chunk.usage is not None:
-                yield model_pb2.CompleteResponse(
-                    usage=model_pb2.Usage(input_tokens=chunk.usage[0], output_tokens=chunk.usage[1])
-                )
-            elif chunk.stop_reason:
-                yield model_pb2.CompleteResponse(stop_reason=chunk.stop_reason)
+        chunks = self._proxy.complete(_PEER.get().sid, messages, tools, request.max_tokens)
+        async for event in _events(chunks, self._batch):
+            yield event
+
+
+async def _events(
+    chunks: AsyncIterator[Chunk], batch: int
+) -> AsyncIterator[model_pb2.CompleteResponse]:
+    """The provider's chunks as the stream's events, consecutive text joined (up to ``batch``
+    characters) into one ``text_delta``: each event is a write of the daemon's and a read
+    through the sandbox's sentry, and the agent only ever joins the text (a provider streams it
+    a few characters at a time). Text is sent before any other event and at the end."""
+    text: list[str] = []
+    held = 0
+    async for chunk in chunks:
+        if chunk.text:
+            text.append(chunk.text)
+            held += len(chunk.text)
+            if held >= batch:
+                yield model_pb2.CompleteResponse(text_delta="".join(text))
+                text, held = [], 0
+            continue
+        event = _event(chunk)
+        if event is None:  # an empty chunk
+            continue
+        if text:
+            yield model_pb2.CompleteResponse(text_delta="".join(text))
+            text, held = [], 0
+        yield event
+    if text:
+        yield model_pb2.CompleteResponse(text_delta="".join(text))
+
+
+def _event(chunk: Chunk) -> model_pb2.CompleteResponse | None:
+    if chunk.tool_call is not None:
+        call = chunk.tool_call
+        return model_pb2.CompleteResponse(
+            tool_call=model_pb2.ToolCall(
+                id=call.id, name=call.name, arguments_json=call.arguments_json
+            )
+        )
+    if chunk.usage is not None:
+        return model_pb2.CompleteResponse(
+            usage=model_pb2.Usage(input_tokens=chunk.usage[0], output_tokens=chunk.usage[1])
+        )
+    if chunk.stop_reason:
+        return model_pb2.CompleteResponse(stop_reason=chunk.stop_reason)
+    return None
 
 
 _ROLES = {model_pb2.ROLE_USER: "user", model_pb2.ROLE_ASSISTANT: "assistant",
@@ -299,7 +333,9 @@ class SandboxApi:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        model_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(proxy), self._server)
+        model_pb2_grpc.add_ModelServiceServicer_to_server(
+            ModelServicer(proxy, limits.max_message_bytes), self._server
+        )
         self._broker = egress
         servicer = EgressServicer(
             egress, lambda: _PEER.get().sid, egress.timeout_seconds, limits.max_message_bytes

@@ -85,3 +85,21 @@ def test_check_json_either_passes_or_refuses(value: object) -> None:
     else:
         return
     assert refusal.startswith("payload_json: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        ("[" * 32 + "]" * 32, False),  # as deep as allowed: 32 brackets, no scan needed
+        ("[" * 33 + "]" * 33, True),
+        ("[" * 20 + "{" * 13 + "}" * 13 + "]" * 20, True),
+        ('{"a": "' + "[" * 40 + '"}', False),  # many brackets, all in a string: scanned, depth 1
+        ("[" * 16 + '"' + "[" * 40 + '"' + "]" * 16, False),
+    ],
+)
+def test_json_deeper_than_allowed_is_refused_before_parsing(text: str, refused: bool) -> None:
+    if refused:
+        with pytest.raises(InvalidArgument, match="JSON nested deeper than 32"):
+            check_json(text, "arguments_json")
+    else:
+        check_json(text, "arguments_json")
