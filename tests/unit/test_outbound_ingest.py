@@ -268,19 +268,41 @@ def test_the_agents_outbound_is_read_commit_by_commit(
 def test_a_write_during_the_copy_is_detected(outdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = outdir / "outbound.db"
     write_db(db, [(1, 1.0, "x")])
-    real_read = os.read
+    real_sendfile = os.sendfile
     writes: list[int] = []
 
-    def read_then_agent_writes(fd: int, n: int) -> bytes:
-        data = real_read(fd, n)
+    def copy_then_agent_writes(out: int, src: int, offset: int | None, count: int) -> int:
+        sent = real_sendfile(out, src, offset, count)
         if not writes:
             writes.append(1)
             write_db(db, [(2, 2.0, "y")])  # the agent commits mid-copy
-        return data
+        return sent
 
-    monkeypatch.setattr(os, "read", read_then_agent_writes)
+    monkeypatch.setattr(os, "sendfile", copy_then_agent_writes)
     rows = reader(outdir).read_after(0, 10, CAP)
     assert [row[0] for row in rows] == [1, 2]  # the torn copy was taken again
+
+
+def test_a_file_that_grows_past_the_cap_during_the_copy_is_refused(
+    outdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = outdir / "outbound.db"
+    write_db(db, [(1, 1.0, "x")])
+    cap = db.stat().st_size + 100  # within the cap when checked, over it once grown
+    real_sendfile = os.sendfile
+    copied: list[int] = []
+
+    def copy_then_agent_grows(out: int, src: int, offset: int | None, count: int) -> int:
+        copied.append(count)
+        if len(copied) == 1:
+            with db.open("ab") as grow:
+                grow.write(b"\0" * 4096)
+        return real_sendfile(out, src, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", copy_then_agent_grows)
+    with pytest.raises(HostError, match=f"over {cap} bytes"):
+        reader(outdir, max_bytes=cap).read_after(0, 10, CAP)
+    assert copied[0] == cap + 1  # never asked for more than one byte past the cap
 
 
 def test_a_symlinked_directory_is_refused(tmp_path: Path) -> None:
