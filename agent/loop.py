@@ -1,11 +1,12 @@
 """The agent's main loop: answer every inbound message once, in order, and announce each reply.
 
-Events come from the control socket: "inbound <seq>", and "restarted 0" when a new daemon took
-the connection back after a restart (the responder's channels are dropped); nothing polls. After
-``IDLE_SECONDS`` without a message, the responder rests (closes its gRPC channels, whose threads
-would otherwise keep waking an idle sandbox) until the next message. A restart resumes after the
-newest inbound seq already answered (recorded in outbound.db in the same transaction as the
-reply), so no message is answered twice or skipped.
+Events come from the control socket: "inbound <seq>"; "ingested <seq>" when the host holds
+every reply up to seq (they are pruned from outbound.db); and "restarted 0" when a new daemon
+took the connection back after a restart (the responder's channels are dropped). Nothing polls.
+After ``IDLE_SECONDS`` without a message, the responder rests (closes its gRPC channels, whose
+threads would otherwise keep waking an idle sandbox) until the next message. A restart resumes
+after the newest inbound seq already answered (recorded in outbound.db in the same transaction
+as the reply), so no message is answered twice or skipped.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import sqlcipher3
 
 from agent.model import ModelResponder
 from agent.queues import Inbound, Outbound, read_key
@@ -29,6 +33,9 @@ IDLE_SECONDS = 15.0
 # The host's first line on a control connection it restored after a restart
 # (ironclawd/api/control.py RESTARTED_LINE).
 RESTARTED = b"restarted"
+# "ingested <seq>": the host holds every reply up to seq; the agent may drop them from its file
+# (ironclawd/services/messaging.py, every ``[queues] prune_after_rows`` replies).
+INGESTED = b"ingested"
 
 Responder = Callable[[str], str]
 
@@ -53,6 +60,7 @@ class Agent:
         self.answered = self.outbound.last_answered()
         self._respond = respond or default_responder()
         self._awake = False
+        self._pruned = 0
 
     def hello(self) -> bytes:
         return f"hello {os.getpid()} {os.getuid()} {self.outbound.last_seq()}\n".encode("ascii")
@@ -95,19 +103,33 @@ class Agent:
                 return
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            announced = 0
+            announced = ingested = 0
             for line in lines:
                 words = line.split()
                 if len(words) != 2 or not words[1].isdigit():
                     continue
                 if words[0] == b"inbound":
                     announced = max(announced, int(words[1]))
+                elif words[0] == INGESTED:
+                    ingested = max(ingested, int(words[1]))
                 elif words[0] == RESTARTED:
                     # A new daemon took this connection back from systemd's fd store; the
                     # connections under the responder's channels (model, tools) ended.
                     self.rest(sock)
             if announced > self.answered:
                 self.catch_up(sock, announced)
+            if ingested > self._pruned:  # after answering: the messages come first
+                self.prune(ingested)
+
+    def prune(self, up_to: int) -> None:
+        """Drop the replies the host holds. A failure (the tmpfs full, say) costs nothing but
+        space: the rows stay, and the host's next announcement tries again."""
+        try:
+            self.outbound.prune(up_to)
+        except sqlcipher3.Error as exc:
+            print(f"agent: pruning outbound.db up to {up_to}: {exc}", file=sys.stderr, flush=True)
+            return
+        self._pruned = up_to
 
 
 def _receive_timeout(sock: socket.socket, seconds: float) -> None:

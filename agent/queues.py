@@ -20,6 +20,8 @@ OUTBOUND_SCHEMA = (
     "created_at REAL NOT NULL, body TEXT NOT NULL)"
 )
 QUEUE_VERSION = 1
+INCREMENTAL = 2  # PRAGMA auto_vacuum
+VACUUM_PAGES = 256  # pages given back per transaction when pruning (1 MiB)
 READ_ATTEMPTS = 200
 READ_BACKOFF = 0.002
 
@@ -133,11 +135,20 @@ class Outbound:
         # empty journal as "no commit under way" (ironclawd/store/outbound.py).
         self._db.execute("PRAGMA journal_mode = TRUNCATE")
         self._db.execute("PRAGMA synchronous = OFF")
+        # SQLCipher's default (ON) overwrites every page a delete frees, so pruning journaled
+        # the whole file: with a 20 MiB reply, 21.9 MB of journal beside a 21.9 MB file, past
+        # the tmpfs's 32 MiB. Off: 0.46 MB. What a freed page keeps is ciphertext under the key
+        # this process and the host hold anyway.
+        self._db.execute("PRAGMA secure_delete = OFF")
         if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            # Before the first table: pages that pruning frees can then be given back to the
+            # session's tmpfs (a file made by an older agent keeps them for its new rows).
+            self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
             self._db.executescript(
                 f"BEGIN IMMEDIATE; {OUTBOUND_SCHEMA}; PRAGMA user_version = {QUEUE_VERSION}; "
                 "COMMIT;"
             )
+        self._gives_back = self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL
 
     def last_seq(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()[0])
@@ -146,6 +157,20 @@ class Outbound:
         """The newest inbound seq already answered: where a restarted agent resumes."""
         row = self._db.execute("SELECT COALESCE(MAX(in_reply_to), 0) FROM messages").fetchone()
         return int(row[0])
+
+    def prune(self, up_to: int) -> None:
+        """Drop the rows the host says it has ingested (seq <= ``up_to``), all but the newest:
+        its seq and ``in_reply_to`` are where the next reply's seq and a restarted agent's
+        resumption come from. The file lives on the session's tmpfs, of a fixed size, and the
+        host copies all of it at each ingest, so it must not grow with the session's age."""
+        self._db.execute(
+            "DELETE FROM messages WHERE seq <= ? AND seq < (SELECT MAX(seq) FROM messages)",
+            (up_to,),
+        )
+        # A few pages per transaction, so that no journal is large: the tmpfs may be nearly
+        # full, which is when pruning matters most.
+        while self._gives_back and self._db.execute("PRAGMA freelist_count").fetchone()[0]:
+            self._db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
 
     def append(self, in_reply_to: int, body: str) -> int:
         cur = self._db.execute(

@@ -283,6 +283,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "read_timeout_seconds": _Key(
                 _float(0.1, 3600.0), "One read of a session's outbound queue (its lane only)."
             ),
+            "prune_after_rows": _Key(
+                _int(0, 2**31),
+                "Every this many ingested replies, the agent drops them from its outbound queue "
+                "(0: never).",
+            ),
         },
     ),
 }

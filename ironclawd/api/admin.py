@@ -202,6 +202,7 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
             ok=report.ok,
             first_bad_seq=report.first_bad_seq,
             problem=report.problem,
+            pruned=report.pruned,
         )
 
 

@@ -96,7 +96,11 @@ def cmd_verify(args: argparse.Namespace, stub: Stub) -> int:
     if args.json:
         print_json(report)
     elif report.ok:
-        print(f"session {render.visible(args.sid)}: {report.checked} ingested replies verified")
+        pruned = f" ({report.pruned} more dropped by the agent as told)" if report.pruned else ""
+        print(
+            f"session {render.visible(args.sid)}: {report.checked} ingested replies verified"
+            + pruned
+        )
     else:
         print(
             f"session {args.sid}: TAMPERING at reply {report.first_bad_seq}: {report.problem} "

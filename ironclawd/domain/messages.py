@@ -79,6 +79,7 @@ class QueueLimits:
     outbound_bytes: int = 64 * 1024 * 1024  # the outbound tmpfs's size (the box gets ENOSPC)
     outbound_files: int = 64  # the outbound tmpfs's inodes (files and directories)
     read_timeout_seconds: float = 30.0  # one read of the file; its session waits, none else
+    prune_after_rows: int = 256  # tell the agent to drop what was ingested this often (0: never)
 
 
 # Largest in_reply_to accepted: an inbound seq fits in a signed 64-bit SQLite integer, and the

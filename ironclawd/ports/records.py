@@ -39,6 +39,13 @@ class ReplyRecords(Protocol):
         ...
 
     def replies_after(self, sid: str, after: int, limit: int = 1000) -> list[Reply]: ...
+    def set_pruned(self, sid: str, seq: int) -> None:
+        """Record that the agent was told it may drop its rows up to ``seq`` (never lowered)."""
+        ...
+
+    def pruned(self, sid: str) -> int:
+        """Up to which seq the agent may have dropped its rows (0: none)."""
+        ...
 
 
 class SessionKeyRecords(Protocol):

@@ -73,6 +73,7 @@ class ChainReport:
     ok: bool
     first_bad_seq: int = 0
     problem: str = ""
+    pruned: int = 0  # ingested rows the agent dropped as told: not compared
 
 
 class MessageService:
@@ -106,6 +107,7 @@ class MessageService:
         self._restarts: dict[str, list[float]] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._full: set[str] = set()  # sessions whose replies the state DB refused (full)
+        self._pruned: dict[str, int] = {}  # the last "ingested <seq>" told to each agent
         self._limits = limits or QueueLimits()
         # Each session reads its agent's file in its own lane: one hostile session cannot hold
         # the threads every other session's sends and creates need.
@@ -192,6 +194,7 @@ class MessageService:
         if writer is not None:
             writer.close()
         self._tails.pop(sid, None)
+        self._pruned.pop(sid, None)
         self._forgotten += 1
         self._lanes.close(sid, then=lambda: self._drop_reader(sid))
         self._full.discard(sid)
@@ -202,8 +205,33 @@ class MessageService:
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
             await self.ingest(sid, value)
+            await self._offer_pruning(sid)
         elif event == RESYNC:
             await self.ingest(sid)
+
+    async def _offer_pruning(self, sid: str) -> None:
+        """Every ``prune_after_rows`` ingested replies, tell the agent "ingested <seq>": it may
+        drop its rows up to seq. Its outbound.db lives on a tmpfs of fixed size and is copied
+        whole at each ingest, so it must not grow with the session's age. The seq is recorded
+        first: ``verify`` takes a row missing at or below it for pruned, not deleted."""
+        every = self._limits.prune_after_rows
+        if every <= 0:
+            return
+        last = (await self._tail(sid)).last
+        told = self._pruned.get(sid)
+        if told is None:
+            told = await asyncio.to_thread(self.store.pruned, sid)
+        if last - told < every:
+            self._pruned[sid] = told
+            return
+        try:
+            await asyncio.to_thread(self.store.set_pruned, sid, last)
+        except IronclawError as exc:  # a full disk: offered again after the next reply
+            ratelog.warning(log, sid, "pruning not recorded",
+                            "session %s: not pruning its outbound queue: %s", sid, exc)  # fmt: skip
+            return
+        self._pruned[sid] = last
+        await self._control.send(sid, "ingested", last)
 
     async def ingest(self, sid: str, up_to: int | None = None) -> int:
         """Copy the agent's new outbound rows into the record; return how many. Never raises
@@ -365,28 +393,37 @@ class MessageService:
 
     async def verify(self, sid: str) -> ChainReport:
         """Re-read everything ingested from the agent's file and recompute the chain: a
-        rewrite, deletion or reorder of already-ingested rows is named by its first seq."""
+        rewrite, deletion or reorder of already-ingested rows is named by its first seq. A row
+        the agent was told it may drop ("ingested <seq>", ``_offer_pruning``) may be missing;
+        if it is there, it is compared like the rest."""
         self._sessions.get(sid)
         max_body = self._limits.max_reply_bytes
-        checked, after = 0, 0
+        pruned_to = await asyncio.to_thread(self.store.pruned, sid)
+        checked, pruned, after = 0, 0, 0
         while True:
             record = await asyncio.to_thread(self.store.replies_after, sid, after, 1000)
             if not record:
-                return ChainReport(checked, True)
+                return ChainReport(checked, True, pruned=pruned)
             try:
                 now = await self._lanes.run(
                     sid, self._read_range, sid, record[0].seq, record[-1].seq, max_body
                 )
             except (IronclawError, OSError) as exc:
-                return ChainReport(checked, False, record[0].seq, f"cannot read outbound: {exc}")
+                return ChainReport(checked, False, record[0].seq, f"cannot read outbound: {exc}",
+                                   pruned)  # fmt: skip
             # The same placeholders ingestion made, so refused rows compare equal.
             by_seq = {raw[0]: accept_row(*raw, max_body)[0] for raw in now}
             for reply in record:
                 row = by_seq.get(reply.seq)
+                if row is None and reply.seq <= pruned_to:
+                    pruned += 1
+                    continue
                 if row is None:
-                    return ChainReport(checked, False, reply.seq, "row deleted by the agent")
+                    return ChainReport(checked, False, reply.seq, "row deleted by the agent",
+                                       pruned)  # fmt: skip
                 if row[1:] != (reply.in_reply_to, reply.created_at, reply.body):
-                    return ChainReport(checked, False, reply.seq, "row rewritten by the agent")
+                    return ChainReport(checked, False, reply.seq, "row rewritten by the agent",
+                                       pruned)  # fmt: skip
                 checked += 1
             after = record[-1].seq
 

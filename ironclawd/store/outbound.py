@@ -354,6 +354,7 @@ def restore_outbound(
         try:
             conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
             conn.execute("PRAGMA journal_mode = DELETE")
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as the agent makes it
             conn.execute("BEGIN")
             conn.execute(OUTBOUND_SCHEMA)
             conn.execute("PRAGMA user_version = 1")

@@ -104,10 +104,13 @@ class SessionDataStore:
 
     def _restore(self, sid: str, key: bytes, uid: int, gid: int) -> None:
         """A new outbound tmpfs (a host reboot emptied the old one) for a session that has
-        replies: put them back, so its agent resumes where it was."""
-        if self._store.last_reply(sid)[0] == 0:
+        replies: put them back, so its agent resumes where it was. Not those its agent was told
+        it may drop ("ingested <seq>"), but always the newest: where it resumes."""
+        newest = self._store.last_reply(sid)[0]
+        if newest == 0:
             return
-        rows = ((r.seq, r.in_reply_to, r.created_at, r.body) for r in self._all_replies(sid))
+        after = min(self._store.pruned(sid), newest - 1)
+        rows = ((r.seq, r.in_reply_to, r.created_at, r.body) for r in self._all_replies(sid, after))
         try:
             count = restore_outbound(
                 self.outbound_dir(sid), key, (uid, gid), rows, self.layout.scratch_dir
@@ -118,8 +121,7 @@ class SessionDataStore:
         log.warning("session %s: outbound queue was lost; rebuilt %d rows from the record", sid,
                     count)  # fmt: skip
 
-    def _all_replies(self, sid: str) -> Iterator[Reply]:
-        after = 0
+    def _all_replies(self, sid: str, after: int) -> Iterator[Reply]:
         while batch := self._store.replies_after(sid, after, limit=1000):
             yield from batch
             after = batch[-1].seq

@@ -22,7 +22,7 @@ from ironclawd.domain.session import Session, State
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 from ironclawd.store.translate import translated
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _MIGRATIONS = {
     1: """
         CREATE TABLE sessions (
@@ -102,6 +102,10 @@ _MIGRATIONS = {
             text TEXT NOT NULL, mentioned INTEGER NOT NULL, received_at REAL NOT NULL,
             UNIQUE (channel, event_id)
         );
+    """,
+    # Up to which reply each session's agent was told it may drop its rows ("ingested <seq>").
+    5: """
+        CREATE TABLE outbound_pruned (sid TEXT PRIMARY KEY, seq INTEGER NOT NULL);
     """,
 }
 _CHANGE_COLUMNS = (
@@ -243,6 +247,7 @@ class StateStore:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM session_keys WHERE sid = ?", (sid,))
             self._db.execute("DELETE FROM replies WHERE sid = ?", (sid,))
+            self._db.execute("DELETE FROM outbound_pruned WHERE sid = ?", (sid,))
             self._db.execute("COMMIT")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
@@ -277,6 +282,21 @@ class StateStore:
                 (sid, after, limit),
             ).fetchall()
         return [Reply(int(a), int(b), float(c), str(d), bytes(e)) for a, b, c, d, e in rows]
+
+    def set_pruned(self, sid: str, seq: int) -> None:
+        with self._op(f"recording the pruned replies of session {sid}"):
+            self._db.execute(
+                "INSERT INTO outbound_pruned (sid, seq) VALUES (?, ?) ON CONFLICT (sid) "
+                "DO UPDATE SET seq = MAX(seq, excluded.seq)",
+                (sid, seq),
+            )
+
+    def pruned(self, sid: str) -> int:
+        with self._op(f"reading the pruned replies of session {sid}"):
+            row = self._db.execute(
+                "SELECT seq FROM outbound_pruned WHERE sid = ?", (sid,)
+            ).fetchone()
+        return int(row[0]) if row else 0
 
     # -- registry, changes, audit head ----------------------------------------------------
 

@@ -81,6 +81,15 @@ def test_replies_in_order_after_a_seq_with_limit(records: dict[str, Any]) -> Non
     assert store.replies_after("other", 0) == []
 
 
+def test_the_pruned_seq_only_grows_and_is_per_session(records: dict[str, Any]) -> None:
+    store = records["replies"]
+    assert store.pruned("s") == 0
+    store.set_pruned("s", 256)
+    store.set_pruned("s", 100)  # an older announcement never lowers it
+    store.set_pruned("other", 5)
+    assert (store.pruned("s"), store.pruned("other")) == (256, 5)
+
+
 def test_session_keys_are_forgotten_with_the_replies(records: dict[str, Any]) -> None:
     keys, replies = records["keys"], records["replies"]
     assert keys.wrapped_key("s") is None
@@ -88,9 +97,11 @@ def test_session_keys_are_forgotten_with_the_replies(records: dict[str, Any]) ->
     keys.put_wrapped_key("s", b"again")  # replaced
     assert keys.wrapped_key("s") == b"again"
     replies.add_replies("s", [Reply(1, 1, 1.0, "x", bytes(32))])
+    replies.set_pruned("s", 1)
     keys.destroy_session_data("s")
     assert keys.wrapped_key("s") is None
     assert replies.replies_after("s", 0) == []
+    assert replies.pruned("s") == 0
 
 
 def test_agents_are_replaced_by_name(records: dict[str, Any]) -> None:

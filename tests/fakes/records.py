@@ -64,6 +64,7 @@ class MemoryReplies:
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[int, Reply]] = {}
+        self.pruned_to: dict[str, int] = {}
 
     def add_replies(self, sid: str, replies: list[Reply]) -> None:
         table = self.rows.setdefault(sid, {})
@@ -81,6 +82,12 @@ class MemoryReplies:
     def replies_after(self, sid: str, after: int, limit: int = 1000) -> list[Reply]:
         table = self.rows.get(sid, {})
         return [table[s] for s in sorted(table) if s > after][:limit]
+
+    def set_pruned(self, sid: str, seq: int) -> None:
+        self.pruned_to[sid] = max(seq, self.pruned_to.get(sid, 0))
+
+    def pruned(self, sid: str) -> int:
+        return self.pruned_to.get(sid, 0)
 
 
 class MemorySessionKeys:
@@ -100,6 +107,7 @@ class MemorySessionKeys:
         self.keys.pop(sid, None)
         if self._replies is not None:
             self._replies.rows.pop(sid, None)
+            self._replies.pruned_to.pop(sid, None)
 
 
 class MemoryAgents:

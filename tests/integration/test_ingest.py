@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
+import sqlcipher3
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.store.outbound import strip_setid
@@ -337,7 +338,76 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     assert timed_exchange(box, "still answered") < SEND_DEADLINE
     proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"], timeout=300)
     assert proc.returncode == 0, out(proc)
-    assert int(json.loads(proc.stdout)["checked"]) == total + 1
+    report = json.loads(proc.stdout)
+    # The host told the agent it may drop what was ingested ([queues] prune_after_rows, 256):
+    # those rows are counted apart; every other one was compared.
+    assert int(report["checked"]) + int(report["pruned"]) == total + 1, report
+    assert int(report["pruned"]) > 0, report
+
+
+def test_the_agent_drops_ingested_replies_and_verify_still_catches_a_deletion(
+    daemon: SystemdHarness, boxes: Boxes, tmp_path: Path
+) -> None:
+    """Every 256 ingested replies (``[queues] prune_after_rows``) the host says "ingested
+    <seq>" and the agent deletes its rows up to it, all but the newest, and gives the pages back:
+    its file on the fixed-size tmpfs, which the host copies at each ingest, stays small however
+    long the session lives. ``session verify`` counts those rows apart; a row the host never
+    said it may drop is still "deleted by the agent"."""
+    box = boxes.create()
+    total = 300
+    first = box.send("m0")
+    for n in range(1, total):
+        box.send(f"m{n}")
+    got = box.wait_replies(total, after=first.replies_before, timeout=300)
+    assert [r.text for r in got] == [f"mock: m{n}" for n in range(total)]
+
+    def agent_rows() -> list[int]:
+        """The agent's rows, from a copy (a copy caught mid-commit, with its journal, reads as
+        no rows: asked again)."""
+        with (
+            host_copy(box.outbound_db, tmp_path) as copy,
+            contextlib.closing(open_db(copy, box.key())) as conn,
+        ):
+            try:
+                return [r[0] for r in conn.execute("SELECT seq FROM messages ORDER BY seq")]
+            except sqlcipher3.Error:
+                return [0]
+
+    deadline = time.monotonic() + 30
+    while (rows := agent_rows())[0] <= 256 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the agent prunes after answering what came with the announcement
+    # Told once, when at least 256 were ingested (ingestion may take several rows at a time).
+    told = rows[0] - 1
+    assert 256 <= told < total, rows[:5]
+    assert rows == list(range(told + 1, total + 1)), rows[:5]
+    proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"])
+    assert proc.returncode == 0, out(proc)
+    report = json.loads(proc.stdout)
+    assert (report["ok"], int(report["checked"]), int(report["pruned"])) == (
+        True, total - told, told,
+    )  # fmt: skip
+
+    # A host reboot empties the tmpfs: the rebuild writes back what was not pruned.
+    box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
+    proc = daemon.run(["umount", f"{QUEUES}/{box.sid}/outbound"])
+    assert proc.returncode == 0, out(proc)
+    box.stub.StartSession(admin_pb2.StartSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
+    assert agent_rows() == list(range(told + 1, total + 1))
+    proc = daemon.run(["ironctl", "session", "verify", box.sid])
+    assert proc.returncode == 0, out(proc)
+
+    # The agent deletes a row it was never told it may drop: named, as before.
+    key = box.key()  # the key file goes with the sandbox
+    box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
+    with (
+        host_copy(box.outbound_db, tmp_path, write_back=True) as copy,
+        contextlib.closing(open_db(copy, key, read_only=False)) as conn,
+    ):
+        conn.execute("DELETE FROM messages WHERE seq = ?", (total - 1,))
+    proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"])
+    assert proc.returncode == 1, out(proc)
+    report = json.loads(proc.stdout)
+    assert (report["first_bad_seq"], report["problem"]) == (total - 1, "row deleted by the agent")
 
 
 def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> None:

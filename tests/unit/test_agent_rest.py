@@ -19,7 +19,7 @@ import grpc
 import pytest
 import sqlcipher3
 
-from agent import egress, loop, mcp
+from agent import egress, loop, mcp, queues
 from agent.model import ModelResponder
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd.store.queues import INBOUND_SCHEMA
@@ -129,6 +129,87 @@ def test_a_restarted_host_makes_the_responder_drop_its_channels(
         ours.sendall(b"restarted x\nrestarted\n")  # not the host's line: ignored
         time.sleep(0.1)
         assert responder.rests == 2
+    finally:
+        ours.close()
+        serving.join(5)
+        theirs.close()
+    assert not serving.is_alive()
+
+
+def test_ingested_replies_are_pruned_after_the_messages_are_answered(
+    world: sqlcipher3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "ingested <seq>" from the host: the agent drops its rows up to seq (all but the newest)
+    once the messages that came with it are answered; a stale one changes nothing."""
+    monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)
+    responder = CountingResponder()
+    ours, theirs = socket.socketpair()
+    serving = threading.Thread(target=lambda: loop.Agent(responder).serve(theirs), daemon=True)
+    serving.start()
+
+    def outbound_seqs() -> list[int]:
+        db = sqlcipher3.connect(f"file:{loop.OUTBOUND_DB}?mode=ro", uri=True)
+        try:
+            db.execute(f"PRAGMA key = \"x'{loop.KEY_FILE.read_text().strip()}'\"")
+            return [r[0] for r in db.execute("SELECT seq FROM messages ORDER BY seq")]
+        finally:
+            db.close()
+
+    try:
+        assert _line(ours).startswith(b"hello ")
+        for n in (1, 2, 3):
+            world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, ?)", (f"m{n}",))
+        ours.sendall(b"inbound 3\n")
+        assert [_line(ours) for _ in range(3)] == [
+            b"outbound 1\n",
+            b"outbound 2\n",
+            b"outbound 3\n",
+        ]
+        world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'm4')")
+        ours.sendall(b"ingested 2\ninbound 4\n")
+        assert _line(ours) == b"outbound 4\n"
+        _wait_for(lambda: outbound_seqs() == [3, 4], "rows 1 and 2 pruned")
+        ours.sendall(b"ingested 1\ningested x\n")  # stale, and not the host's line
+        world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'm5')")
+        ours.sendall(b"inbound 5\n")
+        assert _line(ours) == b"outbound 5\n"
+        assert outbound_seqs() == [3, 4, 5]
+        ours.sendall(b"ingested 5\n")
+        _wait_for(lambda: outbound_seqs() == [5], "all but the newest pruned")
+    finally:
+        ours.close()
+        serving.join(5)
+        theirs.close()
+    assert not serving.is_alive()
+
+
+def test_a_failed_prune_costs_only_space(
+    world: sqlcipher3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tmpfs full, say: the agent keeps answering, and tries again at the next
+    announcement."""
+    monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)
+    asked: list[int] = []
+
+    def full(self: object, up_to: int) -> None:
+        asked.append(up_to)
+        raise sqlcipher3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(queues.Outbound, "prune", full)
+    ours, theirs = socket.socketpair()
+    serving = threading.Thread(
+        target=lambda: loop.Agent(CountingResponder()).serve(theirs), daemon=True
+    )
+    serving.start()
+    try:
+        assert _line(ours).startswith(b"hello ")
+        world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'm1')")
+        ours.sendall(b"inbound 1\ningested 1\n")
+        assert _line(ours) == b"outbound 1\n"
+        world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'm2')")
+        ours.sendall(b"ingested 1\ninbound 2\n")
+        assert _line(ours) == b"outbound 2\n"
+        _wait_for(lambda: asked == [1, 1], "the prune tried again")
     finally:
         ours.close()
         serving.join(5)

@@ -38,7 +38,7 @@ SHAPES: dict[str, set[str]] = {
     "session list": {"sessions"},
     "session rm": {"removed"},
     "session logs": {"timestamp", "message", "source"},
-    "session verify": {"checked", "ok", "first_bad_seq", "problem"},
+    "session verify": {"checked", "ok", "first_bad_seq", "problem", "pruned"},
     "send": {"seq", "reply"},
     "change submit": CHANGE, "change show": CHANGE, "change diff": CHANGE,
     "change approve": CHANGE, "change reject": CHANGE, "agent create": CHANGE,

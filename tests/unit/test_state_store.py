@@ -7,6 +7,7 @@ import sqlcipher3
 
 from ironclawd.domain.session import Session, State, transition
 from ironclawd.errors import AlreadyExists, HostError, NotFound
+from ironclawd.store import state
 from ironclawd.store.state import StateStore
 
 KEY = bytes(range(32))
@@ -51,3 +52,23 @@ def test_refuses_a_newer_schema(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(HostError, match="newer than this ironclawd"):
         StateStore(path, KEY)
+
+
+def test_a_schema_4_database_is_migrated_keeping_its_data(tmp_path: Path) -> None:
+    """A state DB from before the pruned seq (schema 4) gains its table; what it held stays."""
+    path = tmp_path / "state.db"
+    db = sqlcipher3.connect(str(path), isolation_level=None)
+    db.execute(f"PRAGMA key = \"x'{KEY.hex()}'\"")
+    for step in range(1, 5):
+        db.executescript(f"BEGIN; {state._MIGRATIONS[step]}; PRAGMA user_version = {step}; COMMIT;")
+    db.execute(
+        "INSERT INTO sessions (sid, agent, state, created_at, updated_at, last_active_at) "
+        "VALUES ('abcd1234', 'demo', 'running', 1.0, 1.0, 1.0)"
+    )
+    db.close()
+    store = StateStore(path, KEY)
+    assert store.get("abcd1234").state is State.RUNNING
+    assert store.pruned("abcd1234") == 0
+    store.set_pruned("abcd1234", 256)
+    store.close()
+    assert StateStore(path, KEY).pruned("abcd1234") == 256

@@ -46,6 +46,8 @@ CALLS: dict[str, Callable[[StateStore], Any]] = {
     "add_replies": lambda s: s.add_replies("abcd1234", [REPLY]),
     "last_reply": lambda s: s.last_reply("abcd1234"),
     "replies_after": lambda s: s.replies_after("abcd1234", 0),
+    "set_pruned": lambda s: s.set_pruned("abcd1234", 1),
+    "pruned": lambda s: s.pruned("abcd1234"),
     "put_agent": lambda s: s.put_agent("demo", "{}", 1.0),
     "agents": lambda s: s.agents(),
     "insert_change": lambda s: s.insert_change(CHANGE),

@@ -820,10 +820,15 @@ class VerifySessionResponse(_message.Message):
     OK_FIELD_NUMBER: _builtins.int
     FIRST_BAD_SEQ_FIELD_NUMBER: _builtins.int
     PROBLEM_FIELD_NUMBER: _builtins.int
+    PRUNED_FIELD_NUMBER: _builtins.int
     checked: _builtins.int
     ok: _builtins.bool
     first_bad_seq: _builtins.int
     problem: _builtins.str
+    pruned: _builtins.int
+    """Ingested replies no longer in the agent's file because the host told it it may drop them
+    ("ingested <seq>", [queues] prune_after_rows): not compared, not counted in checked.
+    """
     def __init__(
         self,
         *,
@@ -831,10 +836,11 @@ class VerifySessionResponse(_message.Message):
         ok: _builtins.bool = ...,
         first_bad_seq: _builtins.int = ...,
         problem: _builtins.str = ...,
+        pruned: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "first_bad_seq", b"first_bad_seq", "ok", b"ok", "problem", b"problem"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked", b"checked", "first_bad_seq", b"first_bad_seq", "ok", b"ok", "problem", b"problem", "pruned", b"pruned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

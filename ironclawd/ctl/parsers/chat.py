@@ -32,7 +32,8 @@ def register(sub: Any, session_verbs: Any) -> None:
     verify = add_command(
         session_verbs,
         "verify",
-        "check that the agent has not rewritten replies the host already ingested",
+        "check that the agent has not rewritten or deleted replies the host already ingested "
+        "(those it was told it may drop are counted apart)",
         "ironctl session verify SID",
         "chat:cmd_verify",
     )
