@@ -51,7 +51,10 @@ class ReplyRecords(Protocol):
 class SessionKeyRecords(Protocol):
     """Each session's data key, wrapped by the master key."""
 
-    def put_wrapped_key(self, sid: str, wrapped: bytes) -> None: ...
+    def put_wrapped_key(self, sid: str, wrapped: bytes) -> None:
+        """Only for a new session: its pruned seq (ReplyRecords.pruned) starts again at 0."""
+        ...
+
     def wrapped_key(self, sid: str) -> bytes | None: ...
     def destroy_session_data(self, sid: str) -> None:
         """Forget the session's key and its ingested replies."""

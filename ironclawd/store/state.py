@@ -229,10 +229,21 @@ class StateStore:
     # -- session keys (wrapped) and ingested replies ------------------------------------
 
     def put_wrapped_key(self, sid: str, wrapped: bytes) -> None:
+        """A key is put only for a new session: nothing of its outbound queue is pruned yet
+        (a pruned seq left by a removed session of the same id must not carry over)."""
         with self._op(f"storing the key of session {sid}"):
-            self._db.execute(
-                "INSERT OR REPLACE INTO session_keys (sid, wrapped) VALUES (?, ?)", (sid, wrapped)
-            )
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO session_keys (sid, wrapped) VALUES (?, ?)",
+                    (sid, wrapped),
+                )
+                self._db.execute("DELETE FROM outbound_pruned WHERE sid = ?", (sid,))
+            except BaseException:
+                if self._db.in_transaction:  # a full disk rolled it back already
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def wrapped_key(self, sid: str) -> bytes | None:
         with self._op(f"reading the key of session {sid}"):

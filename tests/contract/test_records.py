@@ -102,6 +102,10 @@ def test_session_keys_are_forgotten_with_the_replies(records: dict[str, Any]) ->
     assert keys.wrapped_key("s") is None
     assert replies.replies_after("s", 0) == []
     assert replies.pruned("s") == 0
+    # A late record for the removed session does not carry over to a new one of the same id.
+    replies.set_pruned("s", 7)
+    keys.put_wrapped_key("s", b"new session")
+    assert replies.pruned("s") == 0
 
 
 def test_agents_are_replaced_by_name(records: dict[str, Any]) -> None:

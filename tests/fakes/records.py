@@ -99,6 +99,8 @@ class MemorySessionKeys:
 
     def put_wrapped_key(self, sid: str, wrapped: bytes) -> None:
         self.keys[sid] = wrapped
+        if self._replies is not None:
+            self._replies.pruned_to.pop(sid, None)
 
     def wrapped_key(self, sid: str) -> bytes | None:
         return self.keys.get(sid)

@@ -790,7 +790,10 @@ def _stress(box: Box, count: int, kills: int, seed: int) -> None:
     _check_exactly_once(run)
     clean = box.sysd.run(["ironctl", "session", "verify", box.sid, "--json"], timeout=300)
     assert clean.returncode == 0, out(clean)
-    assert int(json.loads(clean.stdout)["checked"]) == count
+    report = json.loads(clean.stdout)
+    # The agent dropped what the host told it it holds (every 256 replies): counted apart.
+    assert int(report["checked"]) + int(report["pruned"]) == count, report
+    assert int(report["checked"]) < 2 * 256, report
 
 
 def test_ten_thousand_messages_with_concurrent_reading(boxes: Boxes) -> None:
