@@ -793,7 +793,8 @@ def _stress(box: Box, count: int, kills: int, seed: int) -> None:
     report = json.loads(clean.stdout)
     # The agent dropped what the host told it it holds (every 256 replies): counted apart.
     assert int(report["checked"]) + int(report["pruned"]) == count, report
-    assert int(report["checked"]) < 2 * 256, report
+    # Not exact: an agent killed around an announcement prunes at the next one.
+    assert int(report["pruned"]) > count // 2, report
 
 
 def test_ten_thousand_messages_with_concurrent_reading(boxes: Boxes) -> None:
