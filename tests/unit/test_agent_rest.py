@@ -6,6 +6,7 @@ socket; the model's channel against a real gRPC server on a Unix socket."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import threading
@@ -71,8 +72,10 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     host.close()
 
 
-def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Connection) -> None:
-    responder = CountingResponder()
+@contextlib.contextmanager
+def _agent(responder: loop.Responder) -> Iterator[socket.socket]:
+    """The agent's loop on a thread, serving one end of a socket pair; the host's end, after
+    the hello, is yielded. The loop must end when that end closes, and without an error."""
     ours, theirs = socket.socketpair()
     failed: list[BaseException] = []
 
@@ -81,12 +84,23 @@ def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Conne
             loop.Agent(responder).serve(theirs)
         except BaseException as exc:
             failed.append(exc)
-            theirs.close()
 
     serving = threading.Thread(target=run, daemon=True)
     serving.start()
     try:
         assert _line(ours).startswith(b"hello ")
+        yield ours
+    finally:
+        ours.close()
+        serving.join(5)
+        theirs.close()
+    assert not serving.is_alive()
+    assert not failed
+
+
+def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Connection) -> None:
+    responder = CountingResponder()
+    with _agent(responder) as ours:
         # A new connection drops what the responder kept open for the previous host.
         assert responder.rests == 1
         time.sleep(0.5)
@@ -99,12 +113,6 @@ def test_the_responder_rests_once_idle_and_answers_again(world: sqlcipher3.Conne
             time.sleep(0.5)
             assert responder.rests == n + 1  # once per quiet spell, not every IDLE_SECONDS
         assert responder.asked == ["one", "two"]
-    finally:
-        ours.close()
-        serving.join(5)
-        theirs.close()
-    assert not serving.is_alive()
-    assert not failed
 
 
 def test_a_restarted_host_makes_the_responder_drop_its_channels(
@@ -115,11 +123,7 @@ def test_a_restarted_host_makes_the_responder_drop_its_channels(
     agent's gRPC client would find that out only by failing a call on each."""
     monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)  # no rest for being idle in this test
     responder = CountingResponder()
-    ours, theirs = socket.socketpair()
-    serving = threading.Thread(target=lambda: loop.Agent(responder).serve(theirs), daemon=True)
-    serving.start()
-    try:
-        assert _line(ours).startswith(b"hello ")
+    with _agent(responder) as ours:
         assert responder.rests == 1  # the connection's own
         world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'one')")
         ours.sendall(b"restarted 0\ninbound 1\n")
@@ -129,11 +133,6 @@ def test_a_restarted_host_makes_the_responder_drop_its_channels(
         ours.sendall(b"restarted x\nrestarted\n")  # not the host's line: ignored
         time.sleep(0.1)
         assert responder.rests == 2
-    finally:
-        ours.close()
-        serving.join(5)
-        theirs.close()
-    assert not serving.is_alive()
 
 
 def test_ingested_replies_are_pruned_after_the_messages_are_answered(
@@ -142,10 +141,6 @@ def test_ingested_replies_are_pruned_after_the_messages_are_answered(
     """ "ingested <seq>" from the host: the agent drops its rows up to seq (all but the newest)
     once the messages that came with it are answered; a stale one changes nothing."""
     monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)
-    responder = CountingResponder()
-    ours, theirs = socket.socketpair()
-    serving = threading.Thread(target=lambda: loop.Agent(responder).serve(theirs), daemon=True)
-    serving.start()
 
     def outbound_seqs() -> list[int]:
         db = sqlcipher3.connect(f"file:{loop.OUTBOUND_DB}?mode=ro", uri=True)
@@ -155,8 +150,7 @@ def test_ingested_replies_are_pruned_after_the_messages_are_answered(
         finally:
             db.close()
 
-    try:
-        assert _line(ours).startswith(b"hello ")
+    with _agent(CountingResponder()) as ours:
         for n in (1, 2, 3):
             world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, ?)", (f"m{n}",))
         ours.sendall(b"inbound 3\n")
@@ -176,11 +170,6 @@ def test_ingested_replies_are_pruned_after_the_messages_are_answered(
         assert outbound_seqs() == [3, 4, 5]
         ours.sendall(b"ingested 5\n")
         _wait_for(lambda: outbound_seqs() == [5], "all but the newest pruned")
-    finally:
-        ours.close()
-        serving.join(5)
-        theirs.close()
-    assert not serving.is_alive()
 
 
 def test_a_failed_prune_costs_only_space(
@@ -196,13 +185,7 @@ def test_a_failed_prune_costs_only_space(
         raise sqlcipher3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(queues.Outbound, "prune", full)
-    ours, theirs = socket.socketpair()
-    serving = threading.Thread(
-        target=lambda: loop.Agent(CountingResponder()).serve(theirs), daemon=True
-    )
-    serving.start()
-    try:
-        assert _line(ours).startswith(b"hello ")
+    with _agent(CountingResponder()) as ours:
         world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'm1')")
         ours.sendall(b"inbound 1\ningested 1\n")
         assert _line(ours) == b"outbound 1\n"
@@ -210,11 +193,6 @@ def test_a_failed_prune_costs_only_space(
         ours.sendall(b"ingested 1\ninbound 2\n")
         assert _line(ours) == b"outbound 2\n"
         _wait_for(lambda: asked == [1, 1], "the prune tried again")
-    finally:
-        ours.close()
-        serving.join(5)
-        theirs.close()
-    assert not serving.is_alive()
 
 
 class Model(model_pb2_grpc.ModelServiceServicer):
