@@ -281,7 +281,8 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
     assert all(r["sid"] == hostile.sid for r in refused)
 
 
-def audit_events(box: Box, event: str) -> list[dict[str, Any]]:
+def audit_log(box: Box) -> list[dict[str, Any]]:
+    """Every record of the audit log, in its order."""
     records: list[dict[str, Any]] = []
     after = 0
     while True:
@@ -289,11 +290,12 @@ def audit_events(box: Box, event: str) -> list[dict[str, Any]]:
                                   timeout=60).records  # fmt: skip
         if not page:
             return records
-        for line in page:
-            record = json.loads(line)
-            after = int(record["seq"])
-            if record.get("event") == event and record.get("sid") == box.sid:
-                records.append(record)
+        records.extend(json.loads(line) for line in page)
+        after = int(records[-1]["seq"])
+
+
+def audit_events(box: Box, event: str) -> list[dict[str, Any]]:
+    return [r for r in audit_log(box) if r.get("event") == event and r.get("sid") == box.sid]
 
 
 def test_hostile_rows_are_quarantined_and_later_rows_flow(
@@ -329,10 +331,13 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     assert texts[5] == f"[ironclawd refused reply 7: body is not text of at most {MAX_REPLY} bytes]"
     assert texts[6:9] == ["bulk 0", "bulk 1", "bulk 2"]
     assert texts[-1] == "good after all that"
-    refused = audit_events(box, "reply.refused")
+    log = audit_log(box)
+    refused = [r for r in log if r.get("event") == "reply.refused" and r.get("sid") == box.sid]
     assert [r["reply_seq"] for r in refused] == [2, 3, 4, 5, 6, 7], refused
-    # A record's own fields never renumber the chain (a payload field once named ``seq`` did).
-    assert all(int(r["seq"]) > 7 for r in refused), refused
+    # A record's own fields never renumber the chain (a payload field once named ``seq`` did):
+    # the log's seqs run on by one in its order, whatever ran before this test.
+    seqs = [int(r["seq"]) for r in log]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
     verified = daemon.run(["ironctl", "audit", "verify"])
     assert verified.returncode == 0, out(verified)
     assert timed_exchange(box, "still answered") < SEND_DEADLINE
