@@ -8,6 +8,15 @@ import sys
 
 from systemd.journal import JournalHandler
 
+# Libraries whose INFO lines repeat what the daemon records itself, with more than it records.
+# httpx and httpx2 log each request their clients make as "HTTP Request: POST <url> ...": a
+# second journal line for every model call (the model proxy logs its own, without the URL), and
+# a remote MCP server's whole URL, query included. The mcp SDK logs a remote server's session id.
+# (The egress broker and webhook delivery use httpx's transport alone, which logs nothing.) The
+# journal is readable by the adm and systemd-journal groups, not only by root. Held at WARNING
+# whatever the daemon's level.
+QUIET_LIBRARIES = ("httpx", "httpx2", "httpcore", "httpcore2", "mcp")
+
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -28,6 +37,8 @@ def setup_logging(level: str) -> None:
     else:
         handler.setFormatter(logging.Formatter("ironclawd: %(levelname)s %(message)s"))
     root.addHandler(handler)
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
     set_level(level)
 
 

@@ -291,6 +291,28 @@ def test_allowed_request_reaches_the_test_server_and_the_reply_returns(
         assert decision[key], key
 
 
+def test_the_journal_never_holds_a_requests_query(world: World, session: str) -> None:
+    """The broker records the path, never the query (queries carry tokens), and no library it
+    uses may log the whole URL: httpx logs every request at INFO as "HTTP Request: GET
+    https://host/path?query", and the journal is readable by the adm and systemd-journal
+    groups, not only by root."""
+    token = secrets.token_hex(12)
+    reply = world.fetch(session, {"url": f"https://api.egress.test/v1/hello?token={token}"})
+    assert "HTTP 200 OK" in reply, reply
+    assert f"hello from https /v1/hello?token={token}" in reply, reply  # it did go upstream
+
+    def journal() -> str:
+        proc = world.sysd.run(["journalctl", "-u", "ironclawd", "-o", "json", "--no-pager", "-q"])
+        return str(proc.stdout.decode(errors="replace"))
+
+    # The broker's own line for the request is logged after the answer, so once it is in the
+    # journal, so is anything logged while the request was made.
+    text = wait_for("the session's egress line in the journal", journal,
+                    lambda t: f"egress session {session}: allowed GET api.egress.test" in t,
+                    20)  # fmt: skip
+    assert token not in text
+
+
 # Everything the agent could learn the credentials from: the values, Basic's user:password and
 # the password alone. Replies and audit records are searched for them with one helper.
 SECRETS = [*CREDENTIALS.values(), f"alice:{PASSWORD}", PASSWORD]

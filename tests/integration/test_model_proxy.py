@@ -758,6 +758,11 @@ def test_every_model_call_is_audited_without_content_or_key(env: Env) -> None:
     assert secret_words not in dump
     assert env.keys["anthropic"] not in dump
     assert "list_files" not in dump
+    # One journal line per call, the daemon's own: not also httpx's "HTTP Request: POST <url>"
+    # for every upstream request (a second journald write per call, naming the URL).
+    libraries = [e.get("MESSAGE") for e in journal_json(sysd, mark)
+                 if e.get("LOGGER", "").split(".")[0] in {"httpx", "httpcore", "mcp"}]  # fmt: skip
+    assert libraries == [], libraries
 
     # A refused call is audited too.
     limited = env.create("limited")
