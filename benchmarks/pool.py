@@ -5,8 +5,10 @@ Run inside a systemd with ironclawd installed (``make bench`` does). Two agents 
 model, limits out of the way): ``bench-pool`` gets a warm pool (``[pool] size = 2``,
 ``agents = ["bench-pool"]``), ``bench-cold`` none, so both ways run against the same daemon in
 the same rounds. Engage = ``ironctl session create --agent A --json`` then ``ironctl send SID
-TEXT`` until it prints the reply (two processes, as a person or script does), and the same over
-gRPC (CreateSession, then SendMessage until the reply arrives on WatchReplies). Before a pooled
+TEXT`` until it prints the reply (two processes, as a person or script does); the same in one
+process, ``ironctl chat --agent A`` with the message on standard input (it starts the session,
+prints the reply and ends at the end of its input); and the same over gRPC (CreateSession, then
+SendMessage until the reply arrives on WatchReplies). Before a pooled
 round the benchmark waits (untimed) until the pool holds a ready sandbox: the figure is a claim,
 not a pool that ran dry. Sessions are removed after each round (untimed).
 
@@ -51,6 +53,17 @@ def ctl(*args: str) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"bench: ironctl {' '.join(args)}: {proc.stderr.strip()[-300:]}")
     return proc.stdout
+
+
+def chat(agent: str) -> str:
+    """``ironctl chat --agent A`` with one message on standard input, to its end (the reply
+    printed); the id of the session it started (its standard error names it)."""
+    proc = subprocess.run(["ironctl", "chat", "--agent", agent], input="hello\n",
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    started = re.search(r"started session ([a-z0-9]+) of agent", proc.stderr)
+    if proc.returncode != 0 or not proc.stdout.strip() or started is None:
+        raise SystemExit(f"bench: ironctl chat --agent {agent}: {proc.stderr.strip()[-300:]}")
+    return started.group(1)
 
 
 def ready_pooled(stub: admin_pb2_grpc.AdminServiceStub, agent: str) -> int:
@@ -99,6 +112,21 @@ def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
 
         return run
 
+    def by_chat(agent: str) -> Way:
+        def run(_r: int) -> dict[str, float]:
+            if agent == POOLED:
+                wait_ready(stub, agent)
+            holder: dict[str, str] = {}
+
+            def engage() -> None:
+                holder["sid"] = chat(agent)
+
+            took = timed(engage)
+            ctl("session", "rm", "--force", holder["sid"])
+            return {f"chat {agent}": took}
+
+        return run
+
     def by_grpc(agent: str) -> Way:
         def run(_r: int) -> dict[str, float]:
             if agent == POOLED:
@@ -125,6 +153,8 @@ def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
     return {
         "ctl pooled": by_ctl(POOLED),
         "ctl cold": by_ctl(COLD),
+        "chat pooled": by_chat(POOLED),
+        "chat cold": by_chat(COLD),
         "grpc pooled": by_grpc(POOLED),
         "grpc cold": by_grpc(COLD),
     }
@@ -138,6 +168,12 @@ def figures(s: dict[str, list[float]]) -> list[dict[str, Any]]:
             s[f"ctl {POOLED}"],
             cold,
             s[f"ctl {COLD}"],
+        ),
+        ms_figure(
+            "pooled engage in one command: ironctl chat --agent A, first reply",
+            s[f"chat {POOLED}"],
+            cold,
+            s[f"chat {COLD}"],
         ),
         ms_figure(
             "pooled ironctl session create alone",
