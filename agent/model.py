@@ -133,7 +133,10 @@ class ModelResponder:
     def _complete(
         self, messages: list[model_pb2.Message], profile: model_pb2.GetProfileResponse
     ) -> tuple[str, list[model_pb2.ToolCall]]:
-        request = model_pb2.CompleteRequest(messages=messages, tools=profile.tools)
+        # Only text and tool calls are read below: the host sends nothing else.
+        request = model_pb2.CompleteRequest(
+            messages=messages, tools=profile.tools, text_and_tool_calls_only=True
+        )
         # A refusal for the call rate comes before any event: the retry starts afresh.
         return call_metered(lambda: self._stream(request))
 

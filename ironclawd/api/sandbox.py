@@ -231,20 +231,25 @@ class ModelServicer(model_pb2_grpc.ModelServiceServicer):
         messages = [_message_from_proto(m) for m in request.messages]
         tools = [ToolDef(t.name, t.description, t.parameters_json) for t in request.tools]
         chunks = self._proxy.complete(_PEER.get().sid, messages, tools, request.max_tokens)
-        async for event in _events(chunks, self._batch):
+        only = request.text_and_tool_calls_only
+        async for event in _events(chunks, self._batch, text_and_tool_calls_only=only):
             yield event
 
 
 async def _events(
-    chunks: AsyncIterator[Chunk], batch: int
+    chunks: AsyncIterator[Chunk], batch: int, *, text_and_tool_calls_only: bool = False
 ) -> AsyncIterator[model_pb2.CompleteResponse]:
     """The provider's chunks as the stream's events, consecutive text joined (up to ``batch``
     characters) into one ``text_delta``: each event is a write of the daemon's and a read
     through the sandbox's sentry, and the agent only ever joins the text (a provider streams it
-    a few characters at a time). Text is sent before any other event and at the end."""
+    a few characters at a time). Text is sent before any other event and at the end. With
+    ``text_and_tool_calls_only`` (the caller asked), usage and stop reasons are not sent at all:
+    a plain answer is then one event."""
     text: list[str] = []
     held = 0
     async for chunk in chunks:
+        if text_and_tool_calls_only and not chunk.text and chunk.tool_call is None:
+            continue
         if chunk.text:
             text.append(chunk.text)
             held += len(chunk.text)

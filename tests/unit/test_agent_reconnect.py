@@ -34,6 +34,7 @@ class _Model(model_pb2_grpc.ModelServiceServicer):
     def __init__(self, failures: int = 0, answered: bool = True) -> None:
         self.failures, self.answered = failures, answered
         self.completes = 0
+        self.only_text_and_calls: list[bool] = []  # each Complete's request flag
 
     def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
         context.set_trailing_metadata(ANSWERED)
@@ -41,6 +42,7 @@ class _Model(model_pb2_grpc.ModelServiceServicer):
 
     def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
         self.completes += 1
+        self.only_text_and_calls.append(request.text_and_tool_calls_only)
         if self.failures > 0:
             self.failures -= 1
             if self.answered:
@@ -98,3 +100,14 @@ def test_a_host_that_stays_away_is_reported_at_the_grace_deadline(
     monkeypatch.setattr(model, "HOST_RESTART_GRACE", 0.5)
     reply = ModelResponder(str(tmp_path / "nobody.sock"))("hi")
     assert reply.startswith("[the model is unavailable (unavailable): "), reply
+
+
+def test_the_agent_asks_for_text_and_tool_calls_only(
+    served: tuple[Path, _Model, list[grpc.Server]],
+) -> None:
+    """It reads nothing else, so the host sends no usage or stop-reason events (one event for a
+    plain answer instead of three: each is a read through the sandbox's sentry)."""
+    path, servicer, servers = served
+    servers.append(_serve(path, servicer, []))
+    assert ModelResponder(str(path))("hi") == "mock: hi"
+    assert servicer.only_text_and_calls == [True]

@@ -18,9 +18,10 @@ async def _chunks(*chunks: Chunk) -> AsyncIterator[Chunk]:
         yield chunk
 
 
-def _events(batch: int, *chunks: Chunk) -> list[tuple[str, object]]:
+def _events(batch: int, *chunks: Chunk, only: bool = False) -> list[tuple[str, object]]:
     async def collect() -> list[model_pb2.CompleteResponse]:
-        return [event async for event in sandbox._events(_chunks(*chunks), batch)]
+        events = sandbox._events(_chunks(*chunks), batch, text_and_tool_calls_only=only)
+        return [event async for event in events]
 
     out: list[tuple[str, object]] = []
     for event in asyncio.run(collect()):
@@ -45,6 +46,28 @@ def test_text_is_joined_up_to_the_next_other_event() -> None:
         ("usage", "Usage"),
         ("stop_reason", "end_turn"),
     ]
+
+
+def test_a_caller_that_reads_only_text_and_tool_calls_gets_nothing_else() -> None:
+    """What the agent asks for (agent/model.py): a plain answer is then one event, and the
+    usage and stop reason between two texts no longer split them."""
+    call = ToolCall("c1", "list_files", "{}")
+    chunks = [
+        Chunk(text="mock:"), Chunk(usage=(1, 2)), Chunk(text=" hello"), Chunk(tool_call=call),
+        Chunk(text="after"), Chunk(stop_reason="tool_use"), Chunk(usage=(3, 4)),
+    ]  # fmt: skip
+    assert _events(100, *chunks, only=True) == [
+        ("text_delta", "mock: hello"),
+        ("tool_call", "ToolCall"),
+        ("text_delta", "after"),
+    ]
+    plain = [Chunk(text="an"), Chunk(text=" answer"), Chunk(stop_reason="end_turn"),
+             Chunk(usage=(5, 6))]  # fmt: skip
+    assert _events(100, *plain, only=True) == [("text_delta", "an answer")]
+    # Without the request's flag, both are sent as before.
+    assert _events(100, *plain) == [
+        ("text_delta", "an answer"), ("stop_reason", "end_turn"), ("usage", "Usage"),
+    ]  # fmt: skip
 
 
 def test_text_at_the_end_of_the_stream_is_sent() -> None:

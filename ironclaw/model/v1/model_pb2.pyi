@@ -180,7 +180,13 @@ class CompleteRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    TEXT_AND_TOOL_CALLS_ONLY_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
+    text_and_tool_calls_only: _builtins.bool
+    """The caller reads only text and tool calls: the host sends no usage and no stop-reason
+    events (each event is a write, a relay and a read through the sandbox's kernel). The host
+    still records the call's usage.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
         """The conversation; the system prompt is the agent's persona, set by the host."""
@@ -195,10 +201,11 @@ class CompleteRequest(_message.Message):
         messages: _abc.Iterable[Global___Message] | None = ...,
         tools: _abc.Iterable[Global___ToolDefinition] | None = ...,
         max_tokens: _builtins.int = ...,
+        text_and_tool_calls_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_tokens", b"max_tokens", "messages", b"messages", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_tokens", b"max_tokens", "messages", b"messages", "text_and_tool_calls_only", b"text_and_tool_calls_only", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
