@@ -75,7 +75,8 @@ class _StubModel(model_pb2_grpc.ModelServiceServicer):
 
     def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
         yield model_pb2.CompleteResponse(text_delta=f"mock: {request.messages[-1].text}")
-        yield model_pb2.CompleteResponse(stop_reason="end_turn")
+        if not request.text_and_tool_calls_only:  # as the daemon's proxy does: what was asked
+            yield model_pb2.CompleteResponse(stop_reason="end_turn")
 
 
 def _read_settled(reader: OutboundReader, after: int) -> list[Any]:
