@@ -294,8 +294,12 @@ def audit_log(box: Box) -> list[dict[str, Any]]:
         after = int(records[-1]["seq"])
 
 
-def audit_events(box: Box, event: str) -> list[dict[str, Any]]:
-    return [r for r in audit_log(box) if r.get("event") == event and r.get("sid") == box.sid]
+def audit_events(
+    box: Box, event: str, log: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The box's ``event`` records, from ``log`` if given (else the audit log, read now)."""
+    records = audit_log(box) if log is None else log
+    return [r for r in records if r.get("event") == event and r.get("sid") == box.sid]
 
 
 def test_hostile_rows_are_quarantined_and_later_rows_flow(
@@ -332,7 +336,7 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     assert texts[6:9] == ["bulk 0", "bulk 1", "bulk 2"]
     assert texts[-1] == "good after all that"
     log = audit_log(box)
-    refused = [r for r in log if r.get("event") == "reply.refused" and r.get("sid") == box.sid]
+    refused = audit_events(box, "reply.refused", log)
     assert [r["reply_seq"] for r in refused] == [2, 3, 4, 5, 6, 7], refused
     # A record's own fields never renumber the chain (a payload field once named ``seq`` did):
     # the log's seqs run on by one in its order, whatever ran before this test.

@@ -128,13 +128,16 @@ with grpc.insecure_channel(f"unix:{req['socket']}") as channel:
                 msgs = [model_pb2.Message(role=m.get("role", 1), text=m["text"])
                         for m in call["messages"]]
                 tools = [model_pb2.ToolDefinition(**t) for t in call.get("tools", [])]
-                text, calls = "", []
-                for ev in stub.Complete(model_pb2.CompleteRequest(messages=msgs, tools=tools),
-                                        timeout=30):
+                text, calls, kinds = "", [], []
+                request = model_pb2.CompleteRequest(
+                    messages=msgs, tools=tools,
+                    text_and_tool_calls_only=call.get("text_and_tool_calls_only", False))
+                for ev in stub.Complete(request, timeout=30):
                     text += ev.text_delta
-                    if ev.WhichOneof("event") == "tool_call":
+                    kinds.append(ev.WhichOneof("event"))
+                    if kinds[-1] == "tool_call":
                         calls.append(ev.tool_call.name)
-                results.append({"text": text, "calls": calls})
+                results.append({"text": text, "calls": calls, "kinds": kinds})
             elif call["op"] == "raw":
                 # Any other service name on this socket (e.g. the admin API's).
                 fn = channel.unary_unary(call["method"], request_serializer=lambda b: b,
@@ -681,6 +684,31 @@ def test_model_socket_admits_only_processes_of_its_own_unit(env: Env) -> None:
     assert control[0].get("code") in {"UNAVAILABLE", "INTERNAL", "UNKNOWN"}, control
     admin = model_client(sysd, ADMIN_SOCKET, profile)
     assert admin[0]["code"] == "UNIMPLEMENTED", admin
+
+
+def test_a_caller_reading_only_text_gets_one_event_and_the_call_is_still_metered(
+    env: Env,
+) -> None:
+    """What the agent asks for (agent/model.py): a plain answer comes as one event, with no
+    usage or stop reason; the host still records the call's tokens. Without the flag, every
+    event, as before. Through the real daemon, on the session's model.sock."""
+    sysd = env.sysd
+    sid = env.create("claude")
+    mark = cursor(sysd)
+    ask = {"op": "complete", "messages": [{"text": "one event"}]}
+    only, every = model_client(
+        sysd,
+        f"{SESSIONS}/{sid}/model.sock",
+        [{**ask, "text_and_tool_calls_only": True}, ask],
+        join=f"ironclaw-sbx-{sid}.service",
+    )
+    assert only == {"text": "fake anthropic says: one event", "calls": [],
+                    "kinds": ["text_delta"]}  # fmt: skip
+    assert every["text"] == only["text"]
+    assert {"usage", "stop_reason"} <= set(every["kinds"]), every
+    records = model_records(sysd, mark, sid, 2)
+    assert [r["IRONCLAW_STATUS"] for r in records] == ["ok", "ok"]
+    assert all(int(r["IRONCLAW_TOKENS_OUT"]) > 0 for r in records), records
 
 
 # -- 6. the agent loop ---------------------------------------------------------------------------
