@@ -3,6 +3,12 @@ Debian 12's runsc (20221219, ptrace only) and on Debian 13's (20240729) with ptr
 systrap, interleaved round by round: start to the agent's hello, a message round trip (the
 agent's queues and a stub model) and teardown.
 
+The whole of IronClaw on Debian 13's runsc too, systrap against ptrace, in the same rounds:
+each round restarts the daemon with ``[sandbox] runsc`` and ``platform`` set, then times
+CreateSession over gRPC, the warm round trip (SendMessage until the reply reaches an open
+WatchReplies stream, the messages benchmark's way) and RemoveSession. The platform is the
+daemon's, so these ways cannot share one daemon; the restart is not timed.
+
 Debian 13's runsc is a static Go binary that runs on this host. It is taken, in this order,
 from ``build/runsc-trixie/runsc`` (the cache), a ``.deb`` named by ``BENCH_RUNSC_DEB``, the e2e
 tier's apt cache (``build/e2e/apt-archives/trixie``) or the cached trixie chroot's, or
@@ -19,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import lzma
 import os
+import queue
 import shutil
 import subprocess
 import tempfile
@@ -32,6 +39,7 @@ import grpc
 
 from benchmarks import bare
 from benchmarks.common import (
+    DAEMON_CONFIG,
     ROOT,
     ROUNDS,
     Way,
@@ -41,6 +49,7 @@ from benchmarks.common import (
     not_measured,
     write_result,
 )
+from benchmarks.messages import AGENT_CONFIG, Done, IronclawSessions, round_trip
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd.errors import IronclawError
 from ironclawd.host import runsc
@@ -142,7 +151,58 @@ def _way(name: str, info: runsc.RunscInfo, platform: str, rootfs: Path) -> Way:
     return run
 
 
+def _ironclaw_way(name: str, path: Path, platform: str, base_config: str) -> Way:
+    """The daemon on ``path`` with ``platform``: a session per round, created, round trips,
+    removed, keyed ``<name>:<part>``."""
+    config = (
+        base_config + AGENT_CONFIG + (f'\n[sandbox]\nrunsc = "{path}"\nplatform = "{platform}"\n')
+    )
+
+    def run(_r: int) -> dict[str, float]:
+        DAEMON_CONFIG.write_text(config)
+        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
+        with grpc.insecure_channel("unix:/run/ironclaw/admin.sock") as channel:
+            done: Done = queue.Queue()
+            sessions = IronclawSessions(admin_pb2_grpc.AdminServiceStub(channel), done)
+            started = time.perf_counter()
+            sessions.grow(1)
+            took = {"create": time.perf_counter() - started}
+            try:
+                trips = [round_trip(sessions.send, done) for _ in range(TRIPS + 1)]
+                took["trip"] = sorted(trips[1:])[len(trips[1:]) // 2]  # median of the warm ones
+            finally:
+                t0 = time.perf_counter()
+                sessions.close()
+                took["stop"] = time.perf_counter() - t0
+        return {f"{name}:{part}": value for part, value in took.items()}
+
+    return run
+
+
 def main() -> None:
+    previous = DAEMON_CONFIG.read_text() if DAEMON_CONFIG.exists() else None
+    try:
+        figures, problems, source = _measure(previous or "")
+    finally:
+        if previous is None:
+            DAEMON_CONFIG.unlink(missing_ok=True)
+        else:
+            DAEMON_CONFIG.write_text(previous)
+        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
+    # After the restart: the machine's line names the daemon's own platform, not the last way's.
+    write_result(
+        "platforms",
+        figures,
+        rounds=ROUNDS,
+        trips=TRIPS,
+        trixie_runsc=source,
+        problems=problems,
+        notes="; ".join(problems),
+    )
+
+
+def _measure(base_config: str) -> tuple[list[Any], list[str], str]:
+    """(figures, problems, where Debian 13's runsc came from)."""
     host = runsc.detect(Path("/usr/bin/runsc"))
     rootfs = bare.agent_rootfs() if any(bare.BUNDLES.glob("*/config.json")) else None
     if rootfs is None:
@@ -166,6 +226,8 @@ def main() -> None:
                 name = f"runsc {new.version} {platform}"
                 if platform in new.platforms:
                     ways[name] = _way(name, new, platform, rootfs)
+                    ours = f"ironclaw on runsc {new.version} {platform}"
+                    ways[ours] = _ironclaw_way(ours, path, platform, base_config)
                 else:
                     problems.append(f"runsc {new.version} offers no {platform}")
     else:
@@ -174,23 +236,20 @@ def main() -> None:
     for name in list(ways):
         try:
             ways[name](0)
-        except (SystemExit, IronclawError, OSError) as exc:
+        except (
+            SystemExit,
+            IronclawError,
+            OSError,
+            grpc.RpcError,
+            subprocess.CalledProcessError,
+        ) as exc:
             problems.append(f"{name}: {exc}")
             del ways[name]
     by_way: dict[str, dict[str, list[float]]] = {}
     for key, values in interleave(ways, ROUNDS, warmup=0).items():
         way, _, part = key.rpartition(":")
         by_way.setdefault(way, {})[part] = values
-    figures = _figures(by_way, problems)
-    write_result(
-        "platforms",
-        figures,
-        rounds=ROUNDS,
-        trips=TRIPS,
-        trixie_runsc=source,
-        problems=problems,
-        notes="; ".join(problems),
-    )
+    return _figures(by_way, problems), problems, source
 
 
 def _figures(by_way: dict[str, dict[str, list[float]]], problems: list[str]) -> list[Any]:
@@ -199,9 +258,10 @@ def _figures(by_way: dict[str, dict[str, list[float]]], problems: list[str]) -> 
         ("trip", "bare message round trip"),
         ("stop", "bare teardown"),
     )
-    systrap = next((w for w in by_way if w.endswith(" systrap")), None)
-    ptrace_new = next((w for w in by_way if w.endswith(" ptrace") and "20240729" in w), None)
-    ptrace_old = next((w for w in by_way if w.endswith(" ptrace") and w != ptrace_new), None)
+    bare_ways = [w for w in by_way if not w.startswith("ironclaw ")]
+    systrap = next((w for w in bare_ways if w.endswith(" systrap")), None)
+    ptrace_new = next((w for w in bare_ways if w.endswith(" ptrace") and "20240729" in w), None)
+    ptrace_old = next((w for w in bare_ways if w.endswith(" ptrace") and w != ptrace_new), None)
     out = []
     for part, label in parts:
         if systrap and ptrace_new:
@@ -224,6 +284,36 @@ def _figures(by_way: dict[str, dict[str, list[float]]], problems: list[str]) -> 
                     by_way[ptrace_old][part],
                 )
             )
+    return out + _ironclaw_figures(by_way, systrap, ptrace_new, problems)
+
+
+def _ironclaw_figures(
+    by_way: dict[str, dict[str, list[float]]],
+    bare_systrap: str | None,
+    bare_ptrace: str | None,
+    problems: list[str],
+) -> list[Any]:
+    """IronClaw on systrap against IronClaw on ptrace (the same runsc), and each platform's
+    round trip against the bare sandbox on it."""
+    parts = (
+        ("create", "IronClaw session create (gRPC)"),
+        ("trip", "IronClaw message round trip"),
+        ("stop", "IronClaw session remove (gRPC)"),
+    )
+    systrap, ptrace = f"ironclaw on {bare_systrap}", f"ironclaw on {bare_ptrace}"
+    if bare_systrap is None or bare_ptrace is None or not {systrap, ptrace} <= set(by_way):
+        why = "; ".join(problems) or "no systrap"
+        return [not_measured(f"{label}, systrap", why) for _part, label in parts]
+    out = [
+        ms_figure(f"{label}, {systrap.removeprefix('ironclaw on ')}", by_way[systrap][part],
+                  f"the same on {ptrace.removeprefix('ironclaw on ')}", by_way[ptrace][part])
+        for part, label in parts
+    ]  # fmt: skip
+    for ours, bare_way in ((systrap, bare_systrap), (ptrace, bare_ptrace)):
+        out.append(
+            ms_figure(f"IronClaw message round trip, {bare_way}", by_way[ours]["trip"],
+                      f"a bare sandbox on {bare_way}", by_way[bare_way]["trip"])
+        )  # fmt: skip
     return out
 
 
