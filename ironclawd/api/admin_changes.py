@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import grp
 import json
 from typing import Any
 
@@ -31,12 +29,7 @@ def operator() -> str:
 def operator_groups() -> frozenset[str]:
     """The names of the host groups the kernel said the caller is in at connect time (primary
     and supplementary; a gid without a name has none)."""
-    caller = current_caller()
-    names: set[str] = set()
-    for gid in {caller.gid, *caller.groups}:
-        with contextlib.suppress(KeyError):
-            names.add(grp.getgrgid(gid).gr_name)
-    return frozenset(names)
+    return current_caller().group_names
 
 
 class ChangesMixin:

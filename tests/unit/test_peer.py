@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import grp
+
+import pytest
+
 from ironclawd.api.peer import Caller, PeerRegistry
 
 
@@ -41,3 +45,27 @@ def test_forget_revokes() -> None:
     registry.forget(nonce)
     assert registry.resolve(f"unix-abstract:ironclaw-peer/{nonce}") is None
     assert len(registry) == 0
+
+
+def test_group_names_are_the_connections_gids_looked_up_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every SendMessage asks for the caller's group names (agent permissions): the group
+    database is read on the first ask of a connection only. A gid without a name has none."""
+    real = grp.getgrgid
+    asked: list[int] = []
+
+    def counting(gid: int) -> grp.struct_group:
+        asked.append(gid)
+        return real(gid)
+
+    monkeypatch.setattr(grp, "getgrgid", counting)
+    unnamed = 4_000_000_000
+    caller = Caller(uid=0, gid=0, pid=42, groups=(0, unnamed), user_name="root", authorized=True)
+    root = frozenset({real(0).gr_name})
+    assert caller.group_names == root
+    assert caller.group_names == root
+    assert sorted(asked) == [0, unnamed]  # once per distinct gid, on the first ask only
+    other = Caller(uid=0, gid=0, pid=43, groups=(), user_name="root", authorized=True)
+    assert other.group_names == caller.group_names
+    assert sorted(asked) == [0, 0, unnamed]  # another connection looks up its own
