@@ -9,7 +9,12 @@ for it in the private /etc/hosts. Compared, all over HTTPS with certificate veri
 - ``broker``: EgressBroker.fetch in-process (rules, resolution, address checks, pinned
   connection, masking, audit);
 - ``broker_grpc``: the same through EgressService on a Unix socket (the agent's path, minus
-  the gVisor hop, measured here at ~1 ms p50).
+  the gVisor hop, measured here at ~1 ms p50), the client in this process and event loop;
+- ``broker_grpc_process``: the same, the client a process of its own with a synchronous
+  channel, as the agent is (``python -m benchmarks.egress --client SOCKET``: it reads URLs on
+  standard input, fetches each, and writes back the seconds the fetch took, timed in it). In
+  this process, the client's work and the server's take turns on one event loop; the agent's
+  run side by side.
 The ways are interleaved request by request (the order rotating each round), small GETs
 (``BENCH_CALLS``, 100) and 4 MiB bodies (``BENCH_BIG_ROUNDS``, 10) alike. The baseline of the
 table is ``direct_fresh``: the same work as the broker's (a new TLS connection per request);
@@ -127,11 +132,28 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
             got += len(event.body_chunk)
         return got
 
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.egress", "--client", str(sock),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    if worker.stdin is None or worker.stdout is None:
+        raise SystemExit("bench: the egress client process has no pipes")
+    client_in, client_out = worker.stdin, worker.stdout
+    took: dict[str, list[float]] = {}  # the seconds each fetch took, timed in the client
+
+    async def via_grpc_process(u: str = url) -> int:
+        client_in.write(u.encode() + b"\n")
+        await client_in.drain()
+        seconds, got = (await client_out.readline()).split()
+        took.setdefault(u, []).append(float(seconds))
+        return int(got)
+
     ways: dict[str, Callable[[str], Awaitable[int]]] = {
         "direct_keepalive": direct_keepalive,
         "direct_fresh": direct_fresh,
         "broker": via_broker,
         "broker_grpc": via_grpc,
+        "broker_grpc_process": via_grpc_process,
     }
     for name, way in ways.items():
         assert await way(big_url) == BIG, name
@@ -139,6 +161,12 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
     big = await _interleaved(
         {n: functools.partial(w, big_url) for n, w in ways.items()}, BIG_ROUNDS
     )
+    # The client process's own timings, not this process's (they leave out the pipe). Left
+    # out, as above: the warm-up round of each, and for the 4 MiB body the check before it.
+    small["broker_grpc_process"] = took[url][1:]
+    big["broker_grpc_process"] = took[big_url][2:]
+    client_in.close()
+    await worker.wait()
     results: dict[str, Any] = {
         "latency_small": {n: _ms(v) for n, v in small.items()},
         "throughput_4mib": {
@@ -147,7 +175,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
         },
     }
     concurrent = {}
-    for name in ("direct_fresh", "broker", "broker_grpc"):
+    for name in ("direct_fresh", "broker", "broker_grpc"):  # not the one-process client
         t0 = time.perf_counter()
         # Four workers (the per-session connection cap), 25 requests each.
         call = functools.partial(ways[name], url)
@@ -202,14 +230,18 @@ def main() -> int:
     small, big = results["latency_small"], results["throughput_4mib"]
     fresh = "a direct HTTPS GET, new connection (what the broker does)"
     figures = [
-        figure("egress small GET, broker over gRPC (the agent's path)", small["broker_grpc"],
+        figure("egress small GET, broker over gRPC", small["broker_grpc"],
                fresh, small["direct_fresh"]),
-        figure("egress small GET, broker over gRPC (the agent's path)", small["broker_grpc"],
+        figure("egress small GET, broker over gRPC", small["broker_grpc"],
                "a direct HTTPS GET on a kept-alive connection", small["direct_keepalive"]),
         figure("egress small GET, broker in-process", small["broker"], fresh,
                small["direct_fresh"]),
+        figure("egress small GET, broker over gRPC, client in a process of its own (as the agent)",
+               small["broker_grpc_process"], fresh, small["direct_fresh"]),
         figure("egress 4 MiB, broker over gRPC", big["broker_grpc"], fresh, big["direct_fresh"],
                unit="MiB/s"),
+        figure("egress 4 MiB, broker over gRPC, client in a process of its own (as the agent)",
+               big["broker_grpc_process"], fresh, big["direct_fresh"], unit="MiB/s"),
         figure("egress 4 MiB, broker in-process", big["broker"], fresh, big["direct_fresh"],
                unit="MiB/s"),
     ]  # fmt: skip
@@ -217,5 +249,22 @@ def main() -> int:
     return 0
 
 
+def client(socket_path: str) -> int:
+    """The agent's side of the broker: a synchronous channel with no options (agent/egress.py),
+    a fetch per URL read on standard input, "<seconds> <bytes>" written back for each."""
+    channel = grpc.insecure_channel(f"unix:{socket_path}")
+    stub = egress_pb2_grpc.EgressServiceStub(channel)
+    for line in sys.stdin:
+        t0 = time.perf_counter()
+        got = sum(len(e.body_chunk) for e in stub.Fetch(egress_pb2.FetchRequest(url=line.strip())))
+        seconds = time.perf_counter() - t0
+        sys.stdout.write(f"{seconds:.9f} {got}\n")
+        sys.stdout.flush()
+    channel.close()
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client"]:
+        sys.exit(client(sys.argv[2]))
     sys.exit(main())
