@@ -160,6 +160,8 @@ def _ironclaw_way(name: str, path: Path, platform: str, base_config: str) -> Way
 
     def run(_r: int) -> dict[str, float]:
         DAEMON_CONFIG.write_text(config)
+        # Untimed: forget earlier restarts, so systemd's start limit (5 in 10 s) never refuses one.
+        subprocess.run(["systemctl", "reset-failed", "ironclawd.service"], check=False)
         subprocess.run(["systemctl", "restart", "ironclawd.service"], check=True)
         with grpc.insecure_channel("unix:/run/ironclaw/admin.sock") as channel:
             done: Done = queue.Queue()
