@@ -159,12 +159,13 @@ class Daemon:
         """Store the sessions' control sockets with systemd for the next start, and wait until
         it holds them: this process closes its copies next, and exits soon after."""
         handed = await control.hand_over()
-        stored = sum(fdstore.put(name, fds) for name, fds in handed)
-        if handed and (stored < len(handed) or not fdstore.barrier(FD_STORE_BARRIER_SECONDS)):
-            log.warning("the fd store did not take the control sockets (%d of %d sent): agents "
-                        "reconnect after the restart", stored, len(handed))  # fmt: skip
+        # One bundle, not a descriptor per name (host/fdstore.py): one by one, handing 1000
+        # over took 0.5-0.6 s at 500 sessions.
+        if handed and not (fdstore.put_all(handed) and fdstore.barrier(FD_STORE_BARRIER_SECONDS)):
+            log.warning("the fd store did not take the %d control socket(s): agents reconnect "
+                        "after the restart", len(handed))  # fmt: skip
         elif handed:
-            log.info("handed %d control socket(s) to the fd store", stored)
+            log.info("handed %d control socket(s) to the fd store", len(handed))
 
     async def _recover(self, wired: Wired, recovery: Recovery) -> None:
         """After READY: settle what an earlier run left (reconcile), apply changes approved
