@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from benchmarks.common import (
     ROOT,
     ROUNDS,
     Way,
+    daemon_config,
     env_int,
     interleave,
     ms_figure,
@@ -124,36 +126,50 @@ def trixie_runsc() -> tuple[Path | None, str]:
     return binary, why or f"from {debs[0]}"
 
 
+def _parts(
+    name: str,
+    create: Callable[[], None],
+    trip: Callable[[int], float],
+    stop: Callable[[], None],
+) -> dict[str, float]:
+    """``create`` timed, TRIPS + 1 round trips (the median of the warm ones), ``stop`` timed
+    whatever happened, keyed ``<name>:<part>``."""
+    started = time.perf_counter()
+    create()
+    took = {"create": time.perf_counter() - started}
+    try:
+        trips = [trip(i) for i in range(TRIPS + 1)]
+        took["trip"] = sorted(trips[1:])[len(trips[1:]) // 2]
+    finally:
+        t0 = time.perf_counter()
+        stop()
+        took["stop"] = time.perf_counter() - t0
+    return {f"{name}:{part}": value for part, value in took.items()}
+
+
 def _way(name: str, info: runsc.RunscInfo, platform: str, rootfs: Path) -> Way:
-    """One sandbox per round: start, round trips, teardown, keyed ``<name>:<part>``."""
+    """One bare sandbox per round: start, round trips, teardown."""
 
     def run(_r: int) -> dict[str, float]:
         box = bare.BareSandbox(info, platform, rootfs)
-        started = time.perf_counter()
-        box.start()
-        took = {"create": time.perf_counter() - started}
-        try:
-            box.open_messages()
-            trips = []
-            for i in range(TRIPS + 1):
-                t0 = time.perf_counter()
-                seq = box.send(f"trip {i}")
-                while box.replies.get(timeout=60)[1] != seq:
-                    pass
-                trips.append(time.perf_counter() - t0)
-            took["trip"] = sorted(trips[1:])[len(trips[1:]) // 2]  # median of the warm ones
-        finally:
+
+        def trip(i: int) -> float:
+            if i == 0:
+                box.open_messages()  # untimed: the first trip is not counted
             t0 = time.perf_counter()
-            box.stop()
-            took["stop"] = time.perf_counter() - t0
-        return {f"{name}:{part}": value for part, value in took.items()}
+            seq = box.send(f"trip {i}")
+            while box.replies.get(timeout=60)[1] != seq:
+                pass
+            return time.perf_counter() - t0
+
+        return _parts(name, box.start, trip, box.stop)
 
     return run
 
 
 def _ironclaw_way(name: str, path: Path, platform: str, base_config: str) -> Way:
     """The daemon on ``path`` with ``platform``: a session per round, created, round trips,
-    removed, keyed ``<name>:<part>``."""
+    removed."""
     config = (
         base_config + AGENT_CONFIG + (f'\n[sandbox]\nrunsc = "{path}"\nplatform = "{platform}"\n')
     )
@@ -166,31 +182,21 @@ def _ironclaw_way(name: str, path: Path, platform: str, base_config: str) -> Way
         with grpc.insecure_channel("unix:/run/ironclaw/admin.sock") as channel:
             done: Done = queue.Queue()
             sessions = IronclawSessions(admin_pb2_grpc.AdminServiceStub(channel), done)
-            started = time.perf_counter()
-            sessions.grow(1)
-            took = {"create": time.perf_counter() - started}
-            try:
-                trips = [round_trip(sessions.send, done) for _ in range(TRIPS + 1)]
-                took["trip"] = sorted(trips[1:])[len(trips[1:]) // 2]  # median of the warm ones
-            finally:
-                t0 = time.perf_counter()
-                sessions.close()
-                took["stop"] = time.perf_counter() - t0
-        return {f"{name}:{part}": value for part, value in took.items()}
+            return _parts(
+                name,
+                lambda: sessions.grow(1),
+                lambda _i: round_trip(sessions.send, done),
+                sessions.close,
+            )
 
     return run
 
 
 def main() -> None:
-    previous = DAEMON_CONFIG.read_text() if DAEMON_CONFIG.exists() else None
-    try:
-        figures, problems, source = _measure(previous or "")
-    finally:
-        if previous is None:
-            DAEMON_CONFIG.unlink(missing_ok=True)
-        else:
-            DAEMON_CONFIG.write_text(previous)
-        subprocess.run(["systemctl", "restart", "ironclawd.service"], check=False)
+    previous = DAEMON_CONFIG.read_text() if DAEMON_CONFIG.exists() else ""
+    # daemon_config puts the daemon's own config back and restarts it, however this ends.
+    with daemon_config(""):
+        figures, problems, source = _measure(previous)
     # After the restart: the machine's line names the daemon's own platform, not the last way's.
     write_result(
         "platforms",
