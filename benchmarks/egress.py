@@ -10,8 +10,8 @@ for it in the private /etc/hosts. Compared, all over HTTPS with certificate veri
   connection, masking, audit);
 - ``broker_grpc``: the same through EgressService on a Unix socket (the agent's path, minus
   the gVisor hop, measured here at ~1 ms p50), the client in this process and event loop;
-- ``broker_grpc_process``: the same, the client a process of its own with a synchronous
-  channel, as the agent is (``python -m benchmarks.egress --client SOCKET``: it reads URLs on
+- ``broker_grpc_process``: the same, the client a process of its own running the agent's own
+  fetch code (``python -m benchmarks.egress --client SOCKET``: it reads URLs on
   standard input, fetches each, and writes back the seconds the fetch took, timed in it). In
   this process, the client's work and the server's take turns on one event loop; the agent's
   run side by side.
@@ -39,6 +39,8 @@ from typing import Any
 import grpc
 import httpx
 
+import agent
+from agent import egress as agent_egress
 from benchmarks.common import figure, rate_summary, write_result
 from benchmarks.stats import summary_ms
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
@@ -135,6 +137,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
     worker = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.egress", "--client", str(sock),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+        env={**os.environ, **agent.GRPC_ENVIRONMENT},  # grpc's client as the agent runs it
     )  # fmt: skip
     if worker.stdin is None or worker.stdout is None:
         raise SystemExit("bench: the egress client process has no pipes")
@@ -250,17 +253,18 @@ def main() -> int:
 
 
 def client(socket_path: str) -> int:
-    """The agent's side of the broker: a synchronous channel with no options (agent/egress.py),
-    a fetch per URL read on standard input, "<seconds> <bytes>" written back for each."""
-    channel = grpc.insecure_channel(f"unix:{socket_path}")
-    stub = egress_pb2_grpc.EgressServiceStub(channel)
+    """The agent's side of the broker, with the agent's own code (agent/egress.py: its kept
+    synchronous channel and its read of the stream): a fetch per URL read on standard input,
+    "<seconds> <bytes>" written back for each."""
     for line in sys.stdin:
         t0 = time.perf_counter()
-        got = sum(len(e.body_chunk) for e in stub.Fetch(egress_pb2.FetchRequest(url=line.strip())))
+        _head, chunks, _end = agent_egress._exchange(
+            egress_pb2.FetchRequest(url=line.strip()), socket_path
+        )
         seconds = time.perf_counter() - t0
-        sys.stdout.write(f"{seconds:.9f} {got}\n")
+        sys.stdout.write(f"{seconds:.9f} {sum(len(c) for c in chunks)}\n")
         sys.stdout.flush()
-    channel.close()
+    agent_egress.close_channels()
     return 0
 
 

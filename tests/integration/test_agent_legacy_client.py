@@ -1,11 +1,11 @@
-"""The agent's gRPC client is the legacy one (agent/__main__.py): it polls on the calling thread,
-so a connection the host closed while the agent was idle is found out only when the next call
-fails on it. That call never reached the host (no ``ironclaw-answered`` trailer), so the turn is
-made again on a new connection (agent/model.py ``_host_went_away``) and the user gets the model's
-answer, not "the model is unavailable". A daemon restart ends the agent's connections the same
-way. The agent's side runs in a process of its own with the setting the frozen agent has; the
-host's side is a real gRPC server on a Unix socket. The rule itself is in
-tests/unit/test_agent_reconnect.py."""
+"""The agent's gRPC client is the legacy one (``agent.GRPC_ENVIRONMENT``, set by
+agent/__main__.py): it polls on the calling thread, so a connection the host closed while the
+agent was idle is found out only when the next call fails on it. That call never reached the
+host (no ``ironclaw-answered`` trailer), so the turn is made again on a new connection
+(agent/model.py ``_host_went_away``) and the user gets the model's answer, not "the model is
+unavailable". A daemon restart ends the agent's connections the same way. The agent's side runs
+in a process of its own with the setting the frozen agent has; the host's side is a real gRPC
+server on a Unix socket. The rule itself is in tests/unit/test_agent_reconnect.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class _Model(model_pb2_grpc.ModelServiceServicer):
 # The agent's side in a process of its own, with the legacy client as the frozen agent has it.
 _CLIENT = """
 import os, sys, time
-os.environ["GRPC_EXPERIMENTS"] = "-event_engine_client"
+from agent import GRPC_ENVIRONMENT
+os.environ.update(GRPC_ENVIRONMENT)
 from agent.model import ModelResponder
 responder = ModelResponder(sys.argv[1])
 print(responder("one"), flush=True)
