@@ -129,6 +129,24 @@ def daemon_platform() -> str:
     return f"{found[-1][1]} (runsc {found[-1][0]})" if found else "unknown"
 
 
+def filesystem_of(path: str, mountinfo: str | None = None) -> str:
+    """The filesystem type and source holding ``path`` (the mount with the longest matching
+    mount point in /proc/self/mountinfo), e.g. ``ext4 (/dev/vda)``: an fsync on a tmpfs costs
+    nothing, on a disk it does, so a figure of the message path depends on it."""
+    if mountinfo is None:
+        with open("/proc/self/mountinfo") as f:
+            mountinfo = f.read()
+    best, found = -1, "unknown"
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        point = fields.split()[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            fstype, source = [*rest.split(), "", ""][:2]
+            best, found = len(point), f"{fstype} ({source})"
+    return found
+
+
 # At the benchmark's start (each runs in a process of its own): taken when its file is
 # written, a density run's load average was the removal of its 500 sessions.
 _LOAD_AT_START = os.getloadavg()
@@ -152,6 +170,7 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "runsc": runsc[0].removeprefix("runsc version ") if runsc else "unknown",
         "platform": daemon_platform(),
+        "state_filesystem": filesystem_of("/var/lib/ironclaw"),
         "load_average_at_start": _LOAD_AT_START,
         "load_average_at_end": os.getloadavg(),
         "date": datetime.datetime.now(datetime.UTC).strftime(DATE_FORMAT),

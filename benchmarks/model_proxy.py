@@ -11,7 +11,7 @@ client is run on the host so that the figure is the proxy's, not gVisor's) then 
 - proxy: ModelService.Complete on model.sock (peer check, splice, gRPC, budgets, key
   injection, the same adapter, redaction, audit record) to the same upstream.
 
-Prints medians and writes ``results/bench-model-proxy.json``. Target: ≤ 2 ms median added.
+Prints medians and writes ``results/bench-model-proxy.json``. Target: ≤ 1 ms median added.
 Both paths are timed alternately in one process, so load elsewhere on the machine hits both;
 on a busy 2-core machine the medians still spread (the minimum difference is reported too).
 The config and key are removed and the daemon restarted afterwards.
@@ -38,7 +38,7 @@ CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 CREDENTIALS = Path("/etc/ironclaw/credentials")
 CALLS = int(os.environ.get("BENCH_MODEL_CALLS", "300"))
 WARMUP = 20
-TARGET_MS = 2.0
+TARGET_MS = 1.0  # issue 17: model-proxy overhead <= 1 ms (benchmarks/table.py says the same)
 
 # The client: joins the unit's cgroup, then alternates direct and proxied calls.
 CLIENT = r"""

@@ -136,7 +136,8 @@ def render(results: Path = RESULTS) -> str:
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
         f"{machine.get('memory_gib', '?')} GiB",
         f"- kernel {machine.get('kernel', '?')}; runsc {machine.get('runsc', '?')}; daemon's "
-        f"platform {machine.get('platform', '?')}",
+        f"platform {machine.get('platform', '?')}; its state (and the baselines' files) on "
+        f"{machine.get('state_filesystem', 'a tmpfs (not recorded in this run)')}",
         f"- date {machine.get('date', '?')}; {_load(machine)}",
     ]
     if run_doc:
