@@ -99,3 +99,48 @@ def test_a_consumer_that_stops_closes_the_source() -> None:
 
     _run(main())
     assert closed.is_set()
+
+
+def test_settling_joins_what_a_busy_source_produces_back_to_back() -> None:
+    """A source that has its next item after a turn or two of the loop (a TLS body whose
+    records are already in the socket): without settling, a consumer as fast as it sends each
+    item alone; with it, they go out joined, in order, up to max_size."""
+
+    async def busy() -> AsyncGenerator[str, None]:
+        for i in range(40):
+            for _ in range(i % 3):  # the next record takes 0-2 turns
+                await asyncio.sleep(0)
+            yield "abcdefghij"[i % 10]
+
+    async def main(settle: int) -> list[str]:
+        return [i async for i in coalesced(busy(), WORDS, max_size=16, read_ahead=64,
+                                           settle=settle)]  # fmt: skip
+
+    alone, settled = _run(main(0)), _run(main(8))
+    assert "".join(alone) == "".join(settled) == "abcdefghij" * 4
+    assert len(alone) >= 20
+    assert len(settled) == 3  # 16 + 16 + 8
+    assert max(len(s) for s in settled) <= 16
+
+
+def test_settling_never_holds_a_trickle_back() -> None:
+    """A source that waits between items (tokens, server-sent events): each goes out as it
+    comes, long before the next, and a non-joinable item ends the settling at once."""
+    sent: list[tuple[str, float]] = []
+
+    async def trickle() -> AsyncGenerator[str, None]:
+        for item in ("a", "b", "HEAD", "c"):
+            yield item
+            await asyncio.sleep(0.05)
+
+    async def main() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async for item in coalesced(trickle(), WORDS, max_size=100, read_ahead=100, settle=8):
+            sent.append((item, loop.time() - started))
+        return sent
+
+    got = _run(main())
+    assert [g for g, _ in got] == ["a", "b", "HEAD", "c"]
+    for n, (_item, at) in enumerate(got):
+        assert at < n * 0.05 + 0.04  # out before the next one was produced
