@@ -16,6 +16,10 @@ client is run on the host so that the figure is the proxy's, not gVisor's) then 
   (text, stop reason, usage), as any other gRPC client would. Earlier versions of this file had
   only this way, on grpc's default client, in a process without the agent's setting.
 
+All three send the same completion: the persona the proxy sends and the agent's tool
+definitions (``GetProfile``), which the proxy passes upstream. (In the first run with the agent's
+client the direct way sent no tools, so the two did not do the same work.)
+
 Prints medians and writes ``results/bench-model-proxy.json``. Target: ≤ 1 ms median added.
 Both paths are timed alternately in one process, so load elsewhere on the machine hits both;
 on a busy 2-core machine the medians still spread (the minimum difference is reported too).
@@ -52,7 +56,7 @@ import asyncio, json, os, subprocess, sys, time
 import grpc, httpx
 from agent.model import ModelResponder
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd.domain.model import Completion, Message
+from ironclawd.domain.model import Completion, Message, ToolDef
 from ironclawd.providers.anthropic import AnthropicProvider
 req = json.load(sys.stdin)
 main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
@@ -64,10 +68,15 @@ for line in open(f"/proc/{main}/cgroup"):
         with open(f"{top}{path}/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
 text = "benchmark message"
+responder = ModelResponder(req["socket"])
+profile = responder._get_profile()  # the agent's tools, as the host defines them
+turn = [model_pb2.Message(role=model_pb2.ROLE_USER, text=text)]
 channel = grpc.insecure_channel(f"unix:{req['socket']}")
 stub = model_pb2_grpc.ModelServiceStub(channel)
-request = model_pb2.CompleteRequest(messages=[model_pb2.Message(role=1, text=text)])
-completion = Completion(req["persona"], (Message("user", text),), (), req["model"], 1024)
+request = model_pb2.CompleteRequest(messages=turn, tools=profile.tools)
+# The same completion the proxy sends upstream: the persona and the same tool definitions.
+tools = tuple(ToolDef(t.name, t.description, t.parameters_json) for t in profile.tools)
+completion = Completion(req["persona"], (Message("user", text),), tools, req["model"], 1024)
 loop = asyncio.new_event_loop()
 client = httpx.AsyncClient(timeout=30)
 provider = AnthropicProvider(client)
@@ -84,10 +93,6 @@ def proxied():
     t = time.perf_counter()
     answer = "".join(e.text_delta for e in stub.Complete(request, timeout=30))
     return time.perf_counter() - t, answer
-
-responder = ModelResponder(req["socket"])
-profile = responder._get_profile()
-turn = [model_pb2.Message(role=model_pb2.ROLE_USER, text=text)]
 
 def agent():
     t = time.perf_counter()

@@ -4,8 +4,9 @@ to, secrets redacted from everything returned, and every call audited (never its
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ironclawd import ratelog
@@ -134,8 +135,21 @@ class ModelProxy:
         finally:
             for budget in budgets:
                 budget.spend(self._clock.time(), tokens[0] + tokens[1])
-            _audit(self._audit, sid, agent=agent, status=status, tokens=tokens,
-                   took=self._clock.monotonic() - started)  # fmt: skip
+            took = self._clock.monotonic() - started
+            _after_answer(lambda: _audit(self._audit, sid, agent=agent, status=status,
+                                         tokens=tokens, took=took))  # fmt: skip
+
+
+def _after_answer(record: Callable[[], None]) -> None:
+    """Run ``record`` (the call's audit record and journal line, ~0.1 ms) on the event loop's
+    next turn: the end of this generator is what releases the answer's last event (the
+    servicer holds text until then), so recording first kept the agent waiting for it. The
+    audit record was already written by a batching thread, not before the answer; only the
+    order of the two in the loop changes. Outside a running loop it runs at once."""
+    try:
+        asyncio.get_running_loop().call_soon(record)
+    except RuntimeError:
+        record()
 
 
 def _host_tools(agent: AgentSpec) -> tuple[ToolDef, ...]:
