@@ -7,7 +7,7 @@ PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 .PHONY: docs check-docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv synapse-venv
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml scripts/bootstrap-venv
 	scripts/install-deps
 	scripts/bootstrap-venv $(VENV)
 	touch $@
