@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -168,6 +169,8 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory_gib": round(mem_kib / 2**20, 1),
         "kernel": platform.release(),
+        # The venv's interpreter, the daemon's and this process's (scripts/install-dev).
+        "python": f"{platform.python_version()} ({os.path.realpath(sys.executable)})",
         "runsc": runsc[0].removeprefix("runsc version ") if runsc else "unknown",
         "platform": daemon_platform(),
         "state_filesystem": filesystem_of("/var/lib/ironclaw"),

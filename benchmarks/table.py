@@ -135,7 +135,8 @@ def render(results: Path = RESULTS) -> str:
         "",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
         f"{machine.get('memory_gib', '?')} GiB",
-        f"- kernel {machine.get('kernel', '?')}; runsc {machine.get('runsc', '?')}; daemon's "
+        f"- kernel {machine.get('kernel', '?')}; Python {machine.get('python', '(not recorded)')}; "
+        f"runsc {machine.get('runsc', '?')}; daemon's "
         f"platform {machine.get('platform', '?')}; its state (and the baselines' files) on "
         f"{machine.get('state_filesystem', 'a tmpfs (not recorded in this run)')}",
         f"- date {machine.get('date', '?')}; {_load(machine)}",
@@ -149,9 +150,16 @@ def render(results: Path = RESULTS) -> str:
     if run_doc.get("note"):
         lines.append(f"- {run_doc['note']}")
     for name, other in apart:
+        # What differs from the run's machine is named: a figure from another CPU or
+        # interpreter is not comparable with the run's.
+        differs = [
+            f"{label} {other.get(key, '(not recorded)')}"
+            for key, label in (("cpu", "CPU"), ("python", "Python"))
+            if other.get(key) != machine.get(key)
+        ]
         lines.append(
             f"- {name} was run apart from that run: {other.get('date', '?')}, kernel "
-            f"{other.get('kernel', '?')}, {_load(other)}"
+            f"{other.get('kernel', '?')}, {', '.join([*differs, _load(other)])}"
         )
     lines += [
         "",

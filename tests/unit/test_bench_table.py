@@ -54,3 +54,24 @@ def test_a_listed_benchmark_run_again_later_is_named_apart(tmp_path: Path) -> No
     assert "- date 2026-12-02 15:49 UTC; load average at the start 0.8, 1.2, 1.4" in text
     assert "- density was run apart from that run: 2026-12-03 21:32 UTC" in text
     assert "load average at the start 3.1, 2.0, 1.0" in text
+
+
+def test_a_file_run_apart_on_another_cpu_or_python_names_them(tmp_path: Path) -> None:
+    _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
+    _write(tmp_path, "density-500", "2026-12-03 16:59 UTC", [5.7, 6.1, 5.3], at_end=True)
+    _write(tmp_path, "model-proxy", "2026-12-03 17:30 UTC", [1.0, 1.0, 1.0], at_end=True)
+    for name, cpu, python in (("sessions", "CPU", "3.11.2 (/usr/bin/python3.11)"),
+                              ("density-500", "Other CPU", "3.11.7 (/opt/py/bin/python3.11)"),
+                              ("model-proxy", "CPU", "3.11.2 (/usr/bin/python3.11)")):  # fmt: skip
+        path = tmp_path / f"bench-{name}.json"
+        doc = json.loads(path.read_text())
+        doc["machine"].update(cpu=cpu, python=python)
+        path.write_text(json.dumps(doc))
+    text = _render_run(tmp_path, ["sessions"])
+    assert "; Python 3.11.2 (/usr/bin/python3.11); runsc r;" in text
+    assert (
+        "- density-500 was run apart from that run: 2026-12-03 16:59 UTC, kernel k, "
+        "CPU Other CPU, Python 3.11.7 (/opt/py/bin/python3.11), load average at the start"
+    ) in text
+    # Same CPU and interpreter as the run: only the date, kernel and load.
+    assert "- model-proxy was run apart from that run: 2026-12-03 17:30 UTC, kernel k, load" in text
