@@ -167,6 +167,21 @@ def test_a_file_where_an_earlier_package_made_a_directory_is_refused(image: Imag
         )
 
 
+# Where the interpreter has tarfile's data filter (3.11.4 and later) it refuses a member that a
+# planted symlink leads out of staging first; Debian 12's 3.11.2, the package's (and the dev
+# venv's) interpreter, has none, and the layer's own check of the image refuses it.
+if hasattr(tarfile, "data_filter"):
+    THROUGH_A_LINK = {
+        "usr/share/doc": "outside the destination",
+        "usr/hello": "outside the destination",
+    }
+else:
+    THROUGH_A_LINK = {
+        "usr/share/doc": "'usr/share/doc': its parent usr/share is already in the image as a symlink",
+        "usr/hello": "'usr/hello': already in the image",
+    }
+
+
 def test_a_planted_symlink_in_staging_is_never_followed(image: Image) -> None:
     (image.staging / "usr").mkdir()
     (image.staging / "usr/share").symlink_to(image.outside)
@@ -174,12 +189,12 @@ def test_a_planted_symlink_in_staging_is_never_followed(image: Image) -> None:
     (image.staging / "usr/lib").mkdir()
     (image.staging / "usr/lib2").symlink_to("lib")  # inside staging: tarfile's filter passes it
     before = image.everything_but_staging()
-    with pytest.raises(PolicyDenied, match="outside the destination"):
+    with pytest.raises(PolicyDenied, match=re.escape(THROUGH_A_LINK["usr/share/doc"])):
         image.extract(make_tar([debs.entry("usr/share/doc", data=b"x")]))
     with pytest.raises(PolicyDenied, match="its parent usr/lib2 is already in the image"):
         image.extract(make_tar([debs.entry("usr/lib2/libx.so", data=b"x")]))
     assert not (image.staging / "usr/lib/libx.so").exists()
-    with pytest.raises(PolicyDenied, match="outside the destination"):
+    with pytest.raises(PolicyDenied, match=re.escape(THROUGH_A_LINK["usr/hello"])):
         image.extract(make_tar([debs.entry("usr/hello", data=b"x")]))
     (image.staging / "usr/hello2").symlink_to("lib/hello")
     with pytest.raises(PolicyDenied, match="'usr/hello2': already in the image"):
