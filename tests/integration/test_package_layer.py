@@ -177,7 +177,8 @@ if hasattr(tarfile, "data_filter"):
     }
 else:
     THROUGH_A_LINK = {
-        "usr/share/doc": "'usr/share/doc': its parent usr/share is already in the image as a symlink",
+        "usr/share/doc": "'usr/share/doc': its parent usr/share is already in the image as a "
+        "symlink",
         "usr/hello": "'usr/hello': already in the image",
     }
 
