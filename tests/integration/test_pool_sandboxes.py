@@ -134,7 +134,14 @@ def test_restart_and_kill_leave_no_unclaimed_sandbox(pooled: Any) -> None:
     stopping = journal_since(sysd, mark)
     for sid in first:
         assert f"pool: stopping sandbox {sid}" in stopping, stopping[-3000:]
-        assert nothing_left(sysd, sid) == {}, sid
+        left = nothing_left(sysd, sid)
+        # systemd drops the mount unit of a netns name when it next reads mountinfo, which it
+        # rate-limits: that unit may outlive the mount by a moment (seen once in CI, with the
+        # mount itself gone). Everything else is gone when the restart has returned.
+        units = left.pop("unit", [])
+        assert all(u.endswith(".mount") for u in units), (sid, units)
+        assert left == {}, sid
+        wait_gone(sysd, sid)
     wait_pool_ready(sysd, count=2)
     second = set(ready_sids(sysd, mark)) - first
     assert len(second) >= 2, second
