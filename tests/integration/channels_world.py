@@ -72,6 +72,15 @@ def put_back(sysd: SystemdHarness, kind: str, payload: dict[str, Any], agent: st
         ctl(sysd, "change", "approve", json.loads(proc.stdout.decode())["id"], "--yes")
 
 
+def logged_lines(log: Path) -> list[str]:
+    """The whole lines of the receiver's log (tests/integration/channel_receiver.py). The
+    receiver may be writing the last one as this reads, and a line of a long body takes more
+    than one write: what follows the last newline is not finished yet (a read mid-write once
+    failed a CI run with a cut-off JSON line)."""
+    text = log.read_text() if log.exists() else ""
+    return text.split("\n")[:-1]
+
+
 @dataclass
 class Receiver:
     """Replies POSTed by the daemon, as the receiver in the test's netns logged them."""
@@ -81,8 +90,7 @@ class Receiver:
     log: Path
 
     def seen(self) -> list[dict[str, Any]]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [json.loads(line) for line in lines if '"path"' in line]
+        return [json.loads(line) for line in logged_lines(self.log) if '"path"' in line]
 
     def replies(self, path: str) -> list[dict[str, Any]]:
         """The bodies POSTed to ``path``, each with its delivery id."""

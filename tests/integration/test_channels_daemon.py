@@ -33,6 +33,7 @@ from tests.integration.channels_world import (
     approve,
     ctl,
     free_port,
+    logged_lines,
     out,
     put_back,
     receiver_netns,
@@ -67,8 +68,7 @@ class World:
         return self.sender.post(endpoint, event_id, text, deadline)
 
     def seen(self) -> list[dict[str, Any]]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [e for e in map(json.loads, lines) if "path" in e]
+        return [e for e in map(json.loads, logged_lines(self.log)) if "path" in e]
 
     def replies_to(self, event_id: str, timeout: float = 90) -> list[dict[str, Any]]:
         def find() -> list[dict[str, Any]]:
