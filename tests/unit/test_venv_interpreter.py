@@ -5,17 +5,17 @@ ships. Checked where the suite must be what ships: under CI or IRONCLAW_REQUIRE_
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-REQUIRED = bool(os.environ.get("CI") or os.environ.get("IRONCLAW_REQUIRE_REAL"))
+from tests.harness.fixtures import real_required
+
 DEBIAN_PYTHON = Path("/usr/bin/python3.11")
 
 
-@pytest.mark.skipif(not REQUIRED, reason="checked under CI / IRONCLAW_REQUIRE_REAL only")
+@pytest.mark.skipif(not real_required(), reason="checked under CI / IRONCLAW_REQUIRE_REAL only")
 def test_the_venv_runs_debians_python() -> None:
     assert sys.prefix != sys.base_prefix, f"not in a venv: {sys.executable}"
     assert sys.base_prefix == "/usr", (
