@@ -39,14 +39,20 @@ CONNECT_DEADLINE = 30.0
 # After the host went away: how long a daemon restart may take before the agent gives up.
 RECONNECT_DEADLINE = 600.0
 # A pooled sandbox (ironclawd/services/pool.py, $IRONCLAW_POOLED) waits, without a deadline,
-# for the session that claims it: its key file is empty until then, and the key is the first
-# thing a claim writes (its control socket follows). The wait re-reads the open key file: one
-# host pread per poll. Polling by connect() walked the socket directory through the gofer each
-# time and cost 15% of a core per waiting sandbox (runsc 20221219, ptrace).
+# for the session that claims it: its key file is empty until then. It waits in a blocked read
+# on claim.sock beside the control socket, which the host serves while the sandbox is pooled
+# and answers with one line once a claim has written the key and bound the session's sockets:
+# no CPU while waiting, and awake the moment it is claimed. Should that socket be missing or its
+# connection end without the line, it polls the key file instead (one host pread per poll,
+# 5-6% of a core per waiting sandbox on ptrace; polling by connect() walked the socket directory
+# through the gofer each time and cost 15%).
 POOLED_ENV = "IRONCLAW_POOLED"
-POOLED_POLL = 0.02  # a waiting sandbox measured 5-6% of a core on ptrace (at 10 or 20 ms)
+CLAIM_SOCKET = "claim.sock"
+CLAIM_CONNECT_DEADLINE = 5.0  # the host binds it before it starts the sandbox
+CLAIM_LINE_MAX = 64
+POOLED_POLL = 0.02
 KEY_HEX_LEN = 64
-CLAIMED_CONNECT_DELAY = 0.002  # the socket is bound a moment after the key is written
+CLAIMED_CONNECT_DELAY = 0.002  # the socket is bound before the claim's line: at once, normally
 # Errors that mean "not there yet": no socket file, or nobody listening on it.
 _RETRYABLE_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
 
@@ -98,14 +104,33 @@ def wait_for_key(
         os.close(fd)
 
 
+def wait_for_claim(
+    control_path: str,
+    key_path: Path,
+    *,
+    deadline: float = CLAIM_CONNECT_DEADLINE,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Block until a session claims this pooled sandbox: the host's line on claim.sock (beside
+    ``control_path``), then the whole key in ``key_path``; by polling the key file alone when
+    that socket cannot be reached or its connection ends without the line."""
+    claim = os.path.join(os.path.dirname(control_path), CLAIM_SOCKET)
+    with (
+        contextlib.suppress(AgentError, OSError),
+        connect_control(claim, deadline=deadline, sleep=sleep) as sock,
+    ):
+        sock.recv(CLAIM_LINE_MAX)  # the line, or b"" when the host went away
+    wait_for_key(key_path, sleep=sleep)
+
+
 def run_control(path: str, *, pooled: bool = False) -> int:
     """Say hello on the control socket and hold it open; when the host goes away (a daemon
     restart), reconnect and say hello again so the new daemon can adopt this sandbox. Returns
     only if the host stays away past RECONNECT_DEADLINE (raises AgentError). ``pooled``: wait
-    for the socket first, for as long as it takes, and only then open the key and queues."""
+    for a claim first, for as long as it takes, and only then open the key and queues."""
     first_delay = CONNECT_FIRST_DELAY
     if pooled:
-        wait_for_key(KEY_FILE)
+        wait_for_claim(path, KEY_FILE)
         first_delay = CLAIMED_CONNECT_DELAY
     try:
         worker = Agent()

@@ -88,7 +88,7 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
-def _cpu_ticks(pid: int) -> int:
+def cpu_ticks(pid: int) -> int:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -132,9 +132,9 @@ def descendants(roots: Iterable[int]) -> list[int]:
 
 def idle_cpu_percent(pids: list[int], seconds: float) -> float:
     """CPU of ``pids`` together over ``seconds``, as % of one core."""
-    before = sum(_cpu_ticks(p) for p in pids)
+    before = sum(cpu_ticks(p) for p in pids)
     time.sleep(seconds)
-    after = sum(_cpu_ticks(p) for p in pids)
+    after = sum(cpu_ticks(p) for p in pids)
     return round(100 * (after - before) / TICKS / seconds, 2)
 
 
@@ -223,13 +223,13 @@ def restarts(
         # Untimed: forget earlier restarts, so systemd's start limit never refuses one.
         subprocess.run(["systemctl", "reset-failed", "ironclawd"], check=False)
         pids = sandbox_pids()
-        cpu_before = sum(_cpu_ticks(p) for p in pids)
+        cpu_before = sum(cpu_ticks(p) for p in pids)
         started = time.perf_counter()
         subprocess.run(["systemctl", "restart", "ironclawd"], check=True)
         ready = time.perf_counter() - started
         wait_running(stub, sessions)
         back = time.perf_counter() - started
-        cpu = (sum(_cpu_ticks(p) for p in pids) - cpu_before) / TICKS
+        cpu = (sum(cpu_ticks(p) for p in pids) - cpu_before) / TICKS
         return {name: ready, f"{name}_back": back, f"{name}_cpu": cpu}
 
     def no_store(_r: int) -> dict[str, float]:

@@ -12,6 +12,11 @@ SendMessage until the reply arrives on WatchReplies). Before a pooled
 round the benchmark waits (untimed) until the pool holds a ready sandbox: the figure is a claim,
 not a pool that ran dry. Sessions are removed after each round (untimed).
 
+Then what a waiting pooled sandbox costs while nobody claims it: the CPU of the pool's ready
+sandboxes (every process of their units, from /proc/<pid>/stat) over ``BENCH_IDLE_SECONDS``
+(10) s, per sandbox, beside that of as many idle sessions of the cold agent (created, never sent
+a message) measured over the same seconds.
+
 On a checkout without ``[pool]`` in its configuration schema the figures say "not measured".
 Writes ``results/bench-pool.json``.
 """
@@ -32,12 +37,15 @@ from benchmarks.common import (
     ROUNDS,
     Way,
     daemon_config,
+    env_int,
+    figure,
     interleave,
     ms_figure,
     not_measured,
     timed,
     write_result,
 )
+from benchmarks.density import TICKS, cpu_ticks
 from benchmarks.messages import Replies
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import config
@@ -45,7 +53,9 @@ from tests.harness.agents import unlimited_agent
 
 SOCKET = "/run/ironclaw/admin.sock"
 POOLED, COLD = "bench-pool", "bench-cold"
-POOL_CONFIG = f'\n[pool]\nsize = 2\nagents = ["{POOLED}"]\nmin_available_bytes = 0\n'
+POOL_SIZE = 2
+POOL_CONFIG = f'\n[pool]\nsize = {POOL_SIZE}\nagents = ["{POOLED}"]\nmin_available_bytes = 0\n'
+IDLE_SECONDS = env_int("BENCH_IDLE_SECONDS", 10)
 
 
 def ctl(*args: str) -> str:
@@ -72,6 +82,11 @@ def ready_pooled(stub: admin_pb2_grpc.AdminServiceStub, agent: str) -> int:
     for row in getattr(status, "pool", ()):
         if row.agent == agent:
             return int(row.ready)
+    return len(ready_pooled_sids(agent))
+
+
+def ready_pooled_sids(agent: str) -> list[str]:
+    """The ids of ``agent``'s pooled sandboxes that are ready and unclaimed (the journal)."""
     log = subprocess.run(
         ["journalctl", "-u", "ironclawd", "-o", "cat", "--no-pager", "-b"],
         capture_output=True,
@@ -82,7 +97,7 @@ def ready_pooled(stub: admin_pb2_grpc.AdminServiceStub, agent: str) -> int:
     ready = re.findall(rf"pool: sandbox ([a-z0-9]+) of agent {re.escape(agent)} ready", log)
     gone = set(re.findall(r"pool: stopping sandbox ([a-z0-9]+)", log))
     gone |= set(re.findall(r"session ([a-z0-9]+) running in a pooled sandbox", log))
-    return len([s for s in ready if s not in gone])
+    return [s for s in ready if s not in gone]
 
 
 def wait_ready(stub: admin_pb2_grpc.AdminServiceStub, agent: str, timeout: float = 120) -> None:
@@ -157,6 +172,58 @@ def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
     }
 
 
+def unit_pids(sids: list[str]) -> list[int]:
+    """Every process in the sandbox units of ``sids`` (their name=systemd cgroup)."""
+    units = {f"/ironclaw-sbx-{sid}.service" for sid in sids}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if any(unit in text for unit in units):
+            pids.append(int(entry.name))
+    return pids
+
+
+def waiting_cpu(stub: admin_pb2_grpc.AdminServiceStub) -> list[dict[str, Any]]:
+    """CPU per sandbox of the pool's waiting sandboxes and of as many idle sessions, over the
+    same seconds (% of one core)."""
+    deadline = time.monotonic() + 120
+    while len(pooled := ready_pooled_sids(POOLED)) < POOL_SIZE:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: the pool of {POOLED} did not refill within 120 s")
+        time.sleep(0.2)
+    idle = [
+        stub.CreateSession(admin_pb2.CreateSessionRequest(agent=COLD), timeout=120).session.sid
+        for _ in pooled
+    ]
+    try:
+        time.sleep(2)  # past the agents' start-up
+        ways = {"pooled": unit_pids(pooled), "idle": unit_pids(idle)}
+        before = {k: sum(cpu_ticks(p) for p in pids) for k, pids in ways.items()}
+        time.sleep(IDLE_SECONDS)
+        used = {
+            k: 100 * (sum(cpu_ticks(p) for p in pids) - before[k]) / TICKS / IDLE_SECONDS
+            for k, pids in ways.items()
+        }
+    finally:
+        for sid in idle:
+            stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True))
+    per = {k: {"median": round(v / len(pooled), 2)} for k, v in used.items()}
+    return [
+        figure(
+            f"CPU of a waiting pooled sandbox ({len(pooled)} measured over {IDLE_SECONDS} s)",
+            per["pooled"],
+            f"an idle session's sandbox, agent {COLD} (same seconds)",
+            per["idle"],
+            unit="% of a core",
+        )
+    ]
+
+
 def figures(s: dict[str, list[float]]) -> list[dict[str, Any]]:
     cold = f"the same, agent {COLD} without a pool (cold start)"
     return [
@@ -199,8 +266,10 @@ def main() -> None:
         return
     extra = unlimited_agent(POOLED) + unlimited_agent(COLD) + POOL_CONFIG
     with daemon_config(extra), grpc.insecure_channel(f"unix:{SOCKET}") as channel:
-        samples = interleave(ways(admin_pb2_grpc.AdminServiceStub(channel)), ROUNDS)
-    write_result("pool", figures(samples), rounds=ROUNDS, pool_config=POOL_CONFIG.strip())
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        samples = interleave(ways(stub), ROUNDS)
+        waiting = waiting_cpu(stub)
+    write_result("pool", figures(samples) + waiting, rounds=ROUNDS, pool_config=POOL_CONFIG.strip())
 
 
 if __name__ == "__main__":

@@ -50,6 +50,10 @@ from ironclawd.ports import RESYNC, AgentHello, ControlListener
 log = logging.getLogger("ironclawd.control")
 
 CONTROL_SOCKET = "control.sock"
+# A pooled sandbox's agent waits for its claim in a blocked read here (agent/main.py): the
+# socket exists only while the sandbox is pooled, and ``wake`` answers it with CLAIMED_LINE.
+CLAIM_SOCKET = "claim.sock"
+CLAIMED_LINE = b"claimed\n"
 MAX_LINE = 256
 SEND_TIMEOUT = 5.0
 # Names in the fd store: "control.<sid>" (the listener), "control.<sid>.<pid>.<uid>" (the
@@ -105,11 +109,20 @@ class _Channel:
     closing: bool = False
 
 
+@dataclass
+class _Claim:
+    """A pooled sandbox's claim.sock and its agent's waiting connections, oldest first."""
+
+    server: asyncio.Server
+    waiting: list[asyncio.StreamWriter] = field(default_factory=list)
+
+
 class ControlServer:
     def __init__(self, sessions_dir: Path, limits: SocketsConfig = SocketsConfig()) -> None:  # noqa: B008 (frozen)
         self._dir = sessions_dir
         self._limits = limits
         self._channels: dict[str, _Channel] = {}
+        self._claims: dict[str, _Claim] = {}
         self._listener: ControlListener | None = None
         self._restored: dict[str, Restored] = {}
 
@@ -150,8 +163,74 @@ class ControlServer:
         ensure_private_dir(directory, 0o711)
         return directory
 
+    async def open_claim(self, sid: str) -> Path:
+        """A pooled sandbox's socket directory, serving only claim.sock: its agent connects and
+        waits there (no polling) until ``wake``. Only the sandbox's own unit may connect, as on
+        control.sock; nothing is read from a connection, and the host sends only CLAIMED_LINE."""
+        directory = self.make_dir(sid)
+        await self._close_claim(sid)
+        sock = bind_unix_socket(directory / CLAIM_SOCKET, mode=0o666, group=None)
+        claim: _Claim
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._hold(sid, claim, reader, writer)
+
+        claim = _Claim(await serve_unix(handle, sock, limit=MAX_LINE))
+        self._claims[sid] = claim
+        return directory
+
+    async def _hold(
+        self, sid: str, claim: _Claim, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if not peer_in_unit(writer.get_extra_info("socket"), unit_name(sid)):
+            ratelog.warning(log, sid, "claim.sock outsider",
+                            "session %s: refused a claim connection from outside its unit",
+                            sid)  # fmt: skip
+            writer.transport.abort()
+            return
+        if len(claim.waiting) >= self._limits.max_control_connections:
+            claim.waiting.pop(0).transport.abort()  # the oldest: a new one is the live agent
+        claim.waiting.append(writer)
+        try:
+            await reader.read(1)  # the agent sends nothing: a byte or the end ends its wait
+        except OSError:
+            pass
+        finally:
+            if writer in claim.waiting:
+                claim.waiting.remove(writer)
+                writer.transport.abort()
+
+    async def wake(self, sid: str) -> None:
+        """Tell a pooled sandbox's waiting agent that a session claimed it (its key, queues and
+        sockets are in place), then stop serving claim.sock. Nothing to do if it is not pooled."""
+        claim = self._claims.pop(sid, None)
+        if claim is None:
+            return
+        for writer in claim.waiting:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write(CLAIMED_LINE)
+            writer.close()  # after what was written
+        claim.waiting.clear()
+        await self._stop_claim(sid, claim)
+
+    async def _close_claim(self, sid: str) -> None:
+        claim = self._claims.pop(sid, None)
+        if claim is None:
+            return
+        for writer in claim.waiting:
+            writer.transport.abort()
+        claim.waiting.clear()
+        await self._stop_claim(sid, claim)
+
+    async def _stop_claim(self, sid: str, claim: _Claim) -> None:
+        claim.server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._session_dir(sid) / CLAIM_SOCKET)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(claim.server.wait_closed(), 2)
+
     async def open(self, sid: str) -> Path:
-        await self.close_listener(sid)
+        await self._close_channel(sid)  # not claim.sock: a claim opens this before ``wake``
         ensure_private_dir(self._dir, 0o711)
         directory = self._session_dir(sid)
         ensure_private_dir(directory, 0o711)
@@ -372,7 +451,11 @@ class ControlServer:
         await self._require(sid).disconnected.wait()
 
     async def close_listener(self, sid: str) -> None:
-        """Stop serving a session's socket but leave its directory (daemon shutdown)."""
+        """Stop serving a session's sockets but leave its directory (daemon shutdown)."""
+        await self._close_claim(sid)
+        await self._close_channel(sid)
+
+    async def _close_channel(self, sid: str) -> None:
         channel = self._channels.pop(sid, None)
         if channel is None:
             return
@@ -398,7 +481,7 @@ class ControlServer:
             os.rmdir(directory)
 
     async def close_all_listeners(self) -> None:
-        for sid in list(self._channels):
+        for sid in list(self._channels) + list(self._claims):
             await self.close_listener(sid)
 
     def list_dirs(self) -> list[str]:

@@ -306,8 +306,14 @@ class ControlPlane(Protocol):
         """Create the session's socket directory and start listening; return the directory."""
         ...
 
-    def make_dir(self, sid: str) -> Path:
-        """Create the session's socket directory, empty, serving nothing (a pooled sandbox)."""
+    async def open_claim(self, sid: str) -> Path:
+        """A pooled sandbox: create the socket directory serving only the socket its agent
+        waits on until ``wake``; return the directory."""
+        ...
+
+    async def wake(self, sid: str) -> None:
+        """Tell a pooled sandbox's waiting agent it was claimed (after ``open``, once its key
+        and sockets are in place) and stop serving its claim socket; no-op if not pooled."""
         ...
 
     async def wait_hello(self, sid: str) -> AgentHello:

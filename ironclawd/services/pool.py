@@ -2,12 +2,13 @@
 
 A pooled sandbox is made under the session id it will have (so its unit, netns, bundle and mount
 sources are the ones a session of that id gets), but holds nothing of a session: its queue
-directories are empty, its key file is empty, its socket directory serves nothing and the state
-DB has no record or key for it. Its agent waits for a control socket. A claim (``claim``) hands
-it to exactly one session, which then seals it (``SandboxLifecycle.seal``: key, queues, sockets,
-hello); it is never returned to the pool, and a claim that fails tears it down. The pool refills
-one sandbox at a time in the background, and gives sandboxes back while memory is short
-(``domain/pool.py`` decides; this module acts)."""
+directories are empty, its key file is empty, its socket directory serves only ``claim.sock``
+and the state DB has no record or key for it. Its agent waits on that socket, in a blocked read.
+A claim (``claim``) hands it to exactly one session, which then seals it
+(``SandboxLifecycle.seal``: key, queues, sockets, then the line on ``claim.sock`` that wakes the
+agent, then its hello); it is never returned to the pool, and a claim that fails tears it
+down. The pool refills one sandbox at a time in the background, and gives sandboxes back while
+memory is short (``domain/pool.py`` decides; this module acts)."""
 
 from __future__ import annotations
 

@@ -117,8 +117,8 @@ class SandboxLifecycle:
         sid = session.sid
         netns = await asyncio.to_thread(self.netns.create, session.netns)
         undo.push_async_callback(quietly_sync, "deleting netns", self.netns.delete, session.netns)
-        if pooled:  # no key, no queue, no socket: empty mount sources (sealed at claim)
-            await asyncio.to_thread(self.control.make_dir, sid)
+        if pooled:  # no key, no queue, no session socket: empty mount sources (sealed at claim)
+            await self.control.open_claim(sid)
             undo.push_async_callback(quietly, "removing socket dir", self.control.close, sid)
             await asyncio.to_thread(self.data.prepare_pooled, sid, agent.uid, agent.gid)
             undo.push_async_callback(quietly_sync, "removing queues", self.data.destroy, sid)
@@ -158,8 +158,8 @@ class SandboxLifecycle:
 
     async def bring_up_pooled(self, session: Session, agent: AgentSpec) -> None:
         """Start a sandbox for a pool (services/pool.py): its netns, empty queue directories and
-        key file, bundle and unit, but no key, no queue and no socket served. Its agent waits
-        for a control socket that exists only once a session claims it (``seal``)."""
+        key file, bundle and unit, but no key, no queue and no socket served but the one its
+        agent waits on until a session claims it (``seal`` wakes it)."""
         async with contextlib.AsyncExitStack() as undo:
             await self._start_box(session, agent, undo, pooled=True)
             undo.pop_all()
@@ -172,6 +172,7 @@ class SandboxLifecycle:
             await asyncio.to_thread(self.data.seal, sid, agent.uid, agent.gid)
             await self.control.open(sid)
             await self.sockets.open(sid)
+            await self.control.wake(sid)
             return await self._hello(session, self.layout.start_timeout)
         except BaseException:
             await self.teardown(session)
@@ -295,7 +296,7 @@ class SandboxLifecycle:
         *,
         pooled: bool = False,
     ) -> SandboxPolicy:
-        # A pooled agent waits for its control socket without a deadline (agent/main.py).
+        # A pooled agent waits for its claim without a deadline (agent/main.py).
         wait = (("IRONCLAW_POOLED", "1"),) if pooled else ()
         return SandboxPolicy(
             sid=session.sid,

@@ -106,17 +106,22 @@ class FakeControl(_Recording):
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
         self.open_dirs: set[str] = set()
-        self.made_dirs: set[str] = set()  # made empty (a pooled sandbox), not listening
+        self.made_dirs: set[str] = set()  # serving only the claim socket (a pooled sandbox)
+        self.woken: set[str] = set()  # pooled sandboxes told of their claim
         self.silent: set[str] = set()
         self.sent: list[tuple[str, str, int]] = []
         self._dropped: dict[str, asyncio.Event] = {}
         self.listener: ControlListener | None = None
         self.hello_gate: asyncio.Event | None = None
 
-    def make_dir(self, sid: str) -> Path:
-        self._call("control.make_dir", sid)
+    async def open_claim(self, sid: str) -> Path:
+        self._call("control.open_claim", sid)
         self.made_dirs.add(sid)
         return Path("/run/ironclaw/sessions") / sid
+
+    async def wake(self, sid: str) -> None:
+        self._call("control.wake", sid)
+        self.woken.add(sid)
 
     async def open(self, sid: str) -> Path:
         self._call("control.open", sid)

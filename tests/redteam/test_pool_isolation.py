@@ -1,4 +1,5 @@
-"""A warm pool's sandbox holds nothing of the session that claimed the one before it (issue 17).
+"""A warm pool's sandbox holds nothing of the session that claimed the one before it (issue 17),
+and only its own unit may wait on the socket where its agent waits for a claim.
 
 Session A claims a pooled sandbox, is sent a message and removed; session B then claims the
 next pooled sandbox. From inside B, with the red-team probe, as the agent's uid: B's key is not
@@ -13,14 +14,37 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.pool import pooled_daemon
+from tests.harness.pool import pooled_daemon, wait_pool_ready
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import Sandbox, Sessions, out, record_outcome
+from tests.redteam.conftest import (
+    Sandbox,
+    Sessions,
+    journal_cursor,
+    journal_since,
+    out,
+    record_outcome,
+)
 from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
 
 KEY_IN_BOX = "/run/ironclaw-key"
+PYTHON = "/usr/bin/python3"
+CLAIM_REFUSAL = "refused a claim connection from outside its unit"
+# Connect and wait for what the host says: "line" (it answered), "closed" (it ended the
+# connection without a word), "kept" (still waiting after 5 s: it was let in).
+_CONNECT_AND_WAIT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect(sys.argv[1])
+try:
+    print("line" if s.recv(64) else "closed")
+except socket.timeout:
+    print("kept")
+except OSError:
+    print("closed")
+"""
 
 
 @pytest.fixture
@@ -82,6 +106,48 @@ def test_a_pooled_sandbox_holds_nothing_of_the_previous_session(
             assert host_key(b) != a_key
             for path in a_paths:
                 assert not looked[path]["exists"], looked[path]
+        finally:
+            failures = sessions.remove_all()
+            assert not failures, failures
+
+
+@pytest.fixture
+def recorded_claim(request: pytest.FixtureRequest, ledger: Ledger) -> Iterator[None]:
+    yield
+    record_outcome(
+        request, ledger, "host-users.pool.claim-socket", "host-users",
+        "wait on a pooled sandbox's claim socket (to learn of its claim, or take its place)",
+        "host-user",
+    )  # fmt: skip
+
+
+def test_host_user_is_turned_away_from_a_pooled_sandboxs_claim_socket(
+    daemon: SystemdHarness, recorded_claim: None
+) -> None:
+    """A pooled sandbox's agent waits on ``claim.sock`` in its sockets directory until a session
+    claims it. The socket is mode 0666 (runsc's host side runs as a uid of its choosing): a host
+    user who knows the path can connect, and must be closed out at once, with nothing said,
+    while the pooled sandbox stays claimable."""
+    with pooled_daemon(daemon):
+        sessions = Sessions(daemon, pooled=True)
+        try:
+            wait_pool_ready(daemon)
+            listed = daemon.run(["bash", "-c", "ls /run/ironclaw/sessions/*/claim.sock"])
+            assert listed.returncode == 0, out(listed)
+            paths = listed.stdout.decode().split()
+            assert len(paths) == 1, paths  # a pool of one, waiting
+            waiting_sid = paths[0].split("/")[-2]
+            mark = journal_cursor(daemon)
+            proc = daemon.run([PYTHON, "-c", _CONNECT_AND_WAIT, paths[0]], user="outsider")
+            assert proc.returncode == 0, out(proc)
+            assert proc.stdout.decode().strip() == "closed", out(proc)
+            assert f"session {waiting_sid}: {CLAIM_REFUSAL}" in journal_since(daemon, mark)
+            # Still claimable: the claim wakes its agent, and the socket is gone after it.
+            box = sessions.create()
+            assert box.sid == waiting_sid
+            assert box.send("after the knock").endswith("after the knock")
+            gone = daemon.run(["test", "-e", paths[0]])
+            assert gone.returncode == 1, "claim.sock outlived the claim"
         finally:
             failures = sessions.remove_all()
             assert not failures, failures

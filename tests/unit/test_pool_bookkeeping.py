@@ -110,10 +110,11 @@ def test_a_pooled_sandbox_holds_nothing_of_a_session_until_claimed() -> None:
     pooled, running = run(world, body)
     assert len(pooled) == 2
     assert running == {f"ironclaw-sbx-{sid}.service" for sid in pooled}
-    for sid in pooled:  # no key, no control socket listening, no record
+    for sid in pooled:  # no key, no control socket listening, no record, not woken
         assert ("data.prepare", sid) not in world.log
         assert ("control.open", sid) not in world.log
-        assert ("control.make_dir", sid) in world.log
+        assert ("control.open_claim", sid) in world.log  # the agent waits there
+        assert ("control.wake", sid) not in world.log
     assert world.store.list_sessions() == []
 
 
@@ -131,6 +132,11 @@ def test_concurrent_creates_claim_different_sandboxes_sealed_once_and_the_pool_r
     assert sorted(claimed) == before  # both from the pool, each its own
     for sid in claimed:
         assert world.log.count(("data.seal", sid)) == 1
+        # Woken once, and only when its key and control socket are in place.
+        assert world.log.count(("control.wake", sid)) == 1
+        woken = world.log.index(("control.wake", sid))
+        for before_wake in (("data.seal", sid), ("control.open", sid)):
+            assert world.log.index(before_wake) < woken, before_wake
         assert world.store.get(sid).state is State.RUNNING
         assert ("units.start", f"ironclaw-sbx-{sid}.service") in world.log  # started once
     # Refilled with new ids; closing the pool stopped those, never the claimed ones.

@@ -1,0 +1,231 @@
+"""A pooled sandbox waits for its claim on claim.sock (ironclawd/api/control.py ``open_claim``,
+``wake``; agent/main.py ``wait_for_claim``), over real Unix sockets in a temporary directory:
+the host says one line only when woken, closes anyone outside the unit without a word, and
+leaves no socket behind; the agent returns once woken and the key is whole, and falls back to
+polling the key file when the socket is missing or ends without the line. (The cgroup check
+itself is the real tier's: tests/redteam/test_pool_isolation.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from agent import main as agent_main
+from ironclawd.api import control
+from ironclawd.api.control import CLAIM_SOCKET, CLAIMED_LINE, ControlServer
+from ironclawd.config import SocketsConfig
+
+SID = "pooled0001"
+KEY = b"ab" * 32
+
+
+async def connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, str(path))
+    for _ in range(20):  # let the server take the connection
+        await asyncio.sleep(0)
+    return sock
+
+
+async def read_all(sock: socket.socket) -> bytes:
+    """Everything the host sends until it closes (bounded: a test must not hang)."""
+    loop = asyncio.get_running_loop()
+    data = b""
+    async with asyncio.timeout(5):
+        try:
+            while chunk := await loop.sock_recv(sock, 64):
+                data += chunk
+        except ConnectionResetError:
+            pass
+    return data
+
+
+def nothing_yet(sock: socket.socket) -> bool:
+    try:
+        sock.recv(64)
+    except BlockingIOError:
+        return True
+    return False
+
+
+@pytest.fixture(autouse=True)
+def chowned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """``bind_unix_socket`` gives the socket to root: recorded here, not done (the unit tier
+    changes no owner)."""
+    calls: list[tuple[str, int, int]] = []
+
+    def chown(path: object, uid: int, gid: int, **_: object) -> None:
+        calls.append((str(path), uid, gid))
+
+    monkeypatch.setattr(os, "chown", chown)
+    return calls
+
+
+def served(
+    tmp_path: Path, body: Callable[[ControlServer, Path], Awaitable[None]], limit: int = 3
+) -> None:
+    async def go() -> None:
+        server = ControlServer(tmp_path, SocketsConfig(max_control_connections=limit))
+        try:
+            directory = await server.open_claim(SID)
+            await body(server, directory / CLAIM_SOCKET)
+        finally:
+            await server.close(SID)
+
+    asyncio.run(go())
+
+
+def test_the_waiting_agent_hears_one_line_only_when_woken_and_the_socket_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chowned: list[tuple[str, int, int]]
+) -> None:
+    monkeypatch.setattr(
+        control, "peer_in_unit", lambda sock, unit: unit.endswith(f"-{SID}.service")
+    )
+
+    async def body(server: ControlServer, path: Path) -> None:
+        assert await asyncio.to_thread(path.is_socket)
+        mode = (await asyncio.to_thread(path.stat)).st_mode
+        assert mode & 0o777 == 0o666
+        assert chowned == [(str(path), 0, -1)]  # root's, any group (no group's in particular)
+        agent = await connect(path)
+        await asyncio.sleep(0.05)
+        assert nothing_yet(agent)  # nothing until a claim
+        await server.open(SID)  # the claim serves the control socket first: the wait goes on
+        await asyncio.sleep(0.05)
+        assert nothing_yet(agent)
+        await server.wake(SID)
+        assert await read_all(agent) == CLAIMED_LINE
+        assert not await asyncio.to_thread(path.exists)
+        await server.wake(SID)  # a second wake (or one for a cold session) does nothing
+        agent.close()
+
+    served(tmp_path, body)
+
+
+def test_a_connection_from_outside_the_unit_is_closed_without_a_word(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: False)
+
+    async def body(server: ControlServer, path: Path) -> None:
+        outsider = await connect(path)
+        assert await read_all(outsider) == b""
+        await server.wake(SID)  # the claim still goes ahead
+        assert not await asyncio.to_thread(path.exists)
+        outsider.close()
+
+    served(tmp_path, body)
+
+
+def test_connections_are_bounded_and_the_oldest_goes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: True)
+
+    async def body(server: ControlServer, path: Path) -> None:
+        first = await connect(path)
+        second = await connect(path)
+        third = await connect(path)
+        assert await read_all(first) == b""  # pushed out by the third (limit 2)
+        await server.wake(SID)
+        assert await read_all(second) == CLAIMED_LINE
+        assert await read_all(third) == CLAIMED_LINE
+        for sock in (first, second, third):
+            sock.close()
+
+    served(tmp_path, body, limit=2)
+
+
+def test_closing_a_pooled_sandbox_ends_the_wait_without_the_line_and_removes_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: True)
+
+    async def go() -> None:
+        server = ControlServer(tmp_path)
+        directory = await server.open_claim(SID)
+        agent = await connect(directory / CLAIM_SOCKET)
+        await server.close(SID)
+        assert await read_all(agent) == b""
+        assert not await asyncio.to_thread(directory.exists)
+        agent.close()
+        # Shutdown closes the listeners of pooled sandboxes too.
+        await server.open_claim("pooled0002")
+        await server.close_all_listeners()
+        assert not await asyncio.to_thread((tmp_path / "pooled0002" / CLAIM_SOCKET).exists)
+
+    asyncio.run(go())
+
+
+def serve_once(path: Path, answer: bytes, key: Path | None) -> threading.Thread:
+    """A host stand-in: accept one connection on ``path``; write ``key`` (if given), then
+    ``answer``, then close."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def run() -> None:
+        with listener, listener.accept()[0] as conn:
+            if key is not None:
+                key.write_bytes(KEY)
+            if answer:
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def claim_on_the_first_poll(key: Path, polls: list[float]) -> Callable[[float], None]:
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if seconds == agent_main.POOLED_POLL:
+            key.write_bytes(KEY)
+
+    return sleep
+
+
+def test_the_agent_returns_once_woken_without_polling_the_key(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"")
+    polls: list[float] = []
+    thread = serve_once(tmp_path / CLAIM_SOCKET, CLAIMED_LINE, key)
+    agent_main.wait_for_claim(
+        str(tmp_path / "control.sock"), key, sleep=claim_on_the_first_poll(key, polls)
+    )
+    thread.join(5)
+    assert key.read_bytes() == KEY
+    assert polls == []  # woken: not a single poll, not a single retry
+
+
+def test_the_agent_polls_the_key_when_the_wait_ends_without_the_line(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"")
+    polls: list[float] = []
+    thread = serve_once(tmp_path / CLAIM_SOCKET, b"", None)  # the host went away
+    agent_main.wait_for_claim(
+        str(tmp_path / "control.sock"), key, sleep=claim_on_the_first_poll(key, polls)
+    )
+    thread.join(5)
+    assert key.read_bytes() == KEY
+    assert polls == [agent_main.POOLED_POLL]
+
+
+def test_the_agent_polls_the_key_when_there_is_no_claim_socket(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(b"")
+    polls: list[float] = []
+    agent_main.wait_for_claim(
+        str(tmp_path / "control.sock"), key, deadline=0.2,
+        sleep=claim_on_the_first_poll(key, polls),
+    )  # fmt: skip
+    assert key.read_bytes() == KEY
+    assert polls[-1] == agent_main.POOLED_POLL  # connect retries, then the key's poll
+    assert polls.count(agent_main.POOLED_POLL) == 1
