@@ -199,7 +199,9 @@ def one_line(f: Mapping[str, Any]) -> str:
         return f"{f['figure']}: {f['note']}"
     shown = f"{f['figure']}: {f['value'][key]} {f['unit']}"
     if f["baseline"]:
-        shown += f" vs {f['baseline_name']} {f['baseline'][key]} {f['unit']} ({f['ratio']}x)"
+        shown += f" vs {f['baseline_name']} {f['baseline'][key]} {f['unit']}"
+        if f["ratio"] is not None:  # none beside a baseline of 0
+            shown += f" ({f['ratio']}x)"
     return shown
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import figure, one_line
 from benchmarks.table import render
 
 
@@ -75,3 +76,11 @@ def test_a_file_run_apart_on_another_cpu_or_python_names_them(tmp_path: Path) ->
     ) in text
     # Same CPU and interpreter as the run: only the date, kernel and load.
     assert "- model-proxy was run apart from that run: 2026-12-03 17:30 UTC, kernel k, load" in text
+
+
+def test_a_figure_beside_a_baseline_of_zero_prints_no_ratio() -> None:
+    zero = figure("cpu", {"median": 0.05}, "idle", {"median": 0.0}, unit="% of a core")
+    assert zero["ratio"] is None
+    assert one_line(zero) == "cpu: 0.05 % of a core vs idle 0.0 % of a core"
+    some = figure("cpu", {"median": 0.5}, "idle", {"median": 0.25}, unit="% of a core")
+    assert one_line(some).endswith("(2.0x)")
