@@ -11,7 +11,6 @@ import contextlib
 import time
 
 import grpc
-import grpc.experimental
 
 from agent.metered import answered_by_host, call_metered
 from agent.tools import close_channels, run_tool
@@ -48,10 +47,6 @@ class ModelResponder:
                 options=[
                     ("grpc.initial_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 1000),
-                    # Complete streams on the calling thread: otherwise grpc starts a thread for
-                    # every call made while none is in flight (one per message here), and hands
-                    # each event across threads, each a clone or futex trapped by gVisor.
-                    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
                 ],
             )
         return self._channel
@@ -133,20 +128,13 @@ class ModelResponder:
     def _complete(
         self, messages: list[model_pb2.Message], profile: model_pb2.GetProfileResponse
     ) -> tuple[str, list[model_pb2.ToolCall]]:
-        # Only text and tool calls are read below: the host sends nothing else.
-        request = model_pb2.CompleteRequest(
-            messages=messages, tools=profile.tools, text_and_tool_calls_only=True
-        )
-        # A refusal for the call rate comes before any event: the retry starts afresh.
-        return call_metered(lambda: self._stream(request))
+        # The whole answer in one message (Answer, a unary call: it waits on the calling
+        # thread, with no thread of grpc's): the agent joins the text anyway, and a stream's
+        # event and its end were two writes and two reads through the sandbox's kernel.
+        request = model_pb2.CompleteRequest(messages=messages, tools=profile.tools)
+        # A refusal for the call rate comes before any answer: the retry starts afresh.
+        return call_metered(lambda: self._answer(request))
 
-    def _stream(self, request: model_pb2.CompleteRequest) -> tuple[str, list[model_pb2.ToolCall]]:
-        parts: list[str] = []
-        calls: list[model_pb2.ToolCall] = []
-        for event in self._stub.Complete(request, timeout=CALL_TIMEOUT):
-            kind = event.WhichOneof("event")
-            if kind == "text_delta":
-                parts.append(event.text_delta)
-            elif kind == "tool_call":
-                calls.append(event.tool_call)
-        return "".join(parts), calls
+    def _answer(self, request: model_pb2.CompleteRequest) -> tuple[str, list[model_pb2.ToolCall]]:
+        answer = self._stub.Answer(request, timeout=CALL_TIMEOUT)
+        return answer.text, list(answer.tool_calls)

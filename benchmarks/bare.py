@@ -73,6 +73,10 @@ class _StubModel(model_pb2_grpc.ModelServiceServicer):
     def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
         return model_pb2.GetProfileResponse(agent="bare", max_tool_rounds=4)
 
+    def Answer(self, request: Any, context: Any) -> model_pb2.AnswerResponse:
+        """What the agent asks: the whole turn in one message."""
+        return model_pb2.AnswerResponse(text=f"mock: {request.messages[-1].text}")
+
     def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
         yield model_pb2.CompleteResponse(text_delta=f"mock: {request.messages[-1].text}")
         if not request.text_and_tool_calls_only:  # as the daemon's proxy does: what was asked

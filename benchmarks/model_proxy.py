@@ -8,13 +8,15 @@ unit (as a process in the sandbox is: the socket admits only the unit's processe
 client is run on the host so that the figure is the proxy's, not gVisor's) then alternates:
 
 - direct: the provider adapter (httpx, SSE parsing) calling the fake upstream itself;
-- proxy_agent: ModelService.Complete on model.sock (peer check, splice, gRPC, budgets, key
-  injection, the same adapter, redaction, audit record) to the same upstream, called by the
-  agent's own code (``agent.model.ModelResponder``: its channel options, its request asking
-  for text and tool calls only) under the agent's gRPC setting (``agent.GRPC_ENVIRONMENT``);
-- proxy_plain: the same call on a plain channel of the same process asking for every event
-  (text, stop reason, usage), as any other gRPC client would. Earlier versions of this file had
-  only this way, on grpc's default client, in a process without the agent's setting.
+- proxy_agent: the model call on model.sock (peer check, splice, gRPC, budgets, key injection,
+  the same adapter, redaction, audit record) to the same upstream, made by the agent's own code
+  (``agent.model.ModelResponder``: its channel options and its call, ``ModelService.Answer``,
+  the whole answer in one message; until stop 34 ``Complete`` asking for text and tool calls
+  only) under the agent's gRPC setting (``agent.GRPC_ENVIRONMENT``);
+- proxy_plain: ``ModelService.Complete`` on a plain channel of the same process asking for
+  every event (text, stop reason, usage), as any other gRPC client would. Earlier versions of
+  this file had only this way, on grpc's default client, in a process without the agent's
+  setting.
 
 All three send the same completion: the persona the proxy sends and the agent's tool
 definitions (``GetProfile``), which the proxy passes upstream. (In the first run with the agent's

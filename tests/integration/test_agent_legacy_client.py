@@ -30,9 +30,13 @@ class _Model(model_pb2_grpc.ModelServiceServicer):
     def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
         return model_pb2.GetProfileResponse(agent="a", max_tool_rounds=2)
 
-    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+    def Answer(self, request: Any, context: Any) -> model_pb2.AnswerResponse:
         self.completes += 1
-        yield model_pb2.CompleteResponse(text_delta=f"mock: {request.messages[-1].text}")
+        return model_pb2.AnswerResponse(text=f"mock: {request.messages[-1].text}")
+
+    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "the agent asks for whole answers")
+        yield model_pb2.CompleteResponse()
 
 
 # The agent's side in a process of its own, with the legacy client as the frozen agent has it.

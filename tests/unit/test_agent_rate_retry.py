@@ -43,12 +43,16 @@ class _Model(model_pb2_grpc.ModelServiceServicer):
         self._meter(context)
         return model_pb2.GetProfileResponse(agent="a", max_tool_rounds=2)
 
-    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+    def Answer(self, request: Any, context: Any) -> model_pb2.AnswerResponse:
         self._meter(context)
         text = request.messages[-1].text
         if text.startswith("budget"):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rate limit of 2 model requests")
-        yield model_pb2.CompleteResponse(text_delta=f"mock: {text}")
+        return model_pb2.AnswerResponse(text=f"mock: {text}")
+
+    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "the agent asks for whole answers")
+        yield model_pb2.CompleteResponse()
 
 
 class _Status(grpc.Status):
@@ -74,7 +78,7 @@ def test_a_paced_call_is_made_again_and_the_user_sees_the_answer(
     model_socket: tuple[str, _Model],
 ) -> None:
     path, model = model_socket
-    model.paced = 5  # GetProfile once, then Complete four times
+    model.paced = 5  # GetProfile once, then Answer four times
     responder = ModelResponder(path)
     assert responder("hello") == "mock: hello"
     assert model.calls == 7

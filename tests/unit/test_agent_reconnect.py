@@ -28,27 +28,31 @@ ANSWERED = ((metered.ANSWERED_KEY, "1"),)
 
 
 class _Model(model_pb2_grpc.ModelServiceServicer):
-    """Answers "mock: <text>"; the first ``failures`` Complete calls end UNAVAILABLE, with the
-    host's trailer if ``answered``."""
+    """Answers "mock: <text>"; the first ``failures`` Answer calls end UNAVAILABLE, with the
+    host's trailer if ``answered``. Complete (a stream) is counted and never answered."""
 
     def __init__(self, failures: int = 0, answered: bool = True) -> None:
         self.failures, self.answered = failures, answered
-        self.completes = 0
-        self.only_text_and_calls: list[bool] = []  # each Complete's request flag
+        self.completes = 0  # Answer calls
+        self.streams = 0  # Complete calls
 
     def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
         context.set_trailing_metadata(ANSWERED)
         return model_pb2.GetProfileResponse(agent="a", max_tool_rounds=2)
 
-    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+    def Answer(self, request: Any, context: Any) -> model_pb2.AnswerResponse:
         self.completes += 1
-        self.only_text_and_calls.append(request.text_and_tool_calls_only)
         if self.failures > 0:
             self.failures -= 1
             if self.answered:
                 context.set_trailing_metadata(ANSWERED)
             context.abort(grpc.StatusCode.UNAVAILABLE, "provider down")
-        yield model_pb2.CompleteResponse(text_delta=f"mock: {request.messages[-1].text}")
+        return model_pb2.AnswerResponse(text=f"mock: {request.messages[-1].text}")
+
+    def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
+        self.streams += 1
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "the agent asks for whole answers")
+        yield model_pb2.CompleteResponse()
 
 
 def _serve(path: Path, servicer: _Model, options: list[tuple[str, Any]]) -> grpc.Server:
@@ -102,12 +106,13 @@ def test_a_host_that_stays_away_is_reported_at_the_grace_deadline(
     assert reply.startswith("[the model is unavailable (unavailable): "), reply
 
 
-def test_the_agent_asks_for_text_and_tool_calls_only(
+def test_the_agent_asks_for_the_whole_answer_in_one_message(
     served: tuple[Path, _Model, list[grpc.Server]],
 ) -> None:
-    """It reads nothing else, so the host sends no usage or stop-reason events (one event for a
-    plain answer instead of three: each is a read through the sandbox's sentry)."""
+    """It only joins the text, so it asks ``Answer`` (one message, sent with the call's status)
+    and never the stream (an event, then the stream's end: each a read through the sandbox's
+    sentry)."""
     path, servicer, servers = served
     servers.append(_serve(path, servicer, []))
     assert ModelResponder(str(path))("hi") == "mock: hi"
-    assert servicer.only_text_and_calls == [True]
+    assert (servicer.completes, servicer.streams) == (1, 0)

@@ -203,9 +203,12 @@ class Model(model_pb2_grpc.ModelServiceServicer):
     def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
         return model_pb2.GetProfileResponse(agent="a", max_tool_rounds=2)
 
+    def Answer(self, request: Any, context: Any) -> model_pb2.AnswerResponse:
+        return model_pb2.AnswerResponse(text=f"ok: {request.messages[-1].text}")
+
     def Complete(self, request: Any, context: Any) -> Iterator[model_pb2.CompleteResponse]:
-        yield model_pb2.CompleteResponse(text_delta=f"ok: {request.messages[-1].text}")
-        yield model_pb2.CompleteResponse(stop_reason="end_turn")
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "the agent asks for whole answers")
+        yield model_pb2.CompleteResponse()
 
 
 def test_rest_closes_the_channels_and_the_next_turn_opens_one(tmp_path: Path) -> None:

@@ -1,16 +1,23 @@
 """The model proxy's answer as Complete's stream events (ironclawd/api/sandbox.py ``_events``):
 consecutive text from the provider is joined into one ``text_delta`` (each event is a write of the
 daemon's and a read through the sandbox's sentry), never past the batch, and never across
-another event, so the order of text, tool calls, usage and the stop reason is kept."""
+another event, so the order of text, tool calls, usage and the stop reason is kept. And as
+Answer's one message (``ModelServicer.Answer``): the text joined, the calls in order, and an
+answer too large for one message refused by name."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
 
 from ironclaw.model.v1 import model_pb2
 from ironclawd.api import sandbox
 from ironclawd.domain.model import Chunk, ToolCall
+from ironclawd.errors import ProviderError
 
 
 async def _chunks(*chunks: Chunk) -> AsyncIterator[Chunk]:
@@ -88,3 +95,46 @@ def test_the_batch_follows_the_largest_message() -> None:
     assert sandbox.ModelServicer(None, 1024)._batch == 128  # type: ignore[arg-type]
     big = sandbox.ModelServicer(None, 64 * 1024 * 1024)  # type: ignore[arg-type]
     assert big._batch == sandbox.TEXT_BATCH_CHARS
+
+
+class _Proxy:
+    """The model proxy's ``complete`` as far as the servicer sees it: these chunks."""
+
+    def __init__(self, *chunks: Chunk) -> None:
+        self.chunks = chunks
+
+    def complete(self, sid: str, messages: object, tools: object, max_tokens: int) -> Any:
+        return _chunks(*self.chunks)
+
+
+def _answer(max_bytes: int, *chunks: Chunk) -> model_pb2.AnswerResponse:
+    servicer = sandbox.ModelServicer(cast(Any, _Proxy(*chunks)), max_bytes)
+    request = model_pb2.CompleteRequest(
+        messages=[model_pb2.Message(role=model_pb2.ROLE_USER, text="hi")]
+    )
+
+    async def call() -> model_pb2.AnswerResponse:
+        sandbox._PEER.set(cast(Any, SimpleNamespace(sid="s1")))
+        return await servicer.Answer(request, cast(Any, None))
+
+    return asyncio.run(call())
+
+
+def test_answer_is_the_whole_turn_in_one_message_text_joined_and_calls_in_order() -> None:
+    first, second = ToolCall("c1", "list_files", "{}"), ToolCall("c2", "read_file", '{"p": 1}')
+    answer = _answer(
+        4096,
+        Chunk(text="mock:"), Chunk(text=" hello"), Chunk(tool_call=first), Chunk(text=" there"),
+        Chunk(tool_call=second), Chunk(usage=(3, 4)), Chunk(stop_reason="tool_use"),
+    )  # fmt: skip
+    assert answer.text == "mock: hello there"
+    assert [(c.id, c.name, c.arguments_json) for c in answer.tool_calls] == [
+        ("c1", "list_files", "{}"),
+        ("c2", "read_file", '{"p": 1}'),
+    ]
+
+
+def test_an_answer_larger_than_one_message_is_refused_by_name() -> None:
+    assert _answer(1024, Chunk(text="x" * 1000)).text == "x" * 1000
+    with pytest.raises(ProviderError, match=r"larger than one message on model.sock.*1024"):
+        _answer(1024, Chunk(text="x" * 1100))

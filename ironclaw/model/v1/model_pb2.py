@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dironclaw/model/v1/model.proto\x12\x11ironclaw.model.v1\"\x13\n\x11GetProfileRequest\"L\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\x7f\n\x12GetProfileResponse\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0f\n\x07persona\x18\x02 \x01(\t\x12\x30\n\x05tools\x18\x03 \x03(\x0b\x32!.ironclaw.model.v1.ToolDefinition\x12\x17\n\x0fmax_tool_rounds\x18\x04 \x01(\r\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\x85\x01\n\x07Message\x12%\n\x04role\x18\x01 \x01(\x0e\x32\x17.ironclaw.model.v1.Role\x12\x0c\n\x04text\x18\x02 \x01(\t\x12/\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1b.ironclaw.model.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"\xa7\x01\n\x0f\x43ompleteRequest\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.ironclaw.model.v1.Message\x12\x30\n\x05tools\x18\x02 \x03(\x0b\x32!.ironclaw.model.v1.ToolDefinition\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12 \n\x18text_and_tool_calls_only\x18\x04 \x01(\x08\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\"\xa5\x01\n\x10\x43ompleteResponse\x12\x14\n\ntext_delta\x18\x01 \x01(\tH\x00\x12\x30\n\ttool_call\x18\x02 \x01(\x0b\x32\x1b.ironclaw.model.v1.ToolCallH\x00\x12)\n\x05usage\x18\x03 \x01(\x0b\x32\x18.ironclaw.model.v1.UsageH\x00\x12\x15\n\x0bstop_reason\x18\x04 \x01(\tH\x00\x42\x07\n\x05\x65vent*N\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\r\n\tROLE_TOOL\x10\x03\x32\xc0\x01\n\x0cModelService\x12Y\n\nGetProfile\x12$.ironclaw.model.v1.GetProfileRequest\x1a%.ironclaw.model.v1.GetProfileResponse\x12U\n\x08\x43omplete\x12\".ironclaw.model.v1.CompleteRequest\x1a#.ironclaw.model.v1.CompleteResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dironclaw/model/v1/model.proto\x12\x11ironclaw.model.v1\"\x13\n\x11GetProfileRequest\"L\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\x7f\n\x12GetProfileResponse\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0f\n\x07persona\x18\x02 \x01(\t\x12\x30\n\x05tools\x18\x03 \x03(\x0b\x32!.ironclaw.model.v1.ToolDefinition\x12\x17\n\x0fmax_tool_rounds\x18\x04 \x01(\r\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\x85\x01\n\x07Message\x12%\n\x04role\x18\x01 \x01(\x0e\x32\x17.ironclaw.model.v1.Role\x12\x0c\n\x04text\x18\x02 \x01(\t\x12/\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1b.ironclaw.model.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"\xa7\x01\n\x0f\x43ompleteRequest\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.ironclaw.model.v1.Message\x12\x30\n\x05tools\x18\x02 \x03(\x0b\x32!.ironclaw.model.v1.ToolDefinition\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12 \n\x18text_and_tool_calls_only\x18\x04 \x01(\x08\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\"\xa5\x01\n\x10\x43ompleteResponse\x12\x14\n\ntext_delta\x18\x01 \x01(\tH\x00\x12\x30\n\ttool_call\x18\x02 \x01(\x0b\x32\x1b.ironclaw.model.v1.ToolCallH\x00\x12)\n\x05usage\x18\x03 \x01(\x0b\x32\x18.ironclaw.model.v1.UsageH\x00\x12\x15\n\x0bstop_reason\x18\x04 \x01(\tH\x00\x42\x07\n\x05\x65vent\"O\n\x0e\x41nswerResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12/\n\ntool_calls\x18\x02 \x03(\x0b\x32\x1b.ironclaw.model.v1.ToolCall*N\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\r\n\tROLE_TOOL\x10\x03\x32\x91\x02\n\x0cModelService\x12Y\n\nGetProfile\x12$.ironclaw.model.v1.GetProfileRequest\x1a%.ironclaw.model.v1.GetProfileResponse\x12U\n\x08\x43omplete\x12\".ironclaw.model.v1.CompleteRequest\x1a#.ironclaw.model.v1.CompleteResponse0\x01\x12O\n\x06\x41nswer\x12\".ironclaw.model.v1.CompleteRequest\x1a!.ironclaw.model.v1.AnswerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ironclaw.model.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=870
-  _globals['_ROLE']._serialized_end=948
+  _globals['_ROLE']._serialized_start=951
+  _globals['_ROLE']._serialized_end=1029
   _globals['_GETPROFILEREQUEST']._serialized_start=52
   _globals['_GETPROFILEREQUEST']._serialized_end=71
   _globals['_TOOLDEFINITION']._serialized_start=73
@@ -50,6 +50,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_USAGE']._serialized_end=700
   _globals['_COMPLETERESPONSE']._serialized_start=703
   _globals['_COMPLETERESPONSE']._serialized_end=868
-  _globals['_MODELSERVICE']._serialized_start=951
-  _globals['_MODELSERVICE']._serialized_end=1143
+  _globals['_ANSWERRESPONSE']._serialized_start=870
+  _globals['_ANSWERRESPONSE']._serialized_end=949
+  _globals['_MODELSERVICE']._serialized_start=1032
+  _globals['_MODELSERVICE']._serialized_end=1305
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,11 @@ class ModelServiceStub:
                 request_serializer=ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.Answer = channel.unary_unary(
+                '/ironclaw.model.v1.ModelService/Answer',
+                request_serializer=ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteRequest.SerializeToString,
+                response_deserializer=ironclaw_dot_model_dot_v1_dot_model__pb2.AnswerResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
@@ -64,6 +69,16 @@ class ModelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Answer(self, request, context):
+        """Answer runs one model turn and returns it whole: its text and tool calls in one message,
+        sent with the call's status (the agent joins the text anyway; a stream's events and its
+        end are separate writes). text_and_tool_calls_only is implied; the host still records
+        the call's usage. An answer larger than the socket's largest message fails UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +91,11 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteRequest.FromString,
                     response_serializer=ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteResponse.SerializeToString,
+            ),
+            'Answer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Answer,
+                    request_deserializer=ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteRequest.FromString,
+                    response_serializer=ironclaw_dot_model_dot_v1_dot_model__pb2.AnswerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +152,33 @@ class ModelService:
             '/ironclaw.model.v1.ModelService/Complete',
             ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteRequest.SerializeToString,
             ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Answer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ironclaw.model.v1.ModelService/Answer',
+            ironclaw_dot_model_dot_v1_dot_model__pb2.CompleteRequest.SerializeToString,
+            ironclaw_dot_model_dot_v1_dot_model__pb2.AnswerResponse.FromString,
             options,
             channel_credentials,
             insecure,

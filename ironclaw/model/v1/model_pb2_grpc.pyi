@@ -41,6 +41,12 @@ class ModelServiceStub:
     """GetProfile tells the agent its persona and the tools it may offer the model."""
     Complete: _grpc.UnaryStreamMultiCallable[_model_pb2.CompleteRequest, _model_pb2.CompleteResponse]
     """Complete streams one model turn."""
+    Answer: _grpc.UnaryUnaryMultiCallable[_model_pb2.CompleteRequest, _model_pb2.AnswerResponse]
+    """Answer runs one model turn and returns it whole: its text and tool calls in one message,
+    sent with the call's status (the agent joins the text anyway; a stream's events and its
+    end are separate writes). text_and_tool_calls_only is implied; the host still records
+    the call's usage. An answer larger than the socket's largest message fails UNAVAILABLE.
+    """
 
 @_typing.type_check_only
 class ModelServiceAsyncStub(ModelServiceStub):
@@ -49,6 +55,12 @@ class ModelServiceAsyncStub(ModelServiceStub):
     """GetProfile tells the agent its persona and the tools it may offer the model."""
     Complete: _aio.UnaryStreamMultiCallable[_model_pb2.CompleteRequest, _model_pb2.CompleteResponse]  # type: ignore[assignment]
     """Complete streams one model turn."""
+    Answer: _aio.UnaryUnaryMultiCallable[_model_pb2.CompleteRequest, _model_pb2.AnswerResponse]  # type: ignore[assignment]
+    """Answer runs one model turn and returns it whole: its text and tool calls in one message,
+    sent with the call's status (the agent joins the text anyway; a stream's events and its
+    end are separate writes). text_and_tool_calls_only is implied; the host still records
+    the call's usage. An answer larger than the socket's largest message fails UNAVAILABLE.
+    """
 
 class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -66,5 +78,17 @@ class ModelServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_model_pb2.CompleteResponse], _abc.AsyncIterator[_model_pb2.CompleteResponse]]:
         """Complete streams one model turn."""
+
+    @_abc_1.abstractmethod
+    def Answer(
+        self,
+        request: _model_pb2.CompleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_model_pb2.AnswerResponse, _abc.Awaitable[_model_pb2.AnswerResponse]]:
+        """Answer runs one model turn and returns it whole: its text and tool calls in one message,
+        sent with the call's status (the agent joins the text anyway; a stream's events and its
+        end are separate writes). text_and_tool_calls_only is implied; the host still records
+        the call's usage. An answer larger than the socket's largest message fails UNAVAILABLE.
+        """
 
 def add_ModelServiceServicer_to_server(servicer: ModelServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
