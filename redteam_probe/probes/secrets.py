@@ -118,7 +118,8 @@ def _unzip(body: bytes, encoding: str) -> bytes:
 
 
 def model_echoes(opts: Opts) -> object:
-    """Ask the model to echo the key it was sent, every way the fake provider can."""
+    """Ask the model to echo the key it was sent, every way the fake provider can, both as a
+    stream (Complete) and whole (Answer)."""
     secrets_ = canaries(opts)
     blobs: dict[str, bytes] = {}
     with grpc.insecure_channel(f"unix:{SOCKETS}/model.sock") as channel:
@@ -126,14 +127,18 @@ def model_echoes(opts: Opts) -> object:
         for prompt in MODEL_ECHOES:
             request = model_pb2.CompleteRequest(messages=[model_pb2.Message(
                 role=model_pb2.ROLE_USER, text=prompt)])  # fmt: skip
-            got = b""
-            try:
-                for event in stub.Complete(request, timeout=60):
-                    got += event.SerializeToString()
-            except grpc.RpcError as err:
-                got += f"{err.code().name} {err.details()}".encode()
-                got += repr(err.trailing_metadata()).encode()
-            blobs[f"model{prompt}"] = got
+            for way in ("stream", "whole"):
+                got = b""
+                try:
+                    if way == "stream":
+                        for event in stub.Complete(request, timeout=60):
+                            got += event.SerializeToString()
+                    else:
+                        got += stub.Answer(request, timeout=60).SerializeToString()
+                except grpc.RpcError as err:
+                    got += f"{err.code().name} {err.details()}".encode()
+                    got += repr(err.trailing_metadata()).encode()
+                blobs[f"model{prompt}" if way == "stream" else f"model-whole{prompt}"] = got
     return _result(_search(blobs, secrets_), f"{len(blobs)} model answers")
 
 

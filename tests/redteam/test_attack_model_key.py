@@ -148,7 +148,8 @@ def test_model_key_canary_never_reaches_the_box(
     where = (
         "every readable file (incl. /proc/*/environ, cmdline)"
         if attack_id == "secrets.files"
-        else "the proxy's answers to four provider echoes (text, tool call, \\u-escaped, 401)"
+        else "the proxy's answers to four provider echoes (text, tool call, \\u-escaped, 401), "
+        "streamed (Complete) and whole (Answer)"
     )
     record(
         ledger, attack_id.replace("secrets.", "secrets.model-key."), "secrets",
