@@ -211,7 +211,7 @@ class ControlServer:
                 writer.write(CLAIMED_LINE)
             writer.close()  # after what was written
         claim.waiting.clear()
-        await self._stop_claim(sid, claim)
+        await self._stop_claim(sid, claim, wait=False)  # the claim's hello is waiting
 
     async def _close_claim(self, sid: str) -> None:
         claim = self._claims.pop(sid, None)
@@ -222,12 +222,13 @@ class ControlServer:
         claim.waiting.clear()
         await self._stop_claim(sid, claim)
 
-    async def _stop_claim(self, sid: str, claim: _Claim) -> None:
+    async def _stop_claim(self, sid: str, claim: _Claim, *, wait: bool = True) -> None:
         claim.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._session_dir(sid) / CLAIM_SOCKET)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(claim.server.wait_closed(), 2)
+        if wait:  # (from Python 3.12 on, until its connections have ended too)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(claim.server.wait_closed(), 2)
 
     async def open(self, sid: str) -> Path:
         await self._close_channel(sid)  # not claim.sock: a claim opens this before ``wake``
