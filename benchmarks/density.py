@@ -96,8 +96,10 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime, stime
 
 
-def sandbox_pids() -> list[int]:
-    """Every process in an ``ironclaw-sbx-*`` unit (its name=systemd cgroup)."""
+def sandbox_pids(sids: Iterable[str] | None = None) -> list[int]:
+    """Every process in an ``ironclaw-sbx-*`` unit (its name=systemd cgroup); with ``sids``,
+    only in those sessions' units."""
+    marks = ["/ironclaw-sbx-"] if sids is None else [f"/ironclaw-sbx-{s}.service" for s in sids]
     pids = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -106,7 +108,7 @@ def sandbox_pids() -> list[int]:
             text = Path(f"/proc/{entry.name}/cgroup").read_text()
         except OSError:
             continue
-        if "/ironclaw-sbx-" in text:
+        if any(mark in text for mark in marks):
             pids.append(int(entry.name))
     return pids
 

@@ -45,7 +45,7 @@ from benchmarks.common import (
     timed,
     write_result,
 )
-from benchmarks.density import TICKS, cpu_ticks
+from benchmarks.density import TICKS, cpu_ticks, sandbox_pids
 from benchmarks.messages import Replies
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import config
@@ -172,22 +172,6 @@ def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
     }
 
 
-def unit_pids(sids: list[str]) -> list[int]:
-    """Every process in the sandbox units of ``sids`` (their name=systemd cgroup)."""
-    units = {f"/ironclaw-sbx-{sid}.service" for sid in sids}
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "cgroup").read_text()
-        except OSError:
-            continue
-        if any(unit in text for unit in units):
-            pids.append(int(entry.name))
-    return pids
-
-
 def waiting_cpu(stub: admin_pb2_grpc.AdminServiceStub) -> list[dict[str, Any]]:
     """CPU per sandbox of the pool's waiting sandboxes and of as many idle sessions, over the
     same seconds (% of one core)."""
@@ -202,7 +186,7 @@ def waiting_cpu(stub: admin_pb2_grpc.AdminServiceStub) -> list[dict[str, Any]]:
     ]
     try:
         time.sleep(2)  # past the agents' start-up
-        ways = {"pooled": unit_pids(pooled), "idle": unit_pids(idle)}
+        ways = {"pooled": sandbox_pids(pooled), "idle": sandbox_pids(idle)}
         before = {k: sum(cpu_ticks(p) for p in pids) for k, pids in ways.items()}
         time.sleep(IDLE_SECONDS)
         used = {

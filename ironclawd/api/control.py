@@ -203,30 +203,31 @@ class ControlServer:
     async def wake(self, sid: str) -> None:
         """Tell a pooled sandbox's waiting agent that a session claimed it (its key, queues and
         sockets are in place), then stop serving claim.sock. Nothing to do if it is not pooled."""
-        claim = self._claims.pop(sid, None)
-        if claim is None:
-            return
-        for writer in claim.waiting:
-            with contextlib.suppress(OSError, RuntimeError):
-                writer.write(CLAIMED_LINE)
-            writer.close()  # after what was written
-        claim.waiting.clear()
-        await self._stop_claim(sid, claim, wait=False)  # the claim's hello is waiting
+        await self._end_claim(sid, CLAIMED_LINE)
 
     async def _close_claim(self, sid: str) -> None:
+        await self._end_claim(sid, None)
+
+    async def _end_claim(self, sid: str, line: bytes | None) -> None:
+        """Stop serving ``sid``'s claim.sock. With ``line`` (a wake), each waiting agent gets it
+        before its connection ends, and nothing waits for the server to close: the claim's
+        hello is waiting (from Python 3.12 on, ``wait_closed`` also waits for the connections).
+        Without (a teardown), the connections are cut and the close is waited for, bounded."""
         claim = self._claims.pop(sid, None)
         if claim is None:
             return
         for writer in claim.waiting:
-            writer.transport.abort()
+            if line is None:
+                writer.transport.abort()
+                continue
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write(line)
+            writer.close()  # after what was written
         claim.waiting.clear()
-        await self._stop_claim(sid, claim)
-
-    async def _stop_claim(self, sid: str, claim: _Claim, *, wait: bool = True) -> None:
         claim.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._session_dir(sid) / CLAIM_SOCKET)
-        if wait:  # (from Python 3.12 on, until its connections have ended too)
+        if line is None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(claim.server.wait_closed(), 2)
 
