@@ -3,12 +3,7 @@ ends in which code is ``errors.EXIT_CODE`` (the one table, beside the error tree
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ironclawd.errors import EXIT_CODE
-
-if TYPE_CHECKING:  # the parser needs HELP; grpc is imported only when a command talks to ironclawd
-    import grpc
 
 OK = 0
 FAILED = 1  # a check failed, or the operation did not succeed
@@ -44,6 +39,7 @@ HELP = """exit codes:
   130 interrupted (Ctrl-C)    141 standard output was closed early (| head)"""
 
 
-def for_status(code: grpc.StatusCode) -> int:
-    """The exit code for a daemon's gRPC status: the one table in ``ironclawd/errors.py``."""
-    return EXIT_CODE.get(code.name, INTERNAL)
+def for_status(code: str) -> int:
+    """The exit code for a daemon's gRPC status, by its name (``NOT_FOUND``): the one table in
+    ``ironclawd/errors.py``."""
+    return EXIT_CODE.get(code, INTERNAL)

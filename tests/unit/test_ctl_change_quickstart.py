@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import editor, exitcodes
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import editor, exitcodes, rpc
 from ironclawd.ctl.caller import asserted_caller_matches
 from ironclawd.ctl.common import CtlError
 from ironclawd.ctl.main import build_parser, main
@@ -49,7 +49,7 @@ class Stub:
 @pytest.fixture(autouse=True)
 def stub(monkeypatch: pytest.MonkeyPatch) -> None:
     Stub.calls = []
-    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", Stub)
+    monkeypatch.setattr(rpc, "stub_for", Stub)
     monkeypatch.setattr(editor, "on_terminal", lambda: False)
     monkeypatch.setenv("NO_COLOR", "1")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import exitcodes, render, sessions
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, render, rpc, sessions
 from ironclawd.ctl import main as ctl_main
 from ironclawd.ctl.main import main
 from tests.harness.ctl_commands import commands
@@ -340,7 +340,7 @@ class NoReplyStub:
 def test_a_reply_stream_that_ends_early_is_a_clear_failure(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
 ) -> None:
-    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", NoReplyStub)
+    monkeypatch.setattr(rpc, "stub_for", NoReplyStub)
     stdin_bytes(monkeypatch, b"hi\n")
     code, out, err = run(capsys, *argv)
     assert code == exitcodes.FAILED

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2_grpc
 from ironclawd import paths
 from ironclawd.formats import skill
 from tests.unit import ctl_world as world
@@ -27,7 +26,7 @@ SID = world.SESSION.sid
 CORE = {
     "ironclawd.ctl.cli", "ironclawd.ctl.main", "ironclawd.ctl.common", "ironclawd.ctl.argtypes",
     "ironclawd.ctl.exitcodes", "ironclawd.ctl.text", "ironclawd.ctl.parsers",
-    "ironclawd.ctl.rpc", "ironclawd.ctl.shapes", "ironclawd.ctl.render",
+    "ironclawd.ctl.rpc", "ironclawd.ctl.wire", "ironclawd.ctl.shapes", "ironclawd.ctl.render",
 }  # fmt: skip
 # Each command, and the handler module it may load besides.
 COMMANDS = {
@@ -39,13 +38,14 @@ COMMANDS = {
     "session list": (["session", "list"], "sessions"),
 }
 # Never on these paths, whatever imported them before: rich beyond its cell widths (tables and
-# colour only on a terminal), the other commands' libraries, pathlib (ironclawd.paths).
+# colour only on a terminal), the other commands' libraries, pathlib (ironclawd.paths), grpcio.
 FORBIDDEN = (
     "rich.console", "rich.table", "rich.text", "rich.markup", "yaml", "cryptography",
     "grpc_reflection", "google.protobuf.json_format", "pathlib", "ironclawd.paths",
     "ironclawd.formats", "tempfile", "subprocess", "shlex", "difflib", "dataclasses",
     "uuid",  # (it imports platform)
     "shutil",  # (argparse, for the terminal width: common.terminal_columns)
+    "grpc",  # (grpcio's client took ~35 ms of every command; ctl/wire.py speaks gRPC with h2)
 )  # fmt: skip
 
 
@@ -74,7 +74,6 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
     """ironctl's modules unloaded and every import recorded. Afterwards the modules loaded
     before are back (with the package's attributes) and those loaded here gone, so that other
     tests keep working on the module objects they imported."""
-    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", world.Stub)
     monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal: the plain path
     package = importlib.import_module("ironclawd.ctl")
     before = {n for n in sys.modules if n.startswith("ironclawd.ctl.")}
@@ -89,7 +88,11 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
         name: str, globals_: Any = None, locals_: Any = None, fromlist: Any = (), level: int = 0
     ) -> Any:
         recorder.imports(name, globals_, fromlist, level)
-        return real(name, globals_, locals_, fromlist, level)
+        module = real(name, globals_, locals_, fromlist, level)
+        rpc = sys.modules.get("ironclawd.ctl.rpc")  # this fresh copy answers from the stub daemon
+        if rpc is not None and getattr(rpc, "stub_for", None) is not world.Stub:
+            rpc.stub_for = world.Stub  # type: ignore[attr-defined]
+        return module
 
     monkeypatch.setattr(builtins, "__import__", recording)
     yield recorder
@@ -117,7 +120,7 @@ def test_a_command_loads_only_its_own_handler(fresh: Recorder, command: str) -> 
         "issue 17); a new module on this path belongs in CORE only if every command needs it"
     )
     assert fresh.heavy() == []
-    assert "grpc" in fresh.imported  # (the recorder works)
+    assert "h2.connection" in fresh.imported  # (the recorder works)
 
 
 @pytest.mark.parametrize("argv", [["status", "--help"], ["--help"], ["session", "frobnicate"]])

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import exitcodes, shapes
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, rpc, shapes
 from ironclawd.ctl.main import main
 from tests.harness.ctl_commands import commands
 from tests.unit import ctl_world as world
@@ -75,7 +75,7 @@ ENUM_NAMES = {v.name for e in admin_pb2.DESCRIPTOR.enum_types_by_name.values() f
 
 @pytest.fixture(autouse=True)
 def stub(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", world.Stub)
+    monkeypatch.setattr(rpc, "stub_for", world.Stub)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     """Every command's --json documents (a list: streams print several)."""
     found: dict[str, list[Any]] = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(admin_pb2_grpc, "AdminServiceStub", world.Stub)
+        patch.setattr(rpc, "stub_for", world.Stub)
         tmp = tmp_path_factory.mktemp("ctl")
         argv = world.arguments(tmp)
         argv["containment verify"] = _containment(tmp, patch)

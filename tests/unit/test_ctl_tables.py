@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import channels, exitcodes, terminal
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import channels, exitcodes, rpc, terminal
 from ironclawd.ctl.main import main
 from tests.unit import ctl_world as world
 
@@ -40,7 +40,7 @@ class Terminal(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def stub(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", world.Stub)
+    monkeypatch.setattr(rpc, "stub_for", world.Stub)
     monkeypatch.setenv("COLUMNS", "20")  # narrower than any row: nothing may wrap or split
     monkeypatch.setenv("NO_COLOR", "1")
 

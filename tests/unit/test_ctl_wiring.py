@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import exitcodes
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes, rpc
 from ironclawd.ctl.main import main
 
 DEMO_VIEW = {
@@ -44,7 +44,7 @@ class Stub:
 
 @pytest.fixture(autouse=True)
 def stub(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin_pb2_grpc, "AdminServiceStub", Stub)
+    monkeypatch.setattr(rpc, "stub_for", Stub)
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
 

@@ -1,0 +1,230 @@
+"""ironctl's gRPC client (ironclawd/ctl/wire.py, h2) against a real grpcio server on a Unix
+socket, call for call beside grpcio's own client: the same responses, the same status codes and
+messages, deadlines, messages larger than HTTP/2's windows both ways, a stream left early and
+the next call on the same connection, a server that is gone or goes away."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclawd.ctl import rpc, wire
+
+BIG = 3 * 1024 * 1024  # over HTTP/2's default window (64 KiB) and frame size (16 KiB)
+
+
+class Servicer(admin_pb2_grpc.AdminServiceServicer):
+    """A few methods with known answers; every other one is grpcio's UNIMPLEMENTED."""
+
+    def __init__(self) -> None:
+        self.watch_ended = threading.Event()
+        self.received: list[int] = []
+
+    def GetStatus(self, request: Any, context: Any) -> admin_pb2.GetStatusResponse:
+        return admin_pb2.GetStatusResponse(version="9.9", pid=42, state="ready")
+
+    def SubmitChange(self, request: Any, context: Any) -> admin_pb2.SubmitChangeResponse:
+        self.received.append(len(request.payload_json))
+        if request.kind == "refuse":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind 'refuse': naïve → refused 100%")
+        if request.kind == "slow":
+            time.sleep(2)
+        return admin_pb2.SubmitChangeResponse(change=admin_pb2.Change(id=request.reason))
+
+    def ListAudit(self, request: Any, context: Any) -> admin_pb2.ListAuditResponse:
+        size = BIG if request.limit == 1 else 5 * 1024 * 1024
+        return admin_pb2.ListAuditResponse(records=["a" * size])
+
+    def WatchReplies(self, request: Any, context: Any) -> Iterator[admin_pb2.WatchRepliesResponse]:
+        try:
+            for seq in range(1, 4):
+                yield admin_pb2.WatchRepliesResponse(reply=admin_pb2.Reply(seq=seq, text="x" * seq))
+            if request.follow:
+                while context.is_active():
+                    time.sleep(0.01)
+            elif request.sid == "fail":
+                context.abort(grpc.StatusCode.NOT_FOUND, "session fail: no such session")
+        finally:
+            self.watch_ended.set()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Servicer, grpc.Server]]:
+    path = str(tmp_path / "admin.sock")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    servicer = Servicer()  # type: ignore[abstract]  # (the rest: grpcio's UNIMPLEMENTED)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    yield path, servicer, server
+    server.stop(None)
+
+
+Outcome = tuple[str, Any]
+
+
+def both(path: str, call: Callable[[Any], Any]) -> tuple[Outcome, Outcome]:
+    """``call`` made with grpcio's stub and with ironctl's, each as (status name, result)."""
+    outcomes = []
+    for client in ("grpcio", "wire"):
+        if client == "grpcio":
+            channel: Any = grpc.insecure_channel(f"unix:{path}")
+            stub: Any = admin_pb2_grpc.AdminServiceStub(channel)
+            error: type[Exception] = grpc.RpcError
+        else:
+            channel = wire.Channel(path)
+            stub = rpc.stub_for(channel)
+            error = wire.RpcError
+        try:
+            outcomes.append(("OK", call(stub)))
+        except error as err:
+            outcomes.append((err.code().name, err.details()))  # type: ignore[attr-defined]
+        finally:
+            channel.close()
+    return outcomes[0], outcomes[1]
+
+
+def test_status_codes_are_grpcs() -> None:
+    assert [(c.name, c.value[0]) for c in grpc.StatusCode] == [
+        (c.name, c.value) for c in wire.StatusCode
+    ]
+
+
+def test_a_unary_call_answers_as_with_grpcio(served: tuple[str, Servicer, grpc.Server]) -> None:
+    path, _, _ = served
+    ours, theirs = both(path, lambda s: s.GetStatus(admin_pb2.GetStatusRequest(), timeout=5))
+    assert ours == theirs
+    assert theirs[1] == admin_pb2.GetStatusResponse(version="9.9", pid=42, state="ready")
+
+
+def test_a_refusal_carries_its_code_and_its_words(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, _, _ = served
+    request = admin_pb2.SubmitChangeRequest(kind="refuse")
+    grpcio, ours = both(path, lambda s: s.SubmitChange(request, timeout=5))
+    assert ours == grpcio == ("INVALID_ARGUMENT", "kind 'refuse': naïve → refused 100%")
+
+
+def test_a_method_the_server_lacks_is_unimplemented(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, _, _ = served
+    grpcio, ours = both(path, lambda s: s.Doctor(admin_pb2.DoctorRequest(), timeout=5))
+    assert ours == grpcio
+    assert ours[0] == "UNIMPLEMENTED"
+
+
+def test_a_deadline_ends_the_call_and_the_connection_stays_usable(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, _, _ = served
+    slow = admin_pb2.SubmitChangeRequest(kind="slow")
+    grpcio, ours = both(path, lambda s: s.SubmitChange(slow, timeout=0.3))
+    assert ours == grpcio == ("DEADLINE_EXCEEDED", "Deadline Exceeded")
+    channel = wire.Channel(path)
+    stub: Any = rpc.stub_for(channel)
+    with pytest.raises(wire.RpcError) as caught:
+        stub.SubmitChange(slow, timeout=0.3)
+    assert caught.value.code() == wire.StatusCode.DEADLINE_EXCEEDED
+    assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid == 42
+    channel.close()
+
+
+def test_messages_larger_than_the_windows_go_both_ways(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, servicer, _ = served
+    request = admin_pb2.SubmitChangeRequest(kind="k", payload_json="p" * BIG, reason="big")
+    grpcio, ours = both(path, lambda s: s.SubmitChange(request, timeout=10).change.id)
+    assert ours == grpcio == ("OK", "big")
+    assert servicer.received == [BIG, BIG]
+    listed = admin_pb2.ListAuditRequest(limit=1)
+    grpcio, ours = both(path, lambda s: len(s.ListAudit(listed, timeout=10).records[0]))
+    assert ours == grpcio == ("OK", BIG)
+    # More than the whole connection's window on one connection: what came is acknowledged.
+    channel = wire.Channel(path)
+    stub: Any = rpc.stub_for(channel)
+    for _ in range(4):
+        assert len(stub.ListAudit(listed, timeout=10).records[0]) == BIG
+    channel.close()
+
+
+def test_a_response_over_4_mib_is_refused_as_grpcio_refuses_it(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, _, _ = served
+    listed = admin_pb2.ListAuditRequest(limit=2)
+    grpcio, ours = both(path, lambda s: s.ListAudit(listed, timeout=10))
+    assert ours[0] == grpcio[0] == "RESOURCE_EXHAUSTED"
+    assert ours[1].startswith("Received message larger than max (")
+
+
+def test_a_stream_yields_every_message_then_its_status(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, _, _ = served
+    done = admin_pb2.WatchRepliesRequest(sid="s")
+    grpcio, ours = both(path, lambda s: [i.reply.seq for i in s.WatchReplies(done, timeout=5)])
+    assert ours == grpcio == ("OK", [1, 2, 3])
+    failing = admin_pb2.WatchRepliesRequest(sid="fail")
+    seen: list[int] = []
+
+    def collect(stub: Any) -> None:
+        seen.extend(i.reply.seq for i in stub.WatchReplies(failing, timeout=5))
+
+    grpcio, ours = both(path, collect)
+    assert ours == grpcio == ("NOT_FOUND", "session fail: no such session")
+    assert seen == [1, 2, 3, 1, 2, 3]
+
+
+def test_a_stream_left_early_is_cancelled_and_the_next_call_is_answered(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, servicer, _ = served
+    channel = wire.Channel(path)
+    stub: Any = rpc.stub_for(channel)
+    replies = stub.WatchReplies(admin_pb2.WatchRepliesRequest(sid="s", follow=True), timeout=30)
+    assert next(replies).reply.seq == 1
+    replies.close()  # as ironctl does once it has the reply it waited for
+    assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).state == "ready"
+    assert servicer.watch_ended.wait(5), "the server still streams to a call that was left"
+    channel.close()
+
+
+def test_no_server_is_unavailable(tmp_path: Path) -> None:
+    missing = str(tmp_path / "none.sock")
+    grpcio, ours = both(missing, lambda s: s.GetStatus(admin_pb2.GetStatusRequest(), timeout=5))
+    assert ours[0] == grpcio[0] == "UNAVAILABLE"
+    assert "No such file or directory" in ours[1]
+
+
+def test_a_server_that_goes_away_mid_stream_is_unavailable(
+    served: tuple[str, Servicer, grpc.Server],
+) -> None:
+    path, _, server = served
+    channel = wire.Channel(path)
+    stub: Any = rpc.stub_for(channel)
+    replies = stub.WatchReplies(admin_pb2.WatchRepliesRequest(sid="s", follow=True), timeout=30)
+    assert next(replies).reply.seq == 1
+    server.stop(None)
+    with pytest.raises(wire.RpcError) as caught:
+        list(replies)
+    assert caught.value.code() in (wire.StatusCode.UNAVAILABLE, wire.StatusCode.CANCELLED)
+    channel.close()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"),
+    [(0.0001, "1m"), (2.5, "2500m"), (86400.0, "86400000m"), (10**6, "1000000S")],
+)
+def test_the_timeout_header(seconds: float, header: str) -> None:
+    assert wire.timeout_header(seconds) == header
