@@ -26,6 +26,7 @@ from pathlib import Path
 import sqlcipher3
 
 from agent.loop import KEY_FILE, Agent
+from agent.model import warm_grpc
 from agent.queues import QueueError
 
 DEFAULT_CONTROL_SOCKET = "/run/ironclaw/control.sock"
@@ -130,6 +131,7 @@ def run_control(path: str, *, pooled: bool = False) -> int:
     for a claim first, for as long as it takes, and only then open the key and queues."""
     first_delay = CONNECT_FIRST_DELAY
     if pooled:
+        warm_grpc()  # while nobody waits for this sandbox, not on its first message
         wait_for_claim(path, KEY_FILE)
         first_delay = CLAIMED_CONNECT_DELAY
     try:

@@ -78,3 +78,28 @@ def test_a_connection_the_host_closed_while_the_agent_was_idle_is_replaced(
     assert done.stdout.splitlines() == ["mock: one", "mock: two"], done.stderr
     # The turn that failed on the closed connection never reached the host.
     assert servicer.completes == 2
+
+
+_WARM = """
+import os, time
+from agent import GRPC_ENVIRONMENT
+os.environ.update(GRPC_ENVIRONMENT)
+from agent.model import warm_grpc
+before = len(os.listdir("/proc/self/task"))
+warm_grpc()
+time.sleep(0.5)
+print(before, len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_warming_grpc_leaves_no_thread_behind() -> None:
+    """What makes the warm-up free for a pooled sandbox that waits for its claim (agent/main.py
+    ``warm_grpc``): with its channel closed, gRPC's threads end."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GRPC_EXPERIMENTS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _WARM],
+        check=False, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "1"], "threads before and after the warm-up"

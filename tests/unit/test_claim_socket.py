@@ -229,3 +229,25 @@ def test_the_agent_polls_the_key_when_there_is_no_claim_socket(tmp_path: Path) -
     assert key.read_bytes() == KEY
     assert polls[-1] == agent_main.POOLED_POLL  # connect retries, then the key's poll
     assert polls.count(agent_main.POOLED_POLL) == 1
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_a_pooled_agent_starts_grpc_before_it_waits_and_a_cold_one_does_not(
+    monkeypatch: pytest.MonkeyPatch, pooled: bool
+) -> None:
+    steps: list[str] = []
+    monkeypatch.setattr(agent_main, "warm_grpc", lambda: steps.append("warm"))
+    monkeypatch.setattr(agent_main, "wait_for_claim", lambda *_: steps.append("wait"))
+
+    def agent() -> None:
+        steps.append("agent")
+        raise Stop
+
+    monkeypatch.setattr(agent_main, "Agent", agent)
+    with pytest.raises(Stop):
+        agent_main.run_control("/nonexistent/control.sock", pooled=pooled)
+    assert steps == (["warm", "wait", "agent"] if pooled else ["agent"])
