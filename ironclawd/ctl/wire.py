@@ -209,7 +209,7 @@ class Channel:
     # -- the connection ---------------------------------------------------------------------
 
     def _connected(self, deadline: float | None) -> h2.connection.H2Connection:
-        if self._conn is not None:
+        if self._conn is not None and not self._went_away():
             return self._conn
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -236,6 +236,27 @@ class Channel:
         self._sock, self._conn = sock, conn
         self._flush(deadline)
         return conn
+
+    def _went_away(self) -> bool:
+        """Before a call on a kept connection: apply what the server sent while nobody read (its
+        pings, a GOAWAY, the end of the connection), and say whether the connection is gone.
+        grpcio's client reads in a thread of its own; this one reads only during calls, so an
+        ``ironctl chat`` left at its prompt longer than the server's keepalive (a ping not
+        answered) or idle limit finds its connection closed and makes a new one, as grpcio
+        does."""
+        while self._sock is not None:
+            try:
+                self._sock.settimeout(0.0)
+                pending = self._sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                pending = b""
+            if not pending:
+                self.close()
+                return True
+            self._receive(None)  # readable: returns at once with what came
+        return True
 
     def _send_data(self, stream_id: int, data: bytes, deadline: float | None) -> None:
         view = memoryview(data)
@@ -307,7 +328,8 @@ class Channel:
             return
         for event in events:
             self._apply(event)
-        self._flush(deadline)
+        if self._sock is not None:  # (a GOAWAY among the events ended the connection)
+            self._flush(deadline)
 
     def _apply(self, event: Any) -> None:
         assert self._conn is not None

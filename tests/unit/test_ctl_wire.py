@@ -228,3 +228,26 @@ def test_a_server_that_goes_away_mid_stream_is_unavailable(
 )
 def test_the_timeout_header(seconds: float, header: str) -> None:
     assert wire.timeout_header(seconds) == header
+
+
+def test_a_connection_the_server_closed_between_calls_is_replaced(tmp_path: Path) -> None:
+    """As grpcio's client does: the server closes a connection idle for 0.2 s (a GOAWAY, then
+    the end); the next call on the channel opens a new one (ironctl chat waits at its prompt)."""
+    path = str(tmp_path / "idle.sock")
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.max_connection_idle_ms", 200)]
+    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(Servicer(), server)  # type: ignore[abstract]
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    try:
+
+        def twice(stub: Any) -> list[int]:
+            first = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid
+            time.sleep(1.0)
+            return [first, stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid]
+
+        grpcio, ours = both(path, twice)
+        assert ours == grpcio == ("OK", [42, 42])
+    finally:
+        server.stop(None)
