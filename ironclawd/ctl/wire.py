@@ -131,11 +131,14 @@ class Channel:
         self._calls: dict[int, _Call] = {}
 
     def close(self) -> None:
+        self._drop_connection()
+        self._calls.clear()
+
+    def _drop_connection(self) -> None:
         if self._sock is not None:
             self._sock.close()
         self._sock = None
         self._conn = None
-        self._calls.clear()
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -217,7 +220,7 @@ class Channel:
             sock.connect(self.path)
         except TimeoutError:
             sock.close()
-            raise RpcError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            raise _deadline_exceeded() from None
         except OSError as err:
             sock.close()
             raise RpcError(
@@ -297,7 +300,7 @@ class Channel:
             self._sock.sendall(data)
         except TimeoutError:
             self.close()
-            raise RpcError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            raise _deadline_exceeded() from None
         except OSError as err:
             self.close()
             raise RpcError(StatusCode.UNAVAILABLE, f"unix:{self.path}: {err}") from None
@@ -310,7 +313,7 @@ class Channel:
             self._sock.settimeout(_remaining(deadline))
             data = self._sock.recv(_READ_BYTES)
         except TimeoutError:
-            raise RpcError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            raise _deadline_exceeded() from None
         except OSError as err:
             self._fail_all(StatusCode.UNAVAILABLE, f"unix:{self.path}: {err}")
             return
@@ -371,10 +374,11 @@ class Channel:
         for call in self._calls.values():
             if call.error is None and not call.ended:
                 call.error = RpcError(code, details)
-        if self._sock is not None:
-            self._sock.close()
-        self._sock = None
-        self._conn = None
+        self._drop_connection()
+
+
+def _deadline_exceeded() -> RpcError:
+    return RpcError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")  # grpcio's words
 
 
 def _remaining(deadline: float | None) -> float | None:
@@ -382,7 +386,7 @@ def _remaining(deadline: float | None) -> float | None:
         return None
     left = deadline - time.monotonic()
     if left <= 0:
-        raise RpcError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        raise _deadline_exceeded()
     return left
 
 

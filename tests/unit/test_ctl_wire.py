@@ -5,9 +5,10 @@ the next call on the same connection, a server that is gone or goes away."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,31 @@ class Servicer(admin_pb2_grpc.AdminServiceServicer):
             self.watch_ended.set()
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, Servicer, grpc.Server]]:
-    path = str(tmp_path / "admin.sock")
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    servicer = Servicer()  # type: ignore[abstract]  # (the rest: grpcio's UNIMPLEMENTED)
+def serve(path: str, servicer: Servicer, options: Sequence[tuple[str, Any]] = ()) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
     server.add_insecure_port(f"unix:{path}")
     server.start()
+    return server
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Servicer, grpc.Server]]:
+    path = str(tmp_path / "admin.sock")
+    servicer = Servicer()  # type: ignore[abstract]  # (the rest: grpcio's UNIMPLEMENTED)
+    server = serve(path, servicer)
     yield path, servicer, server
     server.stop(None)
+
+
+@contextlib.contextmanager
+def ironctl_stub(path: str) -> Iterator[Any]:
+    """ironctl's own stub (wire.py) on one connection to ``path``."""
+    channel = wire.Channel(path)
+    try:
+        yield rpc.stub_for(channel)
+    finally:
+        channel.close()
 
 
 Outcome = tuple[str, Any]
@@ -130,13 +146,11 @@ def test_a_deadline_ends_the_call_and_the_connection_stays_usable(
     slow = admin_pb2.SubmitChangeRequest(kind="slow")
     grpcio, ours = both(path, lambda s: s.SubmitChange(slow, timeout=0.3))
     assert ours == grpcio == ("DEADLINE_EXCEEDED", "Deadline Exceeded")
-    channel = wire.Channel(path)
-    stub: Any = rpc.stub_for(channel)
-    with pytest.raises(wire.RpcError) as caught:
-        stub.SubmitChange(slow, timeout=0.3)
-    assert caught.value.code() == wire.StatusCode.DEADLINE_EXCEEDED
-    assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid == 42
-    channel.close()
+    with ironctl_stub(path) as stub:
+        with pytest.raises(wire.RpcError) as caught:
+            stub.SubmitChange(slow, timeout=0.3)
+        assert caught.value.code() == wire.StatusCode.DEADLINE_EXCEEDED
+        assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid == 42
 
 
 def test_messages_larger_than_the_windows_go_both_ways(
@@ -151,11 +165,9 @@ def test_messages_larger_than_the_windows_go_both_ways(
     grpcio, ours = both(path, lambda s: len(s.ListAudit(listed, timeout=10).records[0]))
     assert ours == grpcio == ("OK", BIG)
     # More than the whole connection's window on one connection: what came is acknowledged.
-    channel = wire.Channel(path)
-    stub: Any = rpc.stub_for(channel)
-    for _ in range(4):
-        assert len(stub.ListAudit(listed, timeout=10).records[0]) == BIG
-    channel.close()
+    with ironctl_stub(path) as stub:
+        for _ in range(4):
+            assert len(stub.ListAudit(listed, timeout=10).records[0]) == BIG
 
 
 def test_a_response_over_4_mib_is_refused_as_grpcio_refuses_it(
@@ -190,14 +202,12 @@ def test_a_stream_left_early_is_cancelled_and_the_next_call_is_answered(
     served: tuple[str, Servicer, grpc.Server],
 ) -> None:
     path, servicer, _ = served
-    channel = wire.Channel(path)
-    stub: Any = rpc.stub_for(channel)
-    replies = stub.WatchReplies(admin_pb2.WatchRepliesRequest(sid="s", follow=True), timeout=30)
-    assert next(replies).reply.seq == 1
-    replies.close()  # as ironctl does once it has the reply it waited for
-    assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).state == "ready"
-    assert servicer.watch_ended.wait(5), "the server still streams to a call that was left"
-    channel.close()
+    with ironctl_stub(path) as stub:
+        replies = stub.WatchReplies(admin_pb2.WatchRepliesRequest(sid="s", follow=True), timeout=30)
+        assert next(replies).reply.seq == 1
+        replies.close()  # as ironctl does once it has the reply it waited for
+        assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).state == "ready"
+        assert servicer.watch_ended.wait(5), "the server still streams to a call that was left"
 
 
 def test_no_server_is_unavailable(tmp_path: Path) -> None:
@@ -211,15 +221,13 @@ def test_a_server_that_goes_away_mid_stream_is_unavailable(
     served: tuple[str, Servicer, grpc.Server],
 ) -> None:
     path, _, server = served
-    channel = wire.Channel(path)
-    stub: Any = rpc.stub_for(channel)
-    replies = stub.WatchReplies(admin_pb2.WatchRepliesRequest(sid="s", follow=True), timeout=30)
-    assert next(replies).reply.seq == 1
-    server.stop(None)
-    with pytest.raises(wire.RpcError) as caught:
-        list(replies)
-    assert caught.value.code() in (wire.StatusCode.UNAVAILABLE, wire.StatusCode.CANCELLED)
-    channel.close()
+    with ironctl_stub(path) as stub:
+        replies = stub.WatchReplies(admin_pb2.WatchRepliesRequest(sid="s", follow=True), timeout=30)
+        assert next(replies).reply.seq == 1
+        server.stop(None)
+        with pytest.raises(wire.RpcError) as caught:
+            list(replies)
+        assert caught.value.code() in (wire.StatusCode.UNAVAILABLE, wire.StatusCode.CANCELLED)
 
 
 @pytest.mark.parametrize(
@@ -234,12 +242,8 @@ def test_a_connection_the_server_closed_between_calls_is_replaced(tmp_path: Path
     """As grpcio's client does: the server closes a connection idle for 0.2 s (a GOAWAY, then
     the end); the next call on the channel opens a new one (ironctl chat waits at its prompt)."""
     path = str(tmp_path / "idle.sock")
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.max_connection_idle_ms", 200)]
-    )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(Servicer(), server)  # type: ignore[abstract]
-    server.add_insecure_port(f"unix:{path}")
-    server.start()
+    idle = [("grpc.max_connection_idle_ms", 200)]
+    server = serve(path, Servicer(), idle)  # type: ignore[abstract]
     try:
 
         def twice(stub: Any) -> list[int]:
