@@ -200,6 +200,13 @@ class ControlServer:
                 claim.waiting.remove(writer)
                 writer.transport.abort()
 
+    def claim_waiting(self, sid: str) -> bool:
+        """Whether an agent from ``sid``'s own unit holds a connection to its claim.sock now.
+        That connection ends with the agent (its sandbox dying ends it), so while it is held the
+        sandbox runs, and a claim needs no question to systemd (~2 ms on D-Bus)."""
+        claim = self._claims.get(sid)
+        return claim is not None and bool(claim.waiting)
+
     async def wake(self, sid: str) -> None:
         """Tell a pooled sandbox's waiting agent that a session claimed it (its key, queues and
         sockets are in place), then stop serving claim.sock. Nothing to do if it is not pooled."""

@@ -311,6 +311,11 @@ class ControlPlane(Protocol):
         waits on until ``wake``; return the directory."""
         ...
 
+    def claim_waiting(self, sid: str) -> bool:
+        """Whether a pooled sandbox's agent is connected to its claim socket now (only the
+        sandbox's own processes are let in, and the connection ends with the agent)."""
+        ...
+
     async def wake(self, sid: str) -> None:
         """Tell a pooled sandbox's waiting agent it was claimed (after ``open``, once its key
         and sockets are in place) and stop serving its claim socket; no-op if not pooled."""

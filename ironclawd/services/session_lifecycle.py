@@ -178,8 +178,12 @@ class SandboxLifecycle:
             await self.teardown(session)
             raise
 
-    async def is_active(self, session: Session) -> bool:
-        """Whether the session's unit is running (a pooled sandbox checked before a claim)."""
+    async def claimable(self, session: Session) -> bool:
+        """Whether a pooled sandbox still runs, checked before its claim: its agent waiting on
+        claim.sock says so at once; without that connection (not made yet, or the agent polls
+        its key file) systemd is asked."""
+        if self.control.claim_waiting(session.sid):
+            return True
         found = await asyncio.to_thread(self.units.list_units, session.unit)
         return any(u.name == session.unit and u.active_state == "active" for u in found)
 

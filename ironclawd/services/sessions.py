@@ -286,7 +286,7 @@ class SessionService:
         session = self.move(session, State.STARTING)
         sid = session.sid
         try:
-            if pooled and not await self.lifecycle.is_active(session):
+            if pooled and not await self.lifecycle.claimable(session):
                 log.warning("session %s: its pooled sandbox is gone; starting a new one", sid)
                 await self.lifecycle.teardown(session)
                 pooled = False

@@ -108,6 +108,7 @@ class FakeControl(_Recording):
         self.open_dirs: set[str] = set()
         self.made_dirs: set[str] = set()  # serving only the claim socket (a pooled sandbox)
         self.woken: set[str] = set()  # pooled sandboxes told of their claim
+        self.claim_waiters: set[str] = set()  # pooled sandboxes whose agent waits on claim.sock
         self.silent: set[str] = set()
         self.sent: list[tuple[str, str, int]] = []
         self._dropped: dict[str, asyncio.Event] = {}
@@ -119,9 +120,13 @@ class FakeControl(_Recording):
         self.made_dirs.add(sid)
         return Path("/run/ironclaw/sessions") / sid
 
+    def claim_waiting(self, sid: str) -> bool:
+        return sid in self.claim_waiters and sid in self.made_dirs
+
     async def wake(self, sid: str) -> None:
         self._call("control.wake", sid)
         self.woken.add(sid)
+        self.claim_waiters.discard(sid)
 
     async def open(self, sid: str) -> Path:
         self._call("control.open", sid)

@@ -61,6 +61,14 @@ def wait_gone(sysd: Any, sid: str) -> None:
     wait_for(f"nothing left of pooled sandbox {sid}", left, lambda found: found == {}, 60)
 
 
+def this_run_log(sysd: Any) -> str:
+    """Everything the daemon's current run logged."""
+    invocation = sh(sysd, "systemctl show -P InvocationID ironclawd").stdout.decode().strip()
+    assert invocation, "ironclawd has no invocation id"
+    proc = sh(sysd, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    return str(proc.stdout.decode())
+
+
 def ready_sids(sysd: Any, mark: str) -> list[str]:
     return READY.findall(journal_since(sysd, mark))
 
@@ -93,7 +101,8 @@ def test_sessions_claim_distinct_pooled_sandboxes_and_the_pool_refills(pooled: A
     log = journal_since(sysd, mark)
     for sid in (a, b):
         assert f"session {sid} running in a pooled sandbox" in log, log[-3000:]
-    started = set(READY.findall(log))
+    # This run of the daemon's: the pool may have filled before ``mark``.
+    started = set(READY.findall(this_run_log(sysd)))
     assert {a, b} <= started, (a, b, started)
 
     # Sealed to its session: its own key and queues work (a reply comes back).
@@ -176,4 +185,42 @@ def test_a_reload_resizes_the_pool(pooled: Any) -> None:
         wait_gone(sysd, sid)
     assert sh(sysd, f"sed -i 's/^size = 0$/size = 2/' {config} && "
                     "systemctl reload ironclawd").returncode == 0  # fmt: skip
+    wait_pool_ready(sysd, count=2)
+
+
+def waiting_pooled_units(sysd: Any) -> list[str]:
+    """The running sandbox units the pool holds: started for the pool (their description says
+    "pooled") and not claimed by a session since."""
+    code, doc = ctl(sysd, "session", "list")
+    assert code == 0, doc
+    claimed = {f"ironclaw-sbx-{row['sid']}.service" for row in doc["sessions"]}
+    out = sh(sysd, "systemctl list-units --plain --no-legend 'ironclaw-sbx-*'").stdout.decode()
+    return [line.split()[0] for line in out.splitlines()
+            if ", pooled)" in line and " running " in f" {line} "
+            and line.split()[0] not in claimed]  # fmt: skip
+
+
+def test_a_pooled_sandbox_that_died_waiting_is_replaced_by_a_cold_start(pooled: Any) -> None:
+    # A waiting agent's connection to claim.sock is what tells a claim its sandbox still runs
+    # (no question to systemd); killed, that connection ends, and the claim starts afresh.
+    sysd = pooled
+    wait_pool_ready(sysd, count=2)
+    units = waiting_pooled_units(sysd)
+    assert len(units) == 2, units
+    mark = cursor(sysd)
+    for unit in units:
+        assert sh(sysd, f"systemctl kill -s KILL {unit}").returncode == 0
+
+    def still_running() -> list[str]:
+        return [u for u in units if sh(sysd, f"systemctl is-active --quiet {u}").returncode == 0]
+
+    wait_for("the killed pooled sandboxes stopped", still_running, lambda left: left == [], 60)
+    created = [create(sysd) for _ in units]  # each claims a dead one and starts it cold
+    log = journal_since(sysd, mark)
+    for sid in created:
+        assert f"session {sid}: its pooled sandbox is gone; starting a new one" in log, log[-3000:]
+        assert send(sysd, sid, f"after {sid}") == f"mock: after {sid}"
+        code, doc = ctl(sysd, "session", "rm", "--force", sid)
+        assert code == 0, doc
+        assert nothing_left(sysd, sid) == {}, sid
     wait_pool_ready(sysd, count=2)

@@ -109,6 +109,36 @@ def test_the_waiting_agent_hears_one_line_only_when_woken_and_the_socket_goes(
     served(tmp_path, body)
 
 
+def test_claim_waiting_is_true_only_while_the_units_own_agent_holds_its_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insiders: set[int] = set()  # the server's ends of connections "from the unit"
+    monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: sock.fileno() in insiders)
+
+    async def body(server: ControlServer, path: Path) -> None:
+        assert not server.claim_waiting(SID)  # nobody connected yet
+        outsider = await connect(path)
+        assert await read_all(outsider) == b""
+        assert not server.claim_waiting(SID)  # an outsider proves nothing
+        monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: True)
+        agent = await connect(path)
+        assert server.claim_waiting(SID)
+        agent.close()  # the agent died: its end closed
+        async with asyncio.timeout(5):
+            while server.claim_waiting(SID):  # noqa: ASYNC110 (the server's read sees the end)
+                await asyncio.sleep(0.001)
+        again = await connect(path)
+        assert server.claim_waiting(SID)
+        await server.wake(SID)
+        assert not server.claim_waiting(SID)  # claimed: no longer waiting
+        assert await read_all(again) == CLAIMED_LINE
+        assert not server.claim_waiting("pooled0009")  # not a pooled sandbox
+        outsider.close()
+        again.close()
+
+    served(tmp_path, body)
+
+
 def test_a_connection_from_outside_the_unit_is_closed_without_a_word(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ import pytest
 from ironclawd.domain.pool import WAIT, PoolConfig, Step, next_step
 from ironclawd.domain.session import State
 from ironclawd.errors import Conflict, SandboxError
+from ironclawd.ports import UnitState
 from ironclawd.services.pool import WarmPool
 from ironclawd.services.sessions import SessionService
 from tests.unit.test_session_service import World
@@ -236,6 +237,34 @@ def test_a_sandbox_that_died_in_the_pool_is_replaced_by_a_cold_start() -> None:
     assert world.store.get(sid).state is State.RUNNING
     assert ("data.prepare", sid) in world.log  # started cold under the claimed id
     assert ("data.seal", sid) not in world.log
+
+
+def test_a_claim_asks_systemd_only_when_no_agent_waits_on_the_claim_socket() -> None:
+    world = PoolWorld()
+    asked: list[str] = []
+    list_units = world.units.list_units
+
+    def recording(pattern: str) -> list[UnitState]:
+        asked.append(pattern)
+        return list_units(pattern)
+
+    world.units.list_units = recording  # type: ignore[method-assign]
+
+    async def body() -> tuple[str, set[str]]:
+        await until(lambda: world.ready() == 2)
+        waiting, _other = sorted(world.data.pooled)
+        world.control.claim_waiters.add(waiting)  # its agent waits on claim.sock; not the other
+        created = {(await world.service.create("demo")).sid for _ in range(2)}
+        return waiting, created
+
+    waiting, created = run(world, body)
+    assert waiting in created
+    (polling,) = created - {waiting}
+    for sid in created:
+        assert world.store.get(sid).state is State.RUNNING
+        assert ("data.seal", sid) in world.log  # both claimed from the pool
+    assert f"ironclaw-sbx-{waiting}.service" not in asked  # its connection said it runs
+    assert f"ironclaw-sbx-{polling}.service" in asked  # no connection: systemd was asked
 
 
 def test_the_pool_refills_only_once_a_claim_is_done() -> None:
