@@ -341,11 +341,15 @@ def restore_outbound(
     owner: tuple[int, int],
     rows: Iterable[tuple[int, int, float, str]],
     scratch: Path,
+    *,
+    doing: str = "rebuilding from the record",
 ) -> int:
-    """Write outbound.db afresh from the host's record into an empty outbound tmpfs (after a
-    host reboot emptied it, before the sandbox starts): the agent then resumes after the last
-    message it answered instead of answering everything again with seqs the host skips. Built
-    in the daemon's own directory, then copied in by descriptor; returns how many rows."""
+    """Write outbound.db afresh into an empty outbound directory, before the agent opens it:
+    from the host's record after a host reboot emptied its tmpfs (the agent then resumes after
+    the last message it answered instead of answering everything again with seqs the host
+    skips), or empty when a pooled sandbox is claimed (its agent then only opens it, instead of
+    making it through the sandbox's file system). Built in the daemon's own directory, then
+    copied in by descriptor; never over a file that is there. Returns how many rows."""
     ensure_scratch(scratch)
     built = scratch / f"restore-{secrets.token_hex(8)}.db"
     count = 0
@@ -353,7 +357,11 @@ def restore_outbound(
         conn = sqlcipher3.connect(str(built), isolation_level=None)
         try:
             conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
-            conn.execute("PRAGMA journal_mode = DELETE")
+            # A scratch copy, unlinked whatever happens: what must last is the copy's fsync
+            # below. Syncing the build (journal, file, directory) took 1.6 of its 1.8 ms on
+            # this machine's ext4, on the path of every pooled create.
+            conn.execute("PRAGMA journal_mode = MEMORY")
+            conn.execute("PRAGMA synchronous = OFF")
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as the agent makes it
             conn.execute("BEGIN")
             conn.execute(OUTBOUND_SCHEMA)
@@ -369,7 +377,7 @@ def restore_outbound(
             conn.close()
         data = built.read_bytes()
     except (OSError, sqlcipher3.Error) as exc:
-        raise HostError(f"rebuilding {directory / OUTBOUND_FILE} from the record: {exc}") from exc
+        raise HostError(f"{doing}: {directory / OUTBOUND_FILE}: {exc}") from exc
     finally:
         built.unlink(missing_ok=True)
     dir_fd = open_outbound_dir(directory, owner[0])
@@ -383,7 +391,9 @@ def restore_outbound(
         finally:
             os.close(fd)
     except OSError as exc:
-        raise HostError(f"restoring {directory / OUTBOUND_FILE}: {exc.strerror or exc}") from exc
+        raise HostError(
+            f"{doing}: writing {directory / OUTBOUND_FILE}: {exc.strerror or exc}"
+        ) from exc
     finally:
         os.close(dir_fd)
     return count

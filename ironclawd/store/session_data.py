@@ -92,6 +92,11 @@ class SessionDataStore:
         self._store.put_wrapped_key(sid, self._master.wrap(sid, new_session_key()))
         key = self.key(sid)
         self.strip_setid(sid, uid)
+        # The agent's empty queue, made here in ~0.5 ms instead of by the agent through the
+        # sandbox's file system (3-5 ms of its way to the hello), and before the key: an agent
+        # that polls its key file sees the key only once the file is there.
+        restore_outbound(self.outbound_dir(sid), key, (uid, gid), (), self.layout.scratch_dir,
+                         doing=f"claiming a pooled sandbox for session {sid}")  # fmt: skip
         write_tmpfs_key_in_place(self.key_path(sid), key, uid, gid)
         return key
 
