@@ -37,6 +37,7 @@ import os
 import posixpath
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,6 +124,7 @@ class ControlServer:
         self._limits = limits
         self._channels: dict[str, _Channel] = {}
         self._claims: dict[str, _Claim] = {}
+        self._claim_lost: list[Callable[[str], None]] = []
         self._listener: ControlListener | None = None
         self._restored: dict[str, Restored] = {}
 
@@ -196,9 +198,20 @@ class ControlServer:
         except OSError:
             pass
         finally:
+            # Still listed: the agent's side ended it (not a wake, a teardown or a newer
+            # connection pushing it out, which take it off the list first).
             if writer in claim.waiting:
                 claim.waiting.remove(writer)
                 writer.transport.abort()
+                if not claim.waiting and self._claims.get(sid) is claim:
+                    for hook in self._claim_lost:
+                        hook(sid)
+
+    def on_claim_lost(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(sid)`` when the last agent connection to a pooled sandbox's claim.sock
+        ends from the sandbox's side while nobody claimed it: its agent died (or broke the
+        protocol), and the sandbox cannot be claimed."""
+        self._claim_lost.append(hook)
 
     def claim_waiting(self, sid: str) -> bool:
         """Whether an agent from ``sid``'s own unit holds a connection to its claim.sock now.

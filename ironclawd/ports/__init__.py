@@ -316,6 +316,11 @@ class ControlPlane(Protocol):
         sandbox's own processes are let in, and the connection ends with the agent)."""
         ...
 
+    def on_claim_lost(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(sid)`` when a pooled sandbox's waiting agent's connection ends from
+        its side before a claim (the agent died)."""
+        ...
+
     async def wake(self, sid: str) -> None:
         """Tell a pooled sandbox's waiting agent it was claimed (after ``open``, once its key
         and sockets are in place) and stop serving its claim socket; no-op if not pooled."""

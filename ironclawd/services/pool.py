@@ -71,6 +71,7 @@ class WarmPool:
         self._closing = False
         self._failures = 0
         self._loop = OwnedTasks()
+        lifecycle.control.on_claim_lost(self._lost)
 
     # -- what sessions use --------------------------------------------------------------------
 
@@ -86,6 +87,20 @@ class WarmPool:
                 return entry.session
             self._doomed.append(entry)  # the agent changed since it was started
         return None
+
+    def _lost(self, sid: str) -> None:
+        """A ready sandbox's waiting agent is gone (its claim.sock connection ended): take it
+        out of the pool and have the loop destroy it and start another, instead of a claim
+        finding it dead (and a person waiting for a cold start) and its leftovers staying."""
+        for agent, entries in self._ready.items():
+            for entry in entries:
+                if entry.sid == sid:
+                    entries.remove(entry)
+                    self._doomed.append(entry)
+                    log.warning("pool: sandbox %s of agent %s ended while it waited for a "
+                                "claim; replacing it", sid, agent)  # fmt: skip
+                    self._wake.set()
+                    return
 
     def holds(self, sid: str) -> bool:
         """Whether ``sid`` belongs to a pooled sandbox (an explicit ``--sid`` may not take it)."""

@@ -5,7 +5,7 @@ passes one list to several (``log=``), so a test can read the order of effects a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,7 @@ class FakeControl(_Recording):
         self.made_dirs: set[str] = set()  # serving only the claim socket (a pooled sandbox)
         self.woken: set[str] = set()  # pooled sandboxes told of their claim
         self.claim_waiters: set[str] = set()  # pooled sandboxes whose agent waits on claim.sock
+        self._claim_lost: list[Callable[[str], None]] = []
         self.silent: set[str] = set()
         self.sent: list[tuple[str, str, int]] = []
         self._dropped: dict[str, asyncio.Event] = {}
@@ -122,6 +123,15 @@ class FakeControl(_Recording):
 
     def claim_waiting(self, sid: str) -> bool:
         return sid in self.claim_waiters and sid in self.made_dirs
+
+    def on_claim_lost(self, hook: Callable[[str], None]) -> None:
+        self._claim_lost.append(hook)
+
+    def lose_claim(self, sid: str) -> None:
+        """A waiting pooled agent died: its claim connection ended (not part of the port)."""
+        self.claim_waiters.discard(sid)
+        for hook in self._claim_lost:
+            hook(sid)
 
     async def wake(self, sid: str) -> None:
         self._call("control.wake", sid)

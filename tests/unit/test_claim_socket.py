@@ -139,6 +139,43 @@ def test_claim_waiting_is_true_only_while_the_units_own_agent_holds_its_connecti
     served(tmp_path, body)
 
 
+def test_claim_lost_is_told_once_when_the_last_agent_connection_ends_from_its_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: True)
+    lost: list[str] = []
+
+    async def settle() -> None:
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+
+    async def go() -> None:
+        server = ControlServer(tmp_path, SocketsConfig(max_control_connections=2))
+        server.on_claim_lost(lost.append)
+        path = await server.open_claim(SID) / CLAIM_SOCKET
+        first, second = await connect(path), await connect(path)
+        third = await connect(path)  # pushes the first out: the daemon's doing, not a loss
+        assert await read_all(first) == b""
+        second.close()  # one of two ends: the third still waits
+        await settle()
+        assert lost == []
+        third.close()  # the last one: the agent is gone
+        await settle()
+        assert lost == [SID]
+        # Neither a wake nor a teardown is a loss.
+        for sid, end in (("pooled0002", "wake"), ("pooled0003", "close")):
+            agent = await connect(await server.open_claim(sid) / CLAIM_SOCKET)
+            await (server.wake(sid) if end == "wake" else server.close(sid))
+            await read_all(agent)
+            agent.close()
+            await settle()
+        assert lost == [SID]
+        first.close()
+        await server.close(SID)
+
+    asyncio.run(go())
+
+
 def test_a_connection_from_outside_the_unit_is_closed_without_a_word(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -267,6 +267,27 @@ def test_a_claim_asks_systemd_only_when_no_agent_waits_on_the_claim_socket() -> 
     assert f"ironclaw-sbx-{polling}.service" in asked  # no connection: systemd was asked
 
 
+def test_a_sandbox_whose_waiting_agent_died_is_replaced_before_anyone_claims_it() -> None:
+    world = PoolWorld()
+
+    async def body() -> tuple[str, set[str], str]:
+        await until(lambda: world.ready() == 2)
+        dead = sorted(world.data.pooled)[0]
+        world.control.lose_claim(dead)  # its claim.sock connection ended
+        await until(lambda: ("data.destroy", dead) in world.log and world.ready() == 2)
+        ready_now = set(world.data.pooled)
+        return dead, ready_now, (await world.service.create("demo")).sid
+
+    dead, ready_now, sid = run(world, body)
+    assert dead not in ready_now  # destroyed, and another started in its place
+    assert ("units.stop", f"ironclaw-sbx-{dead}.service") in world.log
+    assert sid != dead  # the next create got a live one from the pool
+    assert sid in ready_now
+    assert ("data.seal", sid) in world.log
+    assert world.store.get(sid).state is State.RUNNING
+    world.control.lose_claim("nopooled0001")  # not in the pool: nothing to do
+
+
 def test_the_pool_refills_only_once_a_claim_is_done() -> None:
     world = PoolWorld()
 
