@@ -70,6 +70,20 @@ def sync_filter(timeline_limit: int) -> dict[str, Any]:
     }
 
 
+def first_sync_filter() -> dict[str, Any]:
+    """The filter of a channel's first (full) sync: one event per room, and a nonce.
+
+    Synapse answers a repeated sync request (same user, device, since, timeout and filter text)
+    from a cache for 2 minutes. A restarted channel's first sync would then get the previous
+    one's answer: an old position, without the rooms the bot was invited to since, so it would
+    not join them until its next sync. A random 128-bit event type among those already excluded
+    makes every first sync a new request and changes nothing it returns. (A random timeout did
+    this before; 1 in 5,000 per pair of starts, it collided in a CI run.)"""
+    filter_ = sync_filter(1)
+    filter_["presence"] = {"not_types": ["*", f"ironclaw.first-sync.{secrets.token_hex(16)}"]}
+    return filter_
+
+
 # Answers that cannot turn out differently when the same request is made again.
 _FATAL = frozenset({
     "M_FORBIDDEN", "M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_USER_DEACTIVATED", "M_NOT_JSON",
@@ -233,11 +247,7 @@ class MatrixChannel:
     async def _prime(self, sink: InboxSink) -> str:
         """A full sync (every room and pending invite), joins wired invites, takes the display
         name; the saved cursor, or this sync's token saved as the first one."""
-        # Synapse answers a repeated sync request (same device, since, timeout and filter) from a
-        # cache for 2 minutes: a restarted channel's first sync would get the previous one's
-        # (an old position). An initial sync returns at once whatever its timeout, so a random
-        # one makes the request new.
-        batch = await self._sync(None, 1 + secrets.randbelow(5_000), sync_filter(1))
+        batch = await self._sync(None, 0, first_sync_filter())
         self._invited = set(batch.invited)
         self._joined = {room.room_id for room in batch.joined}
         await self._take_names()

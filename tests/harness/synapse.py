@@ -117,6 +117,7 @@ class Homeserver:
             "rc_login": {"address": _MANY, "account": _MANY, "failed_attempts": _MANY},
             "rc_joins": {"local": _MANY, "remote": _MANY},
             "rc_invites": {"per_room": _MANY, "per_user": _MANY, "per_issuer": _MANY},
+            "rc_room_creation": _MANY,  # 10 rooms, then one a minute by default
         }
         path = self.root / "homeserver.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -96,6 +96,20 @@ async def test_a_message_in_a_wired_room_arrives_as_the_homeserver_asserted_it(
     assert status.detail == f"{server.hs.url} as {server.bot.user_id}"
 
 
+async def test_a_restarted_channel_joins_the_rooms_it_was_invited_to_while_starting(
+    server: Server, alice: Any
+) -> None:
+    # Synapse answers a repeated sync request from a cache for 2 minutes: each start's first
+    # sync must be a new request, or it gets the previous start's rooms and invites.
+    sink = RecordingSink()
+    for _ in range(3):
+        room = await room_with_bot(alice, server)
+        sink.rooms.add(room)
+        async with running(server, sink) as channel:
+            assert server.bot.user_id in await members(alice, room)  # joined while starting
+            assert channel.status().counters["joined"] == 1
+
+
 async def test_unwired_rooms_are_not_joined_and_wired_ones_are_joined_when_invited(
     server: Server, alice: Any
 ) -> None:
