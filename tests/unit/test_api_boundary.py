@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -12,8 +13,10 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclaw.gateway.v1 import gateway_pb2
 from ironclaw.model.v1 import model_pb2
 from ironclawd.api.boundary import (
+    CACHED_JSON_CHARS,
     ECHO_CHARS,
     Undecodable,
+    _json_verdict,
     check_json,
     check_request,
     clip,
@@ -103,3 +106,22 @@ def test_json_deeper_than_allowed_is_refused_before_parsing(text: str, refused: 
             check_json(text, "arguments_json")
     else:
         check_json(text, "arguments_json")
+
+
+def test_a_json_verdict_is_kept_per_text_and_each_refusal_names_its_own_field() -> None:
+    schema = '{"type": "object", "properties": {"path": {"type": "string"}}}'
+    bad = '{"n": 1e999}'
+    before = _json_verdict.cache_info()
+    check_json(schema, "tools[0].parameters_json")
+    check_json(schema, "tools[1].parameters_json")  # the same text: its kept verdict
+    for name in ("tools[0].parameters_json", "arguments_json"):
+        with pytest.raises(InvalidArgument, match=r"^" + re.escape(name) + r": not valid JSON"):
+            check_json(bad, name)
+    after = _json_verdict.cache_info()
+    assert after.hits - before.hits == 2  # the second schema and the second refusal
+    # Longer texts are checked every time, and refused the same way.
+    deep = "[" * 20 + "{" * 13 + " " * CACHED_JSON_CHARS + "}" * 13 + "]" * 20
+    for _ in range(2):
+        with pytest.raises(InvalidArgument, match="arguments_json: JSON nested deeper than 32"):
+            check_json(deep, "arguments_json")
+    assert _json_verdict.cache_info().currsize == after.currsize
