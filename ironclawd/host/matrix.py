@@ -78,7 +78,8 @@ def first_sync_filter() -> dict[str, Any]:
     one's answer: an old position, without the rooms the bot was invited to since, so it would
     not join them until its next sync. A random 128-bit event type among those already excluded
     makes every first sync a new request and changes nothing it returns. (A random timeout did
-    this before; 1 in 5,000 per pair of starts, it collided in a CI run.)"""
+    this before: two starts drew the same one 1 time in 5,000, and a CI run failed with exactly
+    what that gives, the bot not yet in a room it had been invited to.)"""
     filter_ = sync_filter(1)
     filter_["presence"] = {"not_types": ["*", f"ironclaw.first-sync.{secrets.token_hex(16)}"]}
     return filter_
