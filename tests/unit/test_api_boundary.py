@@ -111,8 +111,8 @@ def test_json_deeper_than_allowed_is_refused_before_parsing(text: str, refused: 
 
 def test_a_json_verdict_is_kept_per_text_and_each_refusal_names_its_own_field() -> None:
     nonce = secrets.token_hex(8)  # texts no other test has checked (the cache is the module's)
-    schema = '{"type": "object", "properties": {"path": {"description": "%s"}}}' % nonce
-    bad = '{"n": 1e999, "m": "%s"}' % nonce
+    schema = json.dumps({"type": "object", "properties": {"path": {"description": nonce}}})
+    bad = '{"n": 1e999, "m": "' + nonce + '"}'
     before = _json_verdict.cache_info()
     check_json(schema, "tools[0].parameters_json")
     check_json(schema, "tools[1].parameters_json")  # the same text: its kept verdict
