@@ -88,26 +88,31 @@ def _check_string(field: str, value: str, name: str) -> None:
     if "\x00" in value and field not in _TEXT_FIELDS:
         raise InvalidArgument(f"{name}: NUL characters are not allowed, got {clip(value)}")
     if field.endswith("_json") and value:
-        check_json(value, name)
+        kept = field in _SCHEMA_FIELDS and len(value) <= CACHED_JSON_CHARS
+        problem = _schema_verdict(value) if kept else _json_problem(value)
+        if problem is not None:
+            raise InvalidArgument(f"{name}: {problem}")
 
 
 def check_json(text: str, name: str) -> None:
     """Refuse JSON that the domain could only choke on: too deep, non-finite or out-of-int64
     numbers, lone surrogates (escaped as ``\\ud800``; the wire's UTF-8 cannot carry them)."""
-    problem = _json_verdict(text) if len(text) <= CACHED_JSON_CHARS else _json_problem(text)
+    problem = _json_problem(text)
     if problem is not None:
         raise InvalidArgument(f"{name}: {problem}")
 
 
 # The agent sends its tool definitions (JSON Schema texts) with every model call: the same texts
 # each time, 44 us of parsing per call for six tools (the built-in ones are 109-276 characters).
-# The verdict is a function of the text alone, so it is kept for the last 256 texts of at most
-# 8 Ki characters (2 MiB of ASCII at most); a longer one is checked every time.
+# The verdict is a function of the text alone, so for tool schemas only it is kept: the last 256
+# of at most 8 Ki characters (2 MiB of ASCII at most). Other JSON (a tool call's arguments, a
+# change's payload) differs every time and may be anything a caller sent: never kept.
+_SCHEMA_FIELDS = frozenset({"parameters_json", "input_schema_json"})
 CACHED_JSON_CHARS = 8 * 1024
 
 
 @functools.lru_cache(maxsize=256)
-def _json_verdict(text: str) -> str | None:
+def _schema_verdict(text: str) -> str | None:
     return _json_problem(text)
 
 

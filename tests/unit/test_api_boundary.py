@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import secrets
 
 import pytest
@@ -17,7 +16,7 @@ from ironclawd.api.boundary import (
     CACHED_JSON_CHARS,
     ECHO_CHARS,
     Undecodable,
-    _json_verdict,
+    _schema_verdict,
     check_json,
     check_request,
     clip,
@@ -109,21 +108,34 @@ def test_json_deeper_than_allowed_is_refused_before_parsing(text: str, refused: 
         check_json(text, "arguments_json")
 
 
-def test_a_json_verdict_is_kept_per_text_and_each_refusal_names_its_own_field() -> None:
+def test_only_tool_schemas_have_their_verdict_kept_and_each_refusal_names_its_own_field() -> None:
     nonce = secrets.token_hex(8)  # texts no other test has checked (the cache is the module's)
     schema = json.dumps({"type": "object", "properties": {"path": {"description": nonce}}})
     bad = '{"n": 1e999, "m": "' + nonce + '"}'
-    before = _json_verdict.cache_info()
-    check_json(schema, "tools[0].parameters_json")
-    check_json(schema, "tools[1].parameters_json")  # the same text: its kept verdict
-    for name in ("tools[0].parameters_json", "arguments_json"):
-        with pytest.raises(InvalidArgument, match=r"^" + re.escape(name) + r": not valid JSON"):
-            check_json(bad, name)
-    after = _json_verdict.cache_info()
-    assert after.hits - before.hits == 2  # the second schema and the second refusal
-    # Longer texts are checked every time, and refused the same way.
+    arguments = json.dumps({"path": nonce})
+
+    def request(parameters: str) -> model_pb2.CompleteRequest:
+        call = model_pb2.ToolCall(id="c1", name="read_file", arguments_json=arguments)
+        return model_pb2.CompleteRequest(
+            messages=[model_pb2.Message(role=model_pb2.ROLE_ASSISTANT, tool_calls=[call])],
+            tools=[model_pb2.ToolDefinition(name=n, parameters_json=parameters) for n in "ab"],
+        )
+
+    before = _schema_verdict.cache_info()
+    check_request(request(schema))  # two tools, one text: checked once, then its kept verdict
+    after = _schema_verdict.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    assert after.currsize == before.currsize + 1  # the schema; never the call's arguments
+    for _ in range(2):
+        with pytest.raises(InvalidArgument, match=r"^tools\[0\]\.parameters_json: not valid JSON"):
+            check_request(request(bad))
+    assert _schema_verdict.cache_info().hits - after.hits == 1  # the second refusal's, kept
+    # Outside tool schemas, the same bad text is refused as ever, under its own name.
+    with pytest.raises(InvalidArgument, match=r"^arguments_json: not valid JSON"):
+        check_json(bad, "arguments_json")
+    # Longer schemas are checked every time, and refused the same way.
     deep = "[" * 20 + "{" * 13 + " " * CACHED_JSON_CHARS + "}" * 13 + "]" * 20
     for _ in range(2):
-        with pytest.raises(InvalidArgument, match="arguments_json: JSON nested deeper than 32"):
-            check_json(deep, "arguments_json")
-    assert _json_verdict.cache_info().currsize == after.currsize
+        with pytest.raises(InvalidArgument, match=r"parameters_json: JSON nested deeper than 32"):
+            check_request(request(deep))
+    assert _schema_verdict.cache_info().currsize == after.currsize + 1  # the bad one, not deep
