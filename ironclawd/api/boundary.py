@@ -88,16 +88,15 @@ def _check_string(field: str, value: str, name: str) -> None:
     if "\x00" in value and field not in _TEXT_FIELDS:
         raise InvalidArgument(f"{name}: NUL characters are not allowed, got {clip(value)}")
     if field.endswith("_json") and value:
-        kept = field in _SCHEMA_FIELDS and len(value) <= CACHED_JSON_CHARS
-        problem = _schema_verdict(value) if kept else _json_problem(value)
-        if problem is not None:
-            raise InvalidArgument(f"{name}: {problem}")
+        check_json(value, name, schema=field in _SCHEMA_FIELDS)
 
 
-def check_json(text: str, name: str) -> None:
+def check_json(text: str, name: str, *, schema: bool = False) -> None:
     """Refuse JSON that the domain could only choke on: too deep, non-finite or out-of-int64
-    numbers, lone surrogates (escaped as ``\\ud800``; the wire's UTF-8 cannot carry them)."""
-    problem = _json_problem(text)
+    numbers, lone surrogates (escaped as ``\\ud800``; the wire's UTF-8 cannot carry them).
+    ``schema``: a tool's JSON Schema, whose verdict is kept (below)."""
+    kept = schema and len(text) <= CACHED_JSON_CHARS
+    problem = _schema_verdict(text) if kept else _json_problem(text)
     if problem is not None:
         raise InvalidArgument(f"{name}: {problem}")
 
