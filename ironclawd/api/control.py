@@ -488,7 +488,12 @@ class ControlServer:
         for writer in [*channel.writers, *channel.waiting]:
             writer.close()
         if not channel.hello.done():
-            channel.hello.cancel()
+            # A wait for the hello ends with an error that names why, not a CancelledError in
+            # a caller nobody cancelled (``exception()`` marks it seen if nobody waits).
+            channel.hello.set_exception(
+                HostError(f"session {sid}: control socket closed before its agent said hello")
+            )
+            channel.hello.exception()
         channel.disconnected.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(channel.server.wait_closed(), 2)

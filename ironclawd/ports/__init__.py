@@ -327,11 +327,13 @@ class ControlPlane(Protocol):
         ...
 
     async def wait_hello(self, sid: str) -> AgentHello:
-        """The agent's hello once it connects (the caller bounds the wait)."""
+        """The agent's hello once it connects (the caller bounds the wait). HostError if the
+        session's socket is not open, or is closed before the hello."""
         ...
 
     async def wait_disconnect(self, sid: str) -> None:
-        """Return when the agent's connection drops (not when the daemon closes it)."""
+        """Return when the agent's last connection ends, or the session is closed. HostError
+        if the session's socket is not open."""
         ...
 
     async def close(self, sid: str) -> None:

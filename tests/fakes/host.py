@@ -99,9 +99,11 @@ class FakeNetns(_Recording):
 
 class FakeControl(_Recording):
     """``ControlPlane``: an opened session's agent says hello at once; one ``silent`` names
-    never does (the caller's timeout ends the wait, as with the real one); ``drop(sid)`` ends
-    its connection as a dying sandbox would; while ``hello_gate`` is set and not open, every
-    agent waits for it (a reconnect back-off)."""
+    never does (the caller's timeout ends the wait, or the session's close, as with the real
+    one); ``drop(sid)`` ends its connection as a dying sandbox would; while ``hello_gate`` is
+    set and not open, every agent waits for it (a reconnect back-off). What ``send`` reached
+    the agent with is kept in ``delivered`` (sid -> lines). tests/contract/test_control.py
+    holds it and the real ``ControlServer`` to one contract."""
 
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
@@ -112,7 +114,9 @@ class FakeControl(_Recording):
         self._claim_lost: list[Callable[[str], None]] = []
         self.silent: set[str] = set()
         self.sent: list[tuple[str, str, int]] = []
+        self.delivered: dict[str, list[bytes]] = {}
         self._dropped: dict[str, asyncio.Event] = {}
+        self._closed: dict[str, asyncio.Event] = {}
         self.listener: ControlListener | None = None
         self.hello_gate: asyncio.Event | None = None
 
@@ -128,7 +132,10 @@ class FakeControl(_Recording):
         self._claim_lost.append(hook)
 
     def lose_claim(self, sid: str) -> None:
-        """A waiting pooled agent died: its claim connection ended (not part of the port)."""
+        """A waiting pooled agent died: its claim connection ended (not part of the port). As
+        with the real one, only an agent still waiting on a served claim socket is a loss."""
+        if not self.claim_waiting(sid):
+            return
         self.claim_waiters.discard(sid)
         for hook in self._claim_lost:
             hook(sid)
@@ -142,14 +149,29 @@ class FakeControl(_Recording):
         self._call("control.open", sid)
         self.open_dirs.add(sid)
         self._dropped[sid] = asyncio.Event()
+        self._closed[sid] = asyncio.Event()
         return Path("/run/ironclaw/sessions") / sid
 
     async def wait_hello(self, sid: str) -> AgentHello:
-        if sid in self.silent or sid not in self.open_dirs:
-            await asyncio.Event().wait()  # never connects
-        if self.hello_gate is not None:
-            await self.hello_gate.wait()
+        closed = self._require(sid)
+        if sid in self.silent:  # never connects: only the session's close ends the wait
+            await closed.wait()
+        elif self.hello_gate is not None and not self.hello_gate.is_set():
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.hello_gate, closed)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        if closed.is_set():
+            raise HostError(f"session {sid}: control socket closed before its agent said hello")
         return AgentHello(pid=7, uid=10000)
+
+    def _require(self, sid: str) -> asyncio.Event:
+        closed = self._closed.get(sid)
+        if closed is None or sid not in self.open_dirs:
+            raise HostError(f"session {sid}: control socket is not open")
+        return closed
 
     def is_connected(self, sid: str) -> bool:
         """Whether ``send`` would reach the agent (not part of the port)."""
@@ -157,12 +179,18 @@ class FakeControl(_Recording):
         return sid in self.open_dirs and event is not None and not event.is_set()
 
     async def wait_disconnect(self, sid: str) -> None:
-        await self._dropped.setdefault(sid, asyncio.Event()).wait()
+        self._require(sid)
+        await self._dropped[sid].wait()
 
     async def close(self, sid: str) -> None:
         self._call("control.close", sid)
         self.open_dirs.discard(sid)
         self.made_dirs.discard(sid)
+        self.claim_waiters.discard(sid)
+        for events in (self._closed, self._dropped):  # every wait on the session ends
+            event = events.pop(sid, None)
+            if event is not None:
+                event.set()
 
     def list_dirs(self) -> list[str]:
         return sorted(self.open_dirs | self.made_dirs)
@@ -172,10 +200,15 @@ class FakeControl(_Recording):
 
     async def send(self, sid: str, event: str, value: int) -> bool:
         self.sent.append((sid, event, value))
-        return self.is_connected(sid)
+        if not self.is_connected(sid):
+            return False
+        self.delivered.setdefault(sid, []).append(f"{event} {value}\n".encode("ascii"))
+        return True
 
     def drop(self, sid: str) -> None:
-        self._dropped.setdefault(sid, asyncio.Event()).set()
+        event = self._dropped.get(sid)
+        if event is not None:
+            event.set()
 
 
 class FakeRuntime(_Recording):

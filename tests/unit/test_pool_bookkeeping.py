@@ -273,7 +273,8 @@ def test_a_sandbox_whose_waiting_agent_died_is_replaced_before_anyone_claims_it(
     async def body() -> tuple[str, set[str], str]:
         await until(lambda: world.ready() == 2)
         dead = sorted(world.data.pooled)[0]
-        world.control.lose_claim(dead)  # its claim.sock connection ended
+        world.control.claim_waiters.add(dead)  # its agent waited on claim.sock
+        world.control.lose_claim(dead)  # and its connection ended
         await until(lambda: ("data.destroy", dead) in world.log and world.ready() == 2)
         ready_now = set(world.data.pooled)
         return dead, ready_now, (await world.service.create("demo")).sid
@@ -285,6 +286,8 @@ def test_a_sandbox_whose_waiting_agent_died_is_replaced_before_anyone_claims_it(
     assert sid in ready_now
     assert ("data.seal", sid) in world.log
     assert world.store.get(sid).state is State.RUNNING
+    world.control.made_dirs.add("nopooled0001")  # a claim socket the pool does not know of
+    world.control.claim_waiters.add("nopooled0001")
     world.control.lose_claim("nopooled0001")  # not in the pool: nothing to do
 
 
