@@ -134,7 +134,9 @@ def choose_working_platform(
     return offered[-1], f"auto: {offered[-1]} ({why})"
 
 
-def _check_id(container_id: str) -> str:
+def check_container_id(container_id: str) -> str:
+    """``container_id`` if runsc would take it as one path component of its state, else
+    InvalidArgument naming it."""
     if not _CONTAINER_ID_RE.fullmatch(container_id):
         raise InvalidArgument(f"container id {container_id!r}: expected [A-Za-z0-9_.-], <= 128")
     return container_id
@@ -177,7 +179,7 @@ def runsc_argv(
         if not info.host_uds:
             raise HostError(f"building runsc argv: runsc {info.version} lacks --host-uds")
         argv.append("--host-uds=open")
-    return [*argv, "run", "--bundle", str(bundle), _check_id(container_id)]
+    return [*argv, "run", "--bundle", str(bundle), check_container_id(container_id)]
 
 
 def parse_list_json(text: str) -> list[RunscContainer]:
@@ -304,7 +306,7 @@ def _info_from_json(path: Path, value: Any) -> RunscInfo | None:
 
 def delete_state(root: Path, container_id: str, path: Path = RUNSC, run: Runner = _run) -> None:
     """Kill and forget a container's runsc state; a container that is not there is fine."""
-    argv = [str(path), f"--root={root}", "delete", "-force", _check_id(container_id)]
+    argv = [str(path), f"--root={root}", "delete", "-force", check_container_id(container_id)]
     _call(f"deleting runsc container {container_id}", argv, run)
 
 

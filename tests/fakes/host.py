@@ -13,6 +13,7 @@ from ironclawd.bundle.spec import check_spec
 from ironclawd.domain.policy import Mount
 from ironclawd.domain.skills import AgentSkill
 from ironclawd.errors import DiskFull, HostError, NotFound, PolicyDenied
+from ironclawd.host.runsc import check_container_id
 from ironclawd.host.skills import skill_set_digest
 from ironclawd.ports import AgentHello, ControlListener, RawRow, UnitSpec, UnitState
 
@@ -212,7 +213,9 @@ class FakeControl(_Recording):
 
 
 class FakeRuntime(_Recording):
-    """``SandboxRuntime``: a container exists from its unit's start until deleted."""
+    """``SandboxRuntime``: a container exists from its argv (its unit's start) until deleted;
+    ids are checked as runsc's are. tests/contract/test_runtime.py holds it and the real
+    ``RunscRuntime`` to one contract."""
 
     platform = "fake"
 
@@ -221,14 +224,14 @@ class FakeRuntime(_Recording):
         self.ids: set[str] = set()
 
     def run_argv(self, bundle: Path, container_id: str) -> list[str]:
-        self.ids.add(container_id)
+        self.ids.add(check_container_id(container_id))
         return ["/usr/bin/runsc", "run", "--bundle", str(bundle), container_id]
 
     def writable_paths(self) -> tuple[Path, ...]:
         return (Path("/run/ironclaw/runsc"),)
 
     def delete(self, container_id: str) -> None:
-        self._call("runtime.delete", container_id)
+        self._call("runtime.delete", check_container_id(container_id))
         self.ids.discard(container_id)
 
     def list_ids(self) -> list[str]:

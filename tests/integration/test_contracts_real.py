@@ -1,8 +1,9 @@
 """The contract tests of the ports whose real adapters need root and a systemd of their own
 (tests/contract/test_host.py: UnitManager over pystemd, NetnsManager over pyroute2;
 tests/contract/test_mcp.py: McpClients over hardened units and mcp-server-time;
-tests/contract/test_control.py: ControlPlane, its agents in units of the sessions' names), run
-inside the private systemd with ``--real-host``: the real adapters must do what their fakes do."""
+tests/contract/test_control.py: ControlPlane, its agents in units of the sessions' names;
+tests/contract/test_runtime.py: SandboxRuntime over runsc in a hardened unit), run inside the
+private systemd with ``--real-host``: the real adapters must do what their fakes do."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from tests.harness.mcp_venv import mcp_venv
 
 pytestmark = pytest.mark.integration
 
-# The tests of tests/contract/test_host.py (2), test_mcp.py (2) and test_control.py (7), each
-# once for real.
-REAL_HOST_CONTRACTS = 11
+# The tests of tests/contract/test_host.py (2), test_mcp.py (2), test_control.py (7) and
+# test_runtime.py (6), each once for real.
+REAL_HOST_CONTRACTS = 17
 
 
 def test_real_host_adapters_pass_the_contracts_of_their_fakes(private_systemd: Any) -> None:
