@@ -7,6 +7,7 @@ import queue
 import threading
 from typing import Any
 
+from ironclawd.domain.audit import check_fields
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import HostError
 from ironclawd.ports import AuditHead, AuditLogFile, AuditSink, Clock, VerifyResult
@@ -52,7 +53,9 @@ class Audit:
     def record_soon(self, event: str, actor: str, **fields: Any) -> None:
         """Queue a record for the group-committing writer (model calls and egress decisions,
         which sit on a request's hot path): appended in order within milliseconds, one fsync
-        per batch. Gateway and lifecycle records use ``record`` and are durable on return."""
+        per batch. Gateway and lifecycle records use ``record`` and are durable on return.
+        A field named like the chain's own is refused here, as ``record`` refuses it."""
+        check_fields(event, fields)
         self._queue.put((event, actor, fields))
 
     def _write_batches(self) -> None:
@@ -60,20 +63,29 @@ class Audit:
             batch = [self._queue.get()]
             while not self._queue.empty() and len(batch) < 256:
                 batch.append(self._queue.get_nowait())
-            stop = None in batch
-            items = [item for item in batch if item is not None]
-            try:
-                last: dict[str, Any] | None = None
-                for event, actor, fields in items:
-                    last = self._log.append(event, actor, sync=False, **fields)
-                if last is not None:
+            last: dict[str, Any] | None = None
+            for item in batch:
+                if item is not None:
+                    last = self._append_one(*item) or last
+            if last is not None:
+                try:
                     self._log.sync()
                     self._store.set_audit_head(int(last["seq"]), str(last["mac"]))
-            except (HostError, ValueError) as exc:  # the writer outlives a bad batch
-                log.critical("AUDIT RECORDS LOST (%d queued): %s", len(items), exc,
-                             extra=message_id(MessageId.AUDIT_RECORD_LOST))  # fmt: skip
-            if stop:
+                except HostError as exc:
+                    log.critical("AUDIT RECORDS NOT SYNCED (up to record %d): %s", last["seq"],
+                                 exc, extra=message_id(MessageId.AUDIT_RECORD_LOST))  # fmt: skip
+            if None in batch:
                 return
+
+    def _append_one(self, event: str, actor: str, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """Append one queued record; a record that cannot be written is lost alone, loudly:
+        the records queued with it are still written, and the writer goes on."""
+        try:
+            return self._log.append(event, actor, sync=False, **fields)
+        except Exception as exc:  # not JSON, too large, a failed write: any of them
+            log.critical("AUDIT RECORD LOST (%s by %s): %s", event, actor, exc,
+                         extra=message_id(MessageId.AUDIT_RECORD_LOST))  # fmt: skip
+            return None
 
     def close(self) -> None:
         """Write what is queued, then stop the writer."""

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ironclawd.domain.audit import check_fields
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import DiskFull, HostError
 from ironclawd.ports import VerifyResult
@@ -44,7 +45,6 @@ MAX_RECORD = 64 * 1024
 REPAIRED = "audit.repaired"
 # The chain's own fields: a caller's field of the same name would replace them (a record numbered
 # or linked by its payload), so ``append`` refuses such a field instead.
-RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac"})
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:
@@ -140,12 +140,7 @@ class AuditLog:
             return record
 
     def _append(self, event: str, actor: str, **fields: Any) -> dict[str, Any]:
-        clash = RESERVED.intersection(fields)
-        if clash:
-            raise ValueError(
-                f"audit record for {event}: field(s) {', '.join(sorted(clash))} are the chain's "
-                "own; name them for what they are (e.g. reply_seq)"
-            )
+        check_fields(event, fields)
         record: dict[str, Any] = {
             "seq": self._seq + 1,
             "time": round(time.time(), 6),

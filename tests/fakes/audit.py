@@ -9,24 +9,40 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from ironclawd.domain.audit import check_fields
+from ironclawd.errors import HostError
 from ironclawd.ports import VerifyResult
-from ironclawd.store.audit import GENESIS, RESERVED
+from ironclawd.store.audit import GENESIS, MAX_RECORD, canonical
 
 
 class RecordingAudit:
+    """``ports.AuditSink`` in a list. It refuses what the real one (services/audit.py over
+    store/audit.py) refuses: a field named like the chain's own at once; a record that cannot
+    be written (not JSON, over MAX_RECORD) raises from ``record`` and is lost alone from
+    ``record_soon``. tests/contract/test_audit_sink.py holds the two to one contract."""
+
     def __init__(self) -> None:
         self.records: list[tuple[str, str, dict[str, object]]] = []
         self.soon: list[tuple[str, str, dict[str, object]]] = []  # the record_soon ones
+        self.lost: list[tuple[str, str, dict[str, object]]] = []  # record_soon ones not written
         self._waiters: dict[str, list[asyncio.Event]] = {}
 
     def record(self, event: str, actor: str, **fields: object) -> None:
+        check_fields(event, fields)
+        size = len(canonical({"event": event, "actor": actor, **fields}))  # TypeError: not JSON
+        if size > MAX_RECORD:
+            raise HostError(f"audit record for {event} is too large ({size} bytes)")
         self.records.append((event, actor, fields))
         for waiter in self._waiters.pop(event, []):
             waiter.set()
 
     def record_soon(self, event: str, actor: str, **fields: object) -> None:
+        check_fields(event, fields)
         self.soon.append((event, actor, fields))
-        self.record(event, actor, **fields)
+        try:
+            self.record(event, actor, **fields)
+        except (HostError, TypeError, ValueError):
+            self.lost.append((event, actor, fields))
 
     def events(self) -> list[str]:
         return [event for event, _, _ in self.records]
@@ -63,12 +79,7 @@ class MemoryAuditLog:
         return False
 
     def append(self, event: str, actor: str, *, sync: bool = True, **fields: Any) -> dict[str, Any]:
-        clash = RESERVED.intersection(fields)
-        if clash:
-            raise ValueError(
-                f"audit record for {event}: field(s) {', '.join(sorted(clash))} are the chain's "
-                "own; name them for what they are (e.g. reply_seq)"
-            )
+        check_fields(event, fields)
         record: dict[str, Any] = {"seq": self._seq + 1, "time": self._now(), "event": event,
                                   "actor": actor, **fields, "prev": self._prev}  # fmt: skip
         record["mac"] = _digest(record)

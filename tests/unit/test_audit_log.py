@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from ironclawd.domain.audit import RESERVED
 from ironclawd.services.audit import Audit
 from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import GENESIS, AuditLog, canonical
@@ -246,7 +247,7 @@ def test_with_the_append_only_flag_even_the_owner_cannot_rewrite(tmp_path: Path)
             _clear_append_flag(path)  # or tmp_path could not be cleaned up
 
 
-@pytest.mark.parametrize("name", sorted(audit_store.RESERVED - {"event", "actor"}))
+@pytest.mark.parametrize("name", sorted(RESERVED - {"event", "actor"}))
 def test_a_field_named_like_the_chain_is_refused_and_nothing_is_written(
     tmp_path: Path, no_append_flag: None, name: str
 ) -> None:

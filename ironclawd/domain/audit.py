@@ -1,0 +1,17 @@
+"""The audit record's own fields: what a caller's fields may not be named (the chain's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac"})
+
+
+def check_fields(event: str, fields: Mapping[str, object]) -> None:
+    """ValueError naming any field of ``fields`` that the record itself uses."""
+    clash = RESERVED.intersection(fields)
+    if clash:
+        raise ValueError(
+            f"audit record for {event}: field(s) {', '.join(sorted(clash))} are the chain's "
+            "own; name them for what they are (e.g. reply_seq)"
+        )
