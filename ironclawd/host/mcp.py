@@ -158,6 +158,7 @@ class StdioTransport(McpTransport):
     """What the supervisor needs of a running server: the SDK's streams and why it ended."""
 
     argv: list[str] = field(default_factory=list)
+    pid: int = 0  # the process started (systemd-run's, for a unit)
     stderr_tail: bytearray = field(default_factory=bytearray)
     reason: str = ""
     done: bool = False
@@ -193,7 +194,7 @@ async def bounded_stdio(
         raise McpServerFailed(f"cannot start {argv[0]}: {exc}") from None
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write, from_session = anyio.create_memory_object_stream[SessionMessage](16)
-    transport = StdioTransport(read=read, write=write, argv=list(argv))
+    transport = StdioTransport(read=read, write=write, argv=list(argv), pid=process.pid)
 
     async def reader() -> None:
         try:

@@ -7,20 +7,23 @@ adapter's contract (tests/contract/test_mcp.py): definitions sorted by name, tex
 
 ``LocalLauncher`` is a ``McpLauncher`` without systemd: it runs the server's argv as a plain
 child of the test (through host/mcp.py's bounded transport), so the supervisor's time-outs,
-back-off and caps are tested against real SDK servers in the unit tier.
+back-off and caps are tested against real SDK servers without a private systemd. It keeps the
+real launcher's contract (tests/contract/test_mcp_launcher.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ironclawd.domain.kinds.mcp import tool_def
 from ironclawd.domain.mcp import McpServer, McpToolDef
-from ironclawd.errors import McpServerFailed
+from ironclawd.errors import McpServerFailed, NotFound
 from ironclawd.host.mcp import bounded_stdio
+from ironclawd.ports import Credentials
 from ironclawd.ports.mcp import McpCallResult, McpTransport
 
 Tool = Callable[[dict[str, object]], str]
@@ -84,26 +87,49 @@ class FakeMcpClients:
 
 @dataclass
 class LocalLauncher:
-    """Runs each server's argv directly (no unit), counting starts per (agent, server)."""
+    """Runs each server's argv directly (no unit), counting starts per (agent, server). The
+    server's environment is PATH, ``env``, its own ``env`` and its credentials; ``stop`` kills
+    a running server's whole process group, as stopping its unit does. It and the real
+    launcher pass tests/contract/test_mcp_launcher.py."""
 
     max_message_bytes: int = 4 * 1024 * 1024
     env: dict[str, str] = field(default_factory=dict)
+    credentials: Credentials | None = None
     starts: dict[tuple[str, str], int] = field(default_factory=dict)
     opened: list[tuple[str, McpServer]] = field(default_factory=list)
+    running: dict[tuple[str, str], int] = field(default_factory=dict)  # -> process group
 
     @contextlib.asynccontextmanager
     async def open(self, agent: str, server: McpServer) -> AsyncIterator[McpTransport]:
+        if not server.command:
+            raise McpServerFailed(f"MCP server {server.name} has no command to run")
         key = (agent, server.name)
         self.starts[key] = self.starts.get(key, 0) + 1
         self.opened.append((agent, server))
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.env, **dict(server.env)}
+        secrets = {env: self._credential(name) for env, name in server.credentials}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.env, **dict(server.env),
+               **secrets}  # fmt: skip
         async with bounded_stdio(
             server.command, max_message_bytes=self.max_message_bytes, env=env
         ) as transport:
-            yield transport
+            self.running[key] = transport.pid
+            try:
+                yield transport
+            finally:
+                if self.running.get(key) == transport.pid:
+                    del self.running[key]
+
+    def _credential(self, name: str) -> str:
+        if self.credentials is None:
+            raise NotFound(f"credential '{name}' not found")
+        return self.credentials.get(name)
 
     async def stop(self, agent: str, server: str) -> None:
-        return None
+        group = self.running.pop((agent, server), None)
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
 
     async def stop_all(self) -> None:
-        return None
+        for agent, server in list(self.running):
+            await self.stop(agent, server)
