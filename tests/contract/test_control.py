@@ -316,13 +316,28 @@ async def test_closing_a_session_ends_the_waits_on_it(
     assert await agent.read_to_end() == b""
 
 
+def lost_claims(control: ControlPlane) -> list[str]:
+    """The sessions the claim-lost hook hears of, in order."""
+    lost: list[str] = []
+    control.on_claim_lost(lost.append)
+    return lost
+
+
+async def pooled_and_waiting(control: ControlPlane, agents: AgentSide) -> tuple[str, Agent]:
+    """A new pooled sandbox whose agent waits on its claim socket."""
+    sid = new_sid()
+    await control.open_claim(sid)
+    waiting = await agents.connect(sid, CLAIM_SOCKET)
+    await until(lambda: control.claim_waiting(sid), f"{sid}'s waiting agent is seen")
+    return sid, waiting
+
+
 async def test_a_pooled_sandbox_waits_on_its_claim_socket_until_woken(
     world: tuple[ControlPlane, AgentSide],
 ) -> None:
     control, agents = world
     sid = new_sid()
-    lost: list[str] = []
-    control.on_claim_lost(lost.append)
+    lost = lost_claims(control)
     directory = await control.open_claim(sid)
     assert directory.name == sid
     assert sid in control.list_dirs()
@@ -347,14 +362,9 @@ async def test_a_pooled_agent_that_leaves_before_its_claim_is_reported_lost_once
     world: tuple[ControlPlane, AgentSide],
 ) -> None:
     control, agents = world
-    sid, other = new_sid(), new_sid()
-    lost: list[str] = []
-    control.on_claim_lost(lost.append)
-    for each in (sid, other):
-        await control.open_claim(each)
-    waiting = await agents.connect(sid, CLAIM_SOCKET)
-    still = await agents.connect(other, CLAIM_SOCKET)
-    await until(lambda: control.claim_waiting(sid) and control.claim_waiting(other), "waiting")
+    lost = lost_claims(control)
+    sid, waiting = await pooled_and_waiting(control, agents)
+    other, still = await pooled_and_waiting(control, agents)
     await waiting.leave()
     await until(lambda: lost == [sid], f"the hook hears of {sid}")
     assert not control.claim_waiting(sid)
@@ -370,12 +380,8 @@ async def test_tearing_down_a_pooled_sandbox_is_not_a_lost_claim(
     world: tuple[ControlPlane, AgentSide],
 ) -> None:
     control, agents = world
-    sid = new_sid()
-    lost: list[str] = []
-    control.on_claim_lost(lost.append)
-    await control.open_claim(sid)
-    waiting = await agents.connect(sid, CLAIM_SOCKET)
-    await until(lambda: control.claim_waiting(sid), "the waiting agent is seen")
+    lost = lost_claims(control)
+    sid, waiting = await pooled_and_waiting(control, agents)
     await control.close(sid)
     assert not control.claim_waiting(sid)
     assert await waiting.read_to_end() == b""  # cut without a word
