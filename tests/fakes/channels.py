@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ironclawd.domain.messages import Reply
-from ironclawd.domain.session import Session, State, new_sid
+from ironclawd.domain.messages import Reply, check_body, check_client_id
+from ironclawd.domain.session import Session, State, check_sid, new_sid
 from ironclawd.errors import ChannelFailed, HostError, NotFound
 from ironclawd.ports.channel_records import ChannelMessage, Delivery, HeldMessage, Receiving
 from ironclawd.ports.channels import ChannelStatus, InboundEvent, InboxSink, OutboundReply
@@ -204,7 +204,9 @@ class FakeSent:
 class FakeMessages:
     """Each session's inbound queue (client-id de-duplicated, like inbound.db) and replies;
     ``reply`` is the agent answering. ``crash_after_send`` makes the next send raise after the
-    message was appended (a daemon killed right after the queue took it)."""
+    message was appended (a daemon killed right after the queue took it). It and
+    ``FakeChannelSessions`` pass the real services' contract (tests/contract/
+    test_inbox_ports.py)."""
 
     def __init__(self, sessions: FakeChannelSessions) -> None:
         self._sessions = sessions
@@ -214,6 +216,8 @@ class FakeMessages:
         self._changed = asyncio.Condition()
 
     async def send(self, sid: str, body: str, client_id: str = "") -> FakeSent:
+        check_body(body)
+        check_client_id(client_id)
         self._sessions.get(sid)
         queue = self.inbound.setdefault(sid, [])
         for index, (_text, cid) in enumerate(queue):
@@ -255,7 +259,7 @@ class FakeChannelSessions:
 
     def get(self, sid: str) -> Session:
         try:
-            return self.sessions[sid]
+            return self.sessions[check_sid(sid)]
         except KeyError:
             raise NotFound(f"session {sid} not found") from None
 
