@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# A caller's field of one of these names would replace the chain's own (a record numbered or
+# linked by its payload), so ``check_fields`` refuses it.
 RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac"})
 
 

@@ -71,7 +71,7 @@ class Audit:
                 try:
                     self._log.sync()
                     self._store.set_audit_head(int(last["seq"]), str(last["mac"]))
-                except HostError as exc:
+                except Exception as exc:  # the writer must outlive any failure
                     log.critical("AUDIT RECORDS NOT SYNCED (up to record %d): %s", last["seq"],
                                  exc, extra=message_id(MessageId.AUDIT_RECORD_LOST))  # fmt: skip
             if None in batch:

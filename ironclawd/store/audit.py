@@ -43,8 +43,6 @@ FS_IOC_SETFLAGS = 0x40086602
 FS_APPEND_FL = 0x00000020
 MAX_RECORD = 64 * 1024
 REPAIRED = "audit.repaired"
-# The chain's own fields: a caller's field of the same name would replace them (a record numbered
-# or linked by its payload), so ``append`` refuses such a field instead.
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ironclawd.domain.audit import RESERVED
 from ironclawd.services.audit import Audit
 from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import GENESIS, AuditLog, canonical
-from tests.fakes import MemoryAuditHead
+from tests.fakes import MemoryAuditHead, MemoryAuditLog
 
 KEY = b"k" * 32
 N = 6
@@ -264,3 +265,29 @@ def test_a_field_named_like_the_chain_is_refused_and_nothing_is_written(
     log.append("after", "t", reply_seq=1)
     assert log.head[0] == 2
     assert log.verify(log.head).ok
+
+
+def test_the_group_writer_outlives_a_failed_sync_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync (or the head's update) that fails is logged at critical level; the writer thread
+    goes on and the next batch is written and synced."""
+
+    class FailingOnce(MemoryAuditLog):
+        failures = 1
+
+        def sync(self) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise OSError("EIO on fsync")  # not a HostError: anything may come up here
+
+    log = FailingOnce()
+    audit = Audit(log, MemoryAuditHead())
+    audit.record_soon("model.call", "session:s1", n=1)
+    deadline = time.monotonic() + 5
+    while log.failures and time.monotonic() < deadline:  # the first batch met the failure
+        time.sleep(0.01)
+    audit.record_soon("model.call", "session:s1", n=2)
+    audit.close()
+    assert [r["n"] for r in log.read()] == [1, 2]
+    assert "AUDIT RECORDS NOT SYNCED (up to record 1): EIO on fsync" in caplog.text
