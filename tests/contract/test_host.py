@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import secrets
 
+import pytest
+
 from ironclawd.errors import HostError
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.systemd import SystemdUnitManager
@@ -34,6 +36,39 @@ def test_a_started_unit_is_active_listed_and_inactive_after_stop(host_impl: str)
         after = [u for u in units.list_units("ironclaw-contract-*.service") if u.name == name]
         assert all(u.active_state in ("inactive", "failed") for u in after)
         units.reset_failed(name)
+    finally:
+        units.stop(name, 30.0)
+
+
+def test_a_unit_that_ends_on_its_own_keeps_its_result_until_reset(host_impl: str) -> None:
+    units = _units(host_impl)
+    name = f"ironclaw-contract-{secrets.token_hex(4)}.service"
+    spec = UnitSpec(name=name, argv=["/bin/false"], description="contract", netns_path=None,
+                    collect_mode="inactive")  # fmt: skip
+    try:
+        units.start_transient(spec, 30.0)
+        if isinstance(units, FakeUnits):
+            units.exit(name, "exit-code")  # the fake's unit ends when told to
+        state = units.wait_inactive(name, 30.0)
+        assert state is not None
+        assert (state.name, state.active_state, state.result) == (name, "failed", "exit-code")
+        assert name in [u.name for u in units.list_units("ironclaw-contract-*.service")]
+        units.reset_failed(name)
+        assert name not in [u.name for u in units.list_units("ironclaw-contract-*.service")]
+    finally:
+        units.stop(name, 30.0)
+
+
+def test_waiting_for_a_unit_that_keeps_running_fails_naming_it(host_impl: str) -> None:
+    units = _units(host_impl)
+    name = f"ironclaw-contract-{secrets.token_hex(4)}.service"
+    assert units.wait_inactive(name, 1.0) is None  # never started: gone
+    spec = UnitSpec(name=name, argv=["/bin/sleep", "300"], description="contract",
+                    netns_path=None, collect_mode="inactive")  # fmt: skip
+    try:
+        units.start_transient(spec, 30.0)
+        with pytest.raises(HostError, match=f"waiting for unit {name}: still active after 0.5s"):
+            units.wait_inactive(name, 0.5)
     finally:
         units.stop(name, 30.0)
 

@@ -66,8 +66,15 @@ class FakeUnits(_Recording):
             del self.units[name]
 
     def wait_inactive(self, name: str, timeout: float) -> UnitState | None:
+        """A unit still running is what the real one finds after ``timeout`` (nothing here
+        ends it meanwhile): HostError, as the real one raises then."""
         self._call("units.wait_inactive", name)
-        return self.units.get(name)
+        state = self.units.get(name)
+        if state is not None and state.active_state not in ("inactive", "failed"):
+            raise HostError(
+                f"waiting for unit {name}: still {state.active_state} after {timeout:g}s"
+            )
+        return state
 
     def exit(self, name: str, result: str) -> None:
         self.units[name] = UnitState(name, "failed", "failed", 0, result)

@@ -17,9 +17,9 @@ from tests.harness.mcp_venv import mcp_venv
 
 pytestmark = pytest.mark.integration
 
-# The tests of tests/contract/test_host.py (2), test_mcp.py (2), test_control.py (7),
+# The tests of tests/contract/test_host.py (4), test_mcp.py (2), test_control.py (7),
 # test_runtime.py (6) and test_mcp_launcher.py (4), each once for real.
-REAL_HOST_CONTRACTS = 21
+REAL_HOST_CONTRACTS = 23
 
 
 def test_real_host_adapters_pass_the_contracts_of_their_fakes(private_systemd: Any) -> None:
