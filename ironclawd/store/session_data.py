@@ -86,18 +86,27 @@ class SessionDataStore:
         write_tmpfs_placeholder(self.key_path(sid), uid, gid)
 
     def seal(self, sid: str, uid: int, gid: int) -> bytes:
-        """Claim of a pooled sandbox: a new key for ``sid``, written into its placeholder."""
+        """Claim of a pooled sandbox: a new key for ``sid``, written into its placeholder. All
+        or nothing: a seal that fails leaves no key behind (the sandbox is then destroyed)."""
         if self._store.wrapped_key(sid) is not None:
             raise HostError(f"refusing to seal {sid}: it has a key already")
+        if not self.key_path(sid).is_file() or not self.outbound_dir(sid).is_dir():
+            raise HostError(f"refusing to seal {sid}: it is not a pooled sandbox (no key "
+                            "placeholder or queue directories)")  # fmt: skip
         self._store.put_wrapped_key(sid, self._master.wrap(sid, new_session_key()))
-        key = self.key(sid)
-        self.strip_setid(sid, uid)
-        # The agent's empty queue, made here in ~0.5 ms instead of by the agent through the
-        # sandbox's file system (3-5 ms of its way to the hello), and before the key: an agent
-        # that polls its key file sees the key only once the file is there.
-        restore_outbound(self.outbound_dir(sid), key, (uid, gid), (), self.layout.scratch_dir,
-                         doing=f"claiming a pooled sandbox for session {sid}")  # fmt: skip
-        write_tmpfs_key_in_place(self.key_path(sid), key, uid, gid)
+        try:
+            key = self.key(sid)
+            self.strip_setid(sid, uid)
+            # The agent's empty queue, made here in ~0.5 ms instead of by the agent through the
+            # sandbox's file system (3-5 ms of its way to the hello), and before the key: an
+            # agent that polls its key file sees the key only once the file is there.
+            restore_outbound(self.outbound_dir(sid), key, (uid, gid), (),
+                             self.layout.scratch_dir,
+                             doing=f"claiming a pooled sandbox for session {sid}")  # fmt: skip
+            write_tmpfs_key_in_place(self.key_path(sid), key, uid, gid)
+        except BaseException:
+            self._store.destroy_session_data(sid)  # the key no sandbox holds
+            raise
         return key
 
     def list_sids(self) -> list[str]:

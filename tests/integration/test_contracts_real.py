@@ -3,8 +3,9 @@
 tests/contract/test_mcp.py: McpClients over hardened units and mcp-server-time;
 tests/contract/test_control.py: ControlPlane, its agents in units of the sessions' names;
 tests/contract/test_runtime.py: SandboxRuntime over runsc in a hardened unit;
-tests/contract/test_mcp_launcher.py: McpLauncher, a server in a hardened unit), run inside the
-private systemd with ``--real-host``: the real adapters must do what their fakes do."""
+tests/contract/test_mcp_launcher.py: McpLauncher, a server in a hardened unit;
+tests/contract/test_session_keys.py: SessionData's keys and pool over real tmpfs mounts), run
+inside the private systemd with ``--real-host``: the real adapters must do what their fakes do."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from tests.harness.mcp_venv import mcp_venv
 pytestmark = pytest.mark.integration
 
 # The tests of tests/contract/test_host.py (4), test_mcp.py (2), test_control.py (7),
-# test_runtime.py (6) and test_mcp_launcher.py (4), each once for real.
-REAL_HOST_CONTRACTS = 23
+# test_runtime.py (6), test_mcp_launcher.py (4) and test_session_keys.py (4), each once for real.
+REAL_HOST_CONTRACTS = 27
 
 
 def test_real_host_adapters_pass_the_contracts_of_their_fakes(private_systemd: Any) -> None:
