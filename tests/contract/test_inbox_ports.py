@@ -21,6 +21,7 @@ from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.messages import Reply
 from ironclawd.domain.session import State
 from ironclawd.errors import InvalidArgument, NotFound
+from ironclawd.ports import SessionLookup
 from ironclawd.services.inbox import SessionPort
 from ironclawd.services.inbox_delivery import MessagePort
 from ironclawd.services.messaging import MessageService
@@ -41,6 +42,7 @@ from tests.fakes import (
     RecordingAudit,
 )
 from tests.fakes.channels import FakeChannelSessions, FakeMessages
+from tests.fakes.records import StaticSessions
 
 pytestmark = pytest.mark.anyio
 AGENT = "helper"
@@ -72,12 +74,9 @@ class Ports:
         await control.listener(sid, "outbound", len(rows))
 
 
-@pytest.fixture(params=["fake", "real"])
-async def ports(request: pytest.FixtureRequest) -> AsyncIterator[Ports]:
-    if request.param == "fake":
-        fake_sessions = FakeChannelSessions()
-        yield Ports(fake_sessions, FakeMessages(fake_sessions))
-        return
+def real_services() -> tuple[SessionService, MessageService, FakeSessionData, FakeControl,
+                             FakeClock]:  # fmt: skip
+    """The real session and message services, over the host-effect fakes."""
     clock, data, control, hooks = FakeClock(), FakeSessionData(), FakeControl(), SessionHooks()
     audit = RecordingAudit()
     layout = SandboxLayout(bundles_dir=STATE_DIR / "bundles", rootfs=STATE_DIR / "rootfs" / "x",
@@ -93,6 +92,16 @@ async def ports(request: pytest.FixtureRequest) -> AsyncIterator[Ports]:
     messages = MessageService(store=MemoryReplies(), sessions=sessions, hooks=hooks, data=data,
                               control=control, agent_uid=10000, agent_gid=10000, audit=audit,
                               clock=clock)  # fmt: skip
+    return sessions, messages, data, control, clock
+
+
+@pytest.fixture(params=["fake", "real"])
+async def ports(request: pytest.FixtureRequest) -> AsyncIterator[Ports]:
+    if request.param == "fake":
+        fake_sessions = FakeChannelSessions()
+        yield Ports(fake_sessions, FakeMessages(fake_sessions))
+        return
+    sessions, messages, data, control, clock = real_services()
     try:
         yield Ports(sessions, messages, (data, control, clock))
     finally:
@@ -170,3 +179,30 @@ async def test_a_follower_gets_an_answer_that_comes_later(ports: Ports) -> None:
     await ports.answer(sid, 1, "late")
     reply = await asyncio.wait_for(follower, WAIT)
     assert (reply.seq, reply.in_reply_to, reply.body) == (1, 1, "late")
+
+
+@pytest.mark.parametrize("impl", ["fake", "real"])
+async def test_the_sandbox_apis_lookup_finds_a_running_session_and_refuses_others(
+    impl: str,
+) -> None:
+    """``SessionLookup`` (the sandbox APIs' question: whose session is this call from?): the
+    fake ``StaticSessions`` over a fixed table, the real ``SessionService``."""
+    lookup: SessionLookup
+    if impl == "fake":
+        sid = "fixedsid0001"
+        lookup = StaticSessions(**{sid: AGENT})
+        sessions = None
+    else:
+        sessions = real_services()[0]
+        sid = (await sessions.create(AGENT)).sid
+        lookup = sessions
+    try:
+        found = lookup.get(sid)
+        assert (found.sid, found.agent, found.state) == (sid, AGENT, State.RUNNING)
+        with pytest.raises(NotFound, match="session unknownid0001 not found"):
+            lookup.get("unknownid0001")
+        with pytest.raises(InvalidArgument, match="session id: expected 8-32 characters"):
+            lookup.get("s1")
+    finally:
+        if sessions is not None:
+            await sessions.close()

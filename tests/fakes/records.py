@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ironclawd.domain.changes import Change
 from ironclawd.domain.messages import GENESIS, Reply
-from ironclawd.domain.session import Session, State
+from ironclawd.domain.session import Session, State, check_sid
 from ironclawd.errors import AlreadyExists, NotFound
 
 
@@ -44,16 +44,19 @@ class MemorySessions:
 
 class StaticSessions:
     """``SessionLookup`` over a fixed sid -> agent table; any other sid is ``default``'s, or
-    NotFound without one. Every session it returns is running."""
+    NotFound without one. Every session it returns is running. A malformed id is refused as
+    the real lookup refuses it (tests/contract/test_inbox_ports.py holds the two together)."""
 
     def __init__(self, default: str | None = None, **agents: str) -> None:
+        for sid in agents:
+            check_sid(sid)
         self._agents = agents
         self._default = default
         self.calls: list[str] = []
 
     def get(self, sid: str) -> Session:
         self.calls.append(sid)
-        agent = self._agents.get(sid, self._default)
+        agent = self._agents.get(check_sid(sid), self._default)
         if agent is None:
             raise NotFound(f"session {sid} not found")
         return Session(sid, agent, State.RUNNING, 0.0, 0.0, 0.0)

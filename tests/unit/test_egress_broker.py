@@ -102,7 +102,7 @@ def make(
 
 
 def run(broker: EgressBroker, url: str, method: str = "GET", headers: Any = (), body: bytes = b"",
-        sid: str = "s1") -> list[Any]:  # fmt: skip
+        sid: str = "sess0001") -> list[Any]:  # fmt: skip
     async def go() -> list[Any]:
         return [e async for e in broker.fetch(sid, method, url, list(headers), body)]
 
@@ -217,7 +217,7 @@ def test_request_body_cap_and_rate_limit() -> None:
     with pytest.raises(BudgetExceeded, match="2 requests per minute"):
         run(broker, "https://api.example.com/v1/")
     assert len(upstream.sent) == 2
-    run(broker, "https://api.example.com/v1/", sid="s2")  # another session has its own budget
+    run(broker, "https://api.example.com/v1/", sid="sess0002")  # another session has its own budget
 
 
 def test_concurrent_connections_per_session_are_capped() -> None:
@@ -227,8 +227,8 @@ def test_concurrent_connections_per_session_are_capped() -> None:
 
     async def both() -> list[Any]:
         async def one() -> Any:
-            return [e async for e in broker.fetch("s1", "GET", "https://api.example.com/v1/", [],
-                                                  b"")]  # fmt: skip
+            url = "https://api.example.com/v1/"
+            return [e async for e in broker.fetch("sess0001", "GET", url, [], b"")]
 
         return list(await asyncio.gather(one(), one(), return_exceptions=True))
 
@@ -238,7 +238,7 @@ def test_concurrent_connections_per_session_are_capped() -> None:
 
 def test_sessions_without_grants_are_refused_and_get_no_socket() -> None:
     broker, upstream, _, decisions = make()
-    assert broker.has_grants("s1")
+    assert broker.has_grants("sess0001")
     assert not broker.has_grants("nogrants")
     with pytest.raises(PolicyDenied, match="no egress grants"):
         run(broker, "https://api.example.com/v1/", sid="nogrants")
@@ -274,7 +274,7 @@ def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
         with caplog.at_level(logging.INFO, logger="ironclawd.egress"):
             for _ in range(200):
                 with pytest.raises(PolicyDenied):
-                    run(broker, "https://evil.example.net/", sid="flood")
+                    run(broker, "https://evil.example.net/", sid="flood0001")
         lines = [r for r in caplog.records if r.name == "ironclawd.egress"]
         assert len(decisions) == 200
         assert not upstream.sent

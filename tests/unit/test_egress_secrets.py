@@ -324,7 +324,7 @@ def fetch_all(
     events: list[Any] = []
 
     async def go() -> None:
-        async for event in broker.fetch("s1", "GET", url, list(headers), b""):
+        async for event in broker.fetch("sess0001", "GET", url, list(headers), b""):
             events.append(event)
 
     try:

@@ -82,8 +82,8 @@ def test_the_proxy_sends_the_section_and_the_profile_shows_it(
 ) -> None:
     provider = _Scripted([Chunk(text="ok")])
     proxy = _proxy(tmp_path, monkeypatch, provider, FakeClock(0.0), skills=(NOTES,))
-    _call(proxy, "s1")
+    _call(proxy, "sess0001")
     ((completion, _key),) = provider.seen
     assert completion.system == "HOST PERSONA\n\n" + skills_section((NOTES,))
-    assert proxy.profile("s1").persona == completion.system
-    assert proxy.profile("s3").persona == AgentSpec("b").persona  # no skills, persona alone
+    assert proxy.profile("sess0001").persona == completion.system
+    assert proxy.profile("sess0003").persona == AgentSpec("b").persona  # no skills, persona alone

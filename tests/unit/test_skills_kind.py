@@ -195,9 +195,9 @@ def test_rejection_applies_nothing() -> None:
 def test_a_session_may_ask_for_a_skill_for_its_own_agent_only() -> None:
     w = world()
     payload = json.dumps(s.payload())
-    assert w.gateway.submit("skills", "demo", payload, "", "session:s1", only_agent="demo")
+    assert w.gateway.submit("skills", "demo", payload, "", "session:sess0001", only_agent="demo")
     with pytest.raises(PolicyDenied, match="only request changes to itself"):
-        w.gateway.submit("skills", "demo", payload, "", "session:s1", only_agent="other")
+        w.gateway.submit("skills", "demo", payload, "", "session:sess0001", only_agent="other")
 
 
 def test_signature_refusals_at_submission_queue_nothing() -> None:
@@ -231,18 +231,18 @@ def test_a_key_untrusted_before_approval_fails_the_apply() -> None:
 def test_the_egress_broker_matches_a_skill_rule() -> None:
     spec = KIND.apply(DEMO, add(s.files(ironclaw="  egress: [{host: api.example.com}]\n")))
     broker = EgressBroker(
-        sessions=StaticSessions(s1="demo"), agents={"demo": spec}, resolver=HostileResolver(),
+        sessions=StaticSessions(sess0001="demo"), agents={"demo": spec}, resolver=HostileResolver(),
         upstream=RecordingUpstream(), credentials=FakeCredentials(), limits=EgressLimits(),
         clock=SystemClock(), record=lambda _: None,
     )  # fmt: skip
-    assert broker.has_grants("s1")
+    assert broker.has_grants("sess0001")
 
 
 def test_the_model_proxy_offers_a_skill_tool() -> None:
     spec = replace(DEMO, tools=("request_change",))
     spec = KIND.apply(spec, add(s.files(ironclaw="  tools: [read_file]\n")))
     proxy = ModelProxy(
-        sessions=StaticSessions(s1="demo"), agents={"demo": spec}, providers={},
+        sessions=StaticSessions(sess0001="demo"), agents={"demo": spec}, providers={},
         credentials=FakeCredentials(), base_urls={}, audit=RecordingAudit(), clock=SystemClock(),
     )  # fmt: skip
-    assert [t.name for t in proxy.profile("s1").tools] == ["request_change", "read_file"]
+    assert [t.name for t in proxy.profile("sess0001").tools] == ["request_change", "read_file"]
