@@ -70,6 +70,14 @@ def test_a_prepared_session_keeps_its_key_through_a_release_until_destroyed(
     data.destroy(sid)  # again: nothing to do
 
 
+def test_each_session_has_a_key_of_its_own(data: SessionData) -> None:
+    first, second, pooled = new_sid(), new_sid(), new_sid()
+    data.prepare_pooled(pooled, UID, GID)
+    keys = {data.prepare(first, UID, GID), data.prepare(second, UID, GID),
+            data.seal(pooled, UID, GID)}  # fmt: skip
+    assert len(keys) == 3
+
+
 def test_a_pooled_sandbox_gets_its_key_only_when_sealed_and_once(data: SessionData) -> None:
     sid = new_sid()
     data.prepare_pooled(sid, UID, GID)

@@ -5,6 +5,7 @@ passes one list to several (``log=``), so a test can read the order of effects a
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -379,7 +380,7 @@ class FakeSessionData(_Recording):
 
     def prepare(self, sid: str, uid: int, gid: int) -> bytes:
         self._call("data.prepare", sid)
-        self.keys.setdefault(sid, bytes(32))
+        self.keys.setdefault(sid, secrets.token_bytes(32))  # each session its own, as for real
         self.prepared.add(sid)
         return self.keys[sid]
 
@@ -393,7 +394,7 @@ class FakeSessionData(_Recording):
         self._call("data.seal", sid)
         if sid in self.keys or sid not in self.pooled:
             raise HostError(f"refusing to seal {sid}")
-        self.keys[sid] = sid.encode().ljust(32, b"k")[:32]
+        self.keys[sid] = secrets.token_bytes(32)
         self.prepared.add(sid)
         return self.keys[sid]
 
