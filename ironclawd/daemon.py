@@ -13,11 +13,12 @@ import signal
 import sys
 import time
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import prctl
-from pystemd.daemon import notify, watchdog_enabled
+from systemd import daemon as sd_daemon
 
 from ironclawd import __version__, paths, ratelog
 from ironclawd.api.admin import AdminServicer
@@ -50,7 +51,23 @@ FD_STORE_BARRIER_SECONDS = 2.0
 
 
 def _notify(**states: int | str) -> None:
-    notify(False, **states)
+    """sd_notify(3): ``_notify(ready=1, status="...")`` sends READY=1 and STATUS=...
+    (systemd-python's, which host/fdstore.py uses too: pystemd's would import all of pystemd,
+    ~24 ms of every start, issue 17)."""
+    sd_daemon.notify("\n".join(f"{key.upper()}={value}" for key, value in states.items()))
+
+
+def watchdog_usec(environ: Mapping[str, str] = os.environ, pid: int | None = None) -> int:
+    """sd_watchdog_enabled(3) without unsetting anything: the watchdog interval systemd asks
+    this process for, in microseconds; 0 when none is asked (or it is another process's)."""
+    owner = environ.get("WATCHDOG_PID", "")
+    if owner and owner != str(os.getpid() if pid is None else pid):
+        return 0
+    try:
+        usec = int(environ.get("WATCHDOG_USEC", "0"))
+    except ValueError:
+        return 0
+    return max(usec, 0)
 
 
 def harden_process() -> None:
@@ -94,7 +111,7 @@ class Daemon:
         )  # fmt: skip
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)
         await wired.sandbox_api.start()
-        await wired.mcp.close()  # MCP server units an earlier run left behind
+        wired.mcp.sweep()  # MCP server units an earlier run left behind (in the background)
         # READY as soon as the admin API serves (issue 17): adopting the sandboxes an earlier
         # run left goes on in the background. Their sessions are claimed first, so a command on
         # one waits until it is settled, and listings show it "recovering" meanwhile.
@@ -187,8 +204,9 @@ class Daemon:
             tasks.create_task(wired.inbox.resume())
             await wired.inbox.start()
 
-    async def _watchdog(self) -> None:
-        usec = watchdog_enabled(0)
+    @staticmethod
+    async def _watchdog() -> None:
+        usec = watchdog_usec()
         if not usec:
             return
         # Pinging from the event loop proves the loop itself is not stuck.

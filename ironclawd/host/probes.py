@@ -7,8 +7,6 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from pystemd.systemd1 import Manager
-
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import HostError
 from ironclawd.host.runsc import RunscInfo, detect, filesystem_flags
@@ -20,6 +18,9 @@ RUNSC_TRY_TIMEOUT = 20.0
 def probe_systemd() -> CheckResult:
     """Talk to PID 1 over the system bus, as the sandbox manager will."""
     name = "systemd.dbus"
+    # Here, not at the top: pystemd is imported at its first use (host/systemd.py).
+    from pystemd.systemd1 import Manager  # noqa: PLC0415
+
     try:
         with Manager() as manager:
             version = manager.Manager.Version.decode()

@@ -9,19 +9,22 @@ until it has nothing left, then ``select()`` on the bus fd. pystemd's ``process(
 return value, so "nothing left" is detected as: no callback ran and no unhandled message came
 back. ``select()`` is bounded by a short tick anyway, so that a message already buffered inside
 sd-bus (which leaves the fd unreadable) can delay us by one tick at most, never hang us.
+
+pystemd is imported at the first D-Bus call (``_dbus()``), not with this module: its package
+imports all of itself (its object layer, lxml, ...), ~24 ms of every daemon start, and a start
+with nothing to adopt makes no D-Bus call before READY (issue 17).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import select
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final
-
-from pystemd.dbusexc import DBusBaseError, DBusNoSuchUnitError, DBusUnknownObjectError
-from pystemd.dbuslib import DBus, apply_signature
 
 from ironclawd.errors import HostError, InvalidArgument
 from ironclawd.host import hardening
@@ -69,6 +72,24 @@ _SECRET_RE = re.compile(
 )
 
 Property = hardening.Property
+
+
+@functools.cache
+def _dbus() -> Any:
+    """pystemd's bus and errors (pystemd has no type stubs: Any either way)."""
+    from pystemd import dbusexc, dbuslib  # noqa: PLC0415 (at the first call: module docstring)
+
+    return types.SimpleNamespace(
+        DBus=dbuslib.DBus,
+        apply_signature=dbuslib.apply_signature,
+        Error=dbusexc.DBusBaseError,
+        NoSuchUnit=dbusexc.DBusNoSuchUnitError,
+        UnknownObject=dbusexc.DBusUnknownObjectError,
+    )
+
+
+def _system_bus() -> Any:
+    return _dbus().DBus()
 
 
 def _check_spec(spec: UnitSpec) -> None:
@@ -144,7 +165,7 @@ def encode_properties(props: Sequence[Property]) -> list[tuple[int, Any]]:
     args: list[tuple[int, Any]] = [(ord("a"), b"(sv)")]
     for name, sig, value in props:
         args += [(ord("r"), b"sv"), (ord("s"), name.encode()), (ord("v"), sig.encode())]
-        args += apply_signature(sig.encode(), [value])
+        args += _dbus().apply_signature(sig.encode(), [value])
         args += [(-1, None), (-1, None)]
     args.append((-1, None))
     return args
@@ -153,18 +174,18 @@ def encode_properties(props: Sequence[Property]) -> list[tuple[int, Any]]:
 def start_transient_args(name: str, props: Sequence[Property]) -> list[tuple[int, Any]]:
     """Arguments of StartTransientUnit(s name, s mode, a(sv) props, a(sa(sv)) aux)."""
     # mode "fail": refuse to queue if it would conflict with a job already queued for the unit.
-    args = apply_signature(b"ss", [name.encode(), b"fail"])
+    args = _dbus().apply_signature(b"ss", [name.encode(), b"fail"])
     return [*args, *encode_properties(props), (ord("a"), b"(sa(sv))"), (-1, None)]
 
 
-def _err(exc: DBusBaseError) -> str:
+def _err(exc: Any) -> str:
     return exc.err_message or exc.err_name or str(exc)
 
 
 class _Bus:
     """One connection, with a JobRemoved watch whose callback stays referenced while open."""
 
-    def __init__(self, bus: DBus) -> None:
+    def __init__(self, bus: Any) -> None:
         self.bus = bus
         self.jobs: dict[bytes, bytes] = {}
         self.events = 0
@@ -221,7 +242,7 @@ class _Bus:
 class SystemdUnitManager:
     """UnitManager over the system bus (or whatever ``bus_factory`` opens)."""
 
-    def __init__(self, bus_factory: Callable[[], DBus] = DBus) -> None:
+    def __init__(self, bus_factory: Callable[[], Any] = _system_bus) -> None:
         self._bus_factory = bus_factory
 
     @contextmanager
@@ -229,7 +250,7 @@ class SystemdUnitManager:
         try:
             with self._bus_factory() as bus:
                 yield _Bus(bus)
-        except DBusBaseError as exc:
+        except _dbus().Error as exc:
             raise HostError(f"{what}: {_err(exc)}") from exc
 
     def start_transient(self, spec: UnitSpec, timeout: float) -> UnitState:
@@ -258,9 +279,9 @@ class SystemdUnitManager:
             b.watch_jobs()
             try:
                 job = bytes(
-                    b.call(b"StopUnit", apply_signature(b"ss", [name.encode(), b"replace"]))
+                    b.call(b"StopUnit", _dbus().apply_signature(b"ss", [name.encode(), b"replace"]))
                 )
-            except DBusNoSuchUnitError:
+            except _dbus().NoSuchUnit:
                 return
             if not b.wait(lambda: job in b.jobs, deadline):
                 raise HostError(f"{what}: job did not finish within {timeout:g}s")
@@ -278,7 +299,7 @@ class SystemdUnitManager:
         if not _UNIT_PATTERN_RE.fullmatch(pattern):
             raise InvalidArgument(f"unit pattern {pattern!r}: expected a unit-name glob")
         with self._open(f"listing units {pattern}") as b:
-            rows = b.call(b"ListUnitsByPatterns", apply_signature(b"asas", [[], [pattern]]))
+            rows = b.call(b"ListUnitsByPatterns", _dbus().apply_signature(b"asas", [[], [pattern]]))
             states = [_state(b, bytes(row[0]).decode()) for row in rows or []]
         return sorted((s for s in states if s is not None), key=lambda s: s.name)
 
@@ -286,8 +307,8 @@ class SystemdUnitManager:
         """Forget a failed unit's state; a unit that is not loaded is not an error."""
         with self._open(f"resetting unit {name}") as b:
             try:
-                b.call(b"ResetFailedUnit", apply_signature(b"s", [name.encode()]))
-            except DBusNoSuchUnitError:
+                b.call(b"ResetFailedUnit", _dbus().apply_signature(b"s", [name.encode()]))
+            except _dbus().NoSuchUnit:
                 return
 
     def wait_inactive(self, name: str, timeout: float) -> UnitState | None:
@@ -305,7 +326,7 @@ class SystemdUnitManager:
             b.watch_unit(path)
             try:
                 b.bus.call_method(_DEST, path, _UNIT, b"Ref", [])
-            except (DBusNoSuchUnitError, DBusUnknownObjectError):
+            except (_dbus().NoSuchUnit, _dbus().UnknownObject):
                 return None
             last: list[UnitState | None] = [None]
 
@@ -324,8 +345,8 @@ def _active(state: UnitState | None) -> str:
 
 def _unit_path(b: _Bus, name: str) -> bytes | None:
     try:
-        return bytes(b.call(b"GetUnit", apply_signature(b"s", [name.encode()])))
-    except DBusNoSuchUnitError:
+        return bytes(b.call(b"GetUnit", _dbus().apply_signature(b"s", [name.encode()])))
+    except _dbus().NoSuchUnit:
         return None
 
 
@@ -344,12 +365,12 @@ def _state(b: _Bus, name: str) -> UnitState | None:
             return UnitState(name, active, sub, 0, "")
         pid = int(prop(_SERVICE, b"MainPID", b"u"))
         result = bytes(prop(_SERVICE, b"Result", b"s")).decode()
-    except (DBusNoSuchUnitError, DBusUnknownObjectError):
+    except (_dbus().NoSuchUnit, _dbus().UnknownObject):
         return None  # collected between GetUnit and the property reads
     return UnitState(name, active, sub, pid, result)
 
 
 def _stop_quietly(b: _Bus, name: str) -> None:
     # Best effort after a start timed out: a "replace" stop job cancels the pending start job.
-    with suppress(DBusBaseError):
-        b.call(b"StopUnit", apply_signature(b"ss", [name.encode(), b"replace"]))
+    with suppress(_dbus().Error):
+        b.call(b"StopUnit", _dbus().apply_signature(b"ss", [name.encode(), b"replace"]))

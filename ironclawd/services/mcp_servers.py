@@ -83,6 +83,30 @@ class McpSupervisor:
         self._live: dict[_Key, _Live] = {}
         self._backoff: dict[_Key, _Backoff] = {}
         self._locks: dict[_Key, asyncio.Lock] = {}
+        self._sweep: asyncio.Task[None] | None = None
+        # Whether close() has units to stop: every unit of this run was started by _start, and
+        # a sweep that failed may have left an earlier run's.
+        self._units_to_stop = True
+
+    def sweep(self) -> None:
+        """Stop the server units an earlier run left behind, in the background: the daemon's
+        start does not wait for it (READY comes first, issue 17; listing units is a D-Bus call,
+        whose library alone took ~24 ms to import). Every server started from here on waits
+        until the sweep is over, so it never stops one of this run's servers."""
+        if self._sweep is None:
+            self._sweep = asyncio.create_task(self._sweep_leftovers(), name="mcp sweep")
+
+    async def _sweep_leftovers(self) -> None:
+        try:
+            await self._launcher.stop_all()
+        except Exception as exc:  # a server that collides with a leftover then fails by name
+            log.error("stopping the MCP server units an earlier run left behind: %s", exc)
+        else:
+            self._units_to_stop = False
+
+    async def _swept(self) -> None:
+        if self._sweep is not None:
+            await asyncio.shield(self._sweep)  # a waiter cancelled does not cancel the sweep
 
     async def list_tools(self, agent: str, server: McpServer) -> tuple[McpToolDef, ...]:
         key = (agent, server.name)
@@ -143,10 +167,12 @@ class McpSupervisor:
         await self._launcher.stop(agent, server)
 
     async def close(self) -> None:
+        await self._swept()
         for key in list(self._live):
             async with self._lock(key):
                 await self._drop(key)
-        await self._launcher.stop_all()
+        if self._units_to_stop:  # (after a clean sweep and no server started: nothing is left)
+            await self._launcher.stop_all()
 
     async def probe(self, agent: str, server: McpServer) -> tuple[McpToolDef, ...]:
         """Start ``server`` once for ``agent`` (its own unit, no network and no credentials:
@@ -216,6 +242,8 @@ class McpSupervisor:
                 f"MCP server {name} of agent {agent} failed {backoff.failures} time(s), last: "
                 f"{backoff.last}; not restarted for another {wait:.1f}s"
             )
+        await self._swept()
+        self._units_to_stop = True
         live = _Live(server)
         self._live[key] = live
         live.task = asyncio.create_task(self._run(agent, live), name=f"mcp {agent}/{name}")

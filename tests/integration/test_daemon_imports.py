@@ -22,6 +22,8 @@ LATER = {
     "rich": "never: httpx's command-line client",
     "pygments": "never: httpx's command-line client",
     "yaml": "a skill's front matter is read (formats/skill.py)",
+    "pystemd": "the first D-Bus call (host/systemd.py), after READY when nothing is adopted",
+    "lxml": "the first D-Bus call (pystemd's object layer imports it)",
     "httpx": "the first model call or egress request (net/http.py)",
     "httpcore": "the first model call or egress request (through httpx)",
     "h11": "the first model call or egress request (through httpx)",
