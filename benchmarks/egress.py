@@ -60,6 +60,7 @@ CALLS = int(os.environ.get("BENCH_CALLS", "100"))
 BIG = 4 * 1024 * 1024
 BIG_ROUNDS = int(os.environ.get("BENCH_BIG_ROUNDS", "30"))  # 10 spread 0.59-0.83x run to run
 HOST = "api.egress.test"
+SID = "bench0001"  # the session the fetches are made for (a well-formed id: the lookup checks it)
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
@@ -95,7 +96,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
         max_response_bytes=64 * 1024 * 1024, timeout_seconds=120,
     )  # fmt: skip
     broker = EgressBroker(
-        sessions=StaticSessions(default="bench"),
+        sessions=StaticSessions(default="bench"),  # any session id is agent bench's
         agents={"bench": AgentSpec("bench", egress=(EgressRule(HOST),))},
         resolver=SystemResolver(),
         upstream=PinnedHttpClient(ca),
@@ -106,7 +107,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
     )
     server = grpc.aio.server()
     egress_pb2_grpc.add_EgressServiceServicer_to_server(
-        EgressServicer(broker, lambda: "bench", 120), server
+        EgressServicer(broker, lambda: SID, 120), server
     )
     sock = work / "egress.sock"
     server.add_insecure_port(f"unix:{sock}")
@@ -124,7 +125,7 @@ async def measure(ca: Path, work: Path) -> dict[str, Any]:
 
     async def via_broker(u: str = url) -> int:
         got = 0
-        async for event in broker.fetch("bench", "GET", u, [], b""):
+        async for event in broker.fetch(SID, "GET", u, [], b""):
             got += len(event) if isinstance(event, bytes) else 0
         return got
 
