@@ -8,24 +8,11 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from ironclawd import daemon
 from ironclawd.daemon import _notify, watchdog_usec
-
-
-@pytest.fixture
-def notify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path = tmp_path / "notify"
-    sock.bind(str(path))
-    sock.settimeout(5)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-    yield sock
-    sock.close()
 
 
 def test_states_go_out_as_one_message_of_assignments(notify: socket.socket) -> None:

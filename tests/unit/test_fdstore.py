@@ -10,8 +10,6 @@ import os
 import resource
 import socket
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from systemd import daemon as sd_daemon
@@ -26,17 +24,6 @@ from ironclawd.host.fdstore import (
 )
 
 HIGH = 1500
-
-
-@pytest.fixture
-def notify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path = tmp_path / "notify"
-    sock.bind(str(path))
-    sock.settimeout(5)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-    yield sock
-    sock.close()
 
 
 def receive(sock: socket.socket) -> tuple[str, list[int]]:
