@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: docs check-docs venv proto check-proto check lint test test-unit test-integration demo bench agent probe clean deb e2e verify-report mcp-venv synapse-venv
+.PHONY: docs check-docs venv proto check-proto check lint test test-unit test-integration demo bench bench-smoke agent probe clean deb e2e verify-report mcp-venv synapse-venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/bootstrap-venv
@@ -83,6 +83,18 @@ demo: venv
 
 bench: venv mcp-venv synapse-venv
 	$(PY) -m benchmarks.run $(BENCH)
+
+# Every benchmark once, with the fewest rounds and sessions, into build/bench-smoke (results/
+# is left alone): that each still runs to its table, not what it measures; no figure gates.
+# .ci/run runs it after the tests (a benchmark once failed unnoticed for a whole stop).
+SMOKE_KNOBS := BENCH_RESULTS=$(CURDIR)/build/bench-smoke BENCH_ROUNDS=2 BENCH_CALLS=5 \
+	BENCH_STATUS_ROUNDS=2 BENCH_ROUND_TRIPS=5 BENCH_MSG_SESSIONS=2 BENCH_DENSITY="2 3" \
+	BENCH_MAX_SESSIONS=3 BENCH_IDLE_SECONDS=1 BENCH_PLATFORM_TRIPS=2 BENCH_BIG_ROUNDS=2 \
+	BENCH_MODEL_CALLS=5 BENCH_MCP_COLD=1 BENCH_CHAN_ROUNDS=2 BENCH_PKG_BUILDS=1 \
+	BENCH_PKG_SESSIONS=1 BENCH_PKG_CALLS=2
+bench-smoke: venv mcp-venv synapse-venv
+	rm -rf build/bench-smoke
+	$(SMOKE_KNOBS) $(PY) -m benchmarks.run $(BENCH)
 
 # Man pages, shell completion, docs/ironctl.md and docs/config.md from the parsers and the config
 # schema (scripts/gen-cli-docs). Re-run after changing a parser's help or the schema; commit.

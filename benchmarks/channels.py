@@ -49,6 +49,7 @@ import aiohttp
 import grpc
 import nio
 
+from benchmarks.common import RESULTS
 from benchmarks.mcp import Sandbox
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -57,7 +58,6 @@ from tests.harness.agents import unlimited_agent
 from tests.harness.synapse import Account, Homeserver, synapse_homeserver
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
 SOCKET = "/run/ironclaw/admin.sock"
 CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 CREDENTIALS = Path("/etc/ironclaw/credentials")

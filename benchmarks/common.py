@@ -25,7 +25,9 @@ from typing import Any
 from benchmarks.stats import summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
+# Where results go: results/ (committed), or BENCH_RESULTS (``make bench-smoke``: a scratch
+# directory inside the checkout, which scripts/with-systemd keeps writable).
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or ROOT / "results")
 DAEMON_CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 DATE_FORMAT = "%Y-%m-%d %H:%M UTC"  # a result file's machine["date"]
 

@@ -41,7 +41,7 @@ import httpx
 
 import agent
 from agent import egress as agent_egress
-from benchmarks.common import figure, rate_summary, write_result
+from benchmarks.common import RESULTS, figure, rate_summary, write_result
 from benchmarks.stats import summary_ms
 from ironclaw.egress.v1 import egress_pb2, egress_pb2_grpc
 from ironclawd.api.egress import EgressServicer
@@ -55,7 +55,6 @@ from tests.fakes import FakeCredentials, StaticSessions
 from tests.integration.test_egress import make_certs
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
 CALLS = int(os.environ.get("BENCH_CALLS", "100"))
 BIG = 4 * 1024 * 1024
 BIG_ROUNDS = int(os.environ.get("BENCH_BIG_ROUNDS", "30"))  # 10 spread 0.59-0.83x run to run

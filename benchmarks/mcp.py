@@ -51,7 +51,7 @@ import mcp_types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from benchmarks.common import DAEMON_CONFIG, daemon_config
+from benchmarks.common import DAEMON_CONFIG, RESULTS, daemon_config
 from benchmarks.messages import Replies
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -64,7 +64,6 @@ from tests.harness.box_scripts import JOIN_UNIT
 from tests.harness.mcp_venv import mcp_venv
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
 SOCKET = "/run/ironclaw/admin.sock"
 CALLS = int(os.environ.get("BENCH_CALLS", "100"))
 COLD = int(os.environ.get("BENCH_MCP_COLD", "5"))

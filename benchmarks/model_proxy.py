@@ -39,13 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from agent import GRPC_ENVIRONMENT as AGENT_GRPC_ENVIRONMENT
-from benchmarks.common import figure, machine
+from benchmarks.common import RESULTS, figure, machine
 from benchmarks.stats import summary_ms
 from ironclawd.domain.agents import DEFAULT_PERSONA
 from tests.harness.fake_providers import FakeProvider
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
 CONFIG = Path("/etc/ironclaw/ironclawd.toml")
 CREDENTIALS = Path("/etc/ironclaw/credentials")
 CALLS = int(os.environ.get("BENCH_MODEL_CALLS", "300"))

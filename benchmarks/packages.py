@@ -62,7 +62,7 @@ from typing import Any
 
 import grpc
 
-from benchmarks.common import daemon_config
+from benchmarks.common import RESULTS, daemon_config
 from benchmarks.mcp import Sandbox
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -71,7 +71,6 @@ from ironclawd.host.pkg_runner import HelperRunner
 from tests.harness.agents import unlimited_agent
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results"
 SOCKET = "/run/ironclaw/admin.sock"
 ROOTFS_DIR = Path("/var/lib/ironclaw/rootfs")
 BUILDS = int(os.environ.get("BENCH_PKG_BUILDS", "5"))

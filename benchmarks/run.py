@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from benchmarks import table
+from benchmarks.common import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = (
@@ -71,8 +72,8 @@ def main(names: list[str]) -> int:
     chosen = names or list(BENCHMARKS)
     started = time.monotonic()
     # Each benchmark in turn; a failure is recorded in a file and the next one runs.
-    failed_file = ROOT / "results" / ".bench-failed"
-    (ROOT / "results").mkdir(exist_ok=True)
+    failed_file = RESULTS / ".bench-failed"
+    RESULTS.mkdir(parents=True, exist_ok=True)
     failed_file.unlink(missing_ok=True)
     runs = "; ".join(
         f"{{ echo '== {n}'; .venv/bin/python -m benchmarks.{n} || echo {n} >>{failed_file}; }}"
@@ -93,7 +94,7 @@ def main(names: list[str]) -> int:
         "rounds": os.environ.get("BENCH_ROUNDS", "default"),
         "note": os.environ.get("BENCH_NOTE", ""),
     }
-    (ROOT / "results" / "bench-run.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RESULTS / "bench-run.json").write_text(json.dumps(record, indent=2) + "\n")
     table.main()
     return code or (1 if failed else 0)
 
