@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -54,7 +55,7 @@ def test_the_run_binds_the_state_to_disk_first_and_clears_it_before_and_after(
     monkeypatch.setattr(subprocess, "call", call)
     monkeypatch.setattr(subprocess, "run", lambda argv, **_: chattr.append(argv))
     monkeypatch.setattr(run, "ROOT", tmp_path)
-    (tmp_path / "results").mkdir()
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "results")  # never the checkout's results/
     monkeypatch.setattr(table, "main", lambda: None)
     assert run.main(["egress"]) == 0
     inner = seen["argv"][-1]
@@ -65,6 +66,8 @@ def test_the_run_binds_the_state_to_disk_first_and_clears_it_before_and_after(
     assert seen["existed"] is False  # cleared before
     assert not where.exists()  # and after
     assert chattr == [["chattr", "-R", "-a", str(where)]] * 2  # the audit log's +a goes first
+    record = json.loads((tmp_path / "results" / "bench-run.json").read_text())
+    assert record["benchmarks"] == ["egress"]  # the record went where RESULTS points
 
 
 def test_paths_with_spaces_stay_one_word(tmp_path: Path) -> None:
