@@ -249,7 +249,8 @@ class ControlServer:
             os.unlink(self._session_dir(sid) / CLAIM_SOCKET)
         if line is None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(claim.server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await claim.server.wait_closed()
 
     async def open(self, sid: str) -> Path:
         await self._close_channel(sid)  # not claim.sock: a claim opens this before ``wake``
@@ -495,8 +496,9 @@ class ControlServer:
             )
             channel.hello.exception()
         channel.disconnected.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(channel.server.wait_closed(), 2)
+        with contextlib.suppress(Exception):  # asyncio.timeout: no task (one a session at stop)
+            async with asyncio.timeout(2):
+                await channel.server.wait_closed()
 
     async def close(self, sid: str) -> None:
         await self.close_listener(sid)

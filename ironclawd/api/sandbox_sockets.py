@@ -80,8 +80,10 @@ class SessionSockets:
         if entry is not None:
             entry.server.close()
             entry.table.close_all()
+            # asyncio.timeout, not wait_for: no task per socket (a stop closes ~2 a session).
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(entry.server.wait_closed(), 1)
+                async with asyncio.timeout(1):
+                    await entry.server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self.path(sid, name).unlink()
 

@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -97,8 +97,8 @@ class AptPackageImages:
     def collect(self, keep: Iterable[Sequence[AgentPackage]], in_use: Iterable[str]) -> list[str]:
         """Remove every image neither an agent's packages (``keep``) nor a session's bundle
         (``in_use``: image paths) names; also builds a crash left half done."""
-        if not self._images.is_dir():
-            return []
+        if not self._images.is_dir() or not any(e.name != ".lock" for e in self._images.iterdir()):
+            return []  # nothing to collect: ``in_use`` (every bundle read) is not consumed
         wanted = {image_digest(self._base, p) for p in keep if p}
         wanted |= {Path(p).name for p in in_use}
         removed = []
@@ -189,19 +189,20 @@ def _sizes(header: bytes, count: int) -> list[int] | None:
     return sizes
 
 
-def bundle_roots(bundles_dir: Path) -> list[str]:
-    """The image of every session bundle on disk (running or adoptable sessions): its root."""
-    roots = []
+def bundle_roots(bundles_dir: Path) -> Iterator[str]:
+    """The image of every session bundle on disk (running or adoptable sessions): its root.
+    Lazy: each bundle's config is read only when ``collect`` has an image to decide on (~0.1 ms
+    a session, of every start)."""
     for bundle in sorted(bundles_dir.iterdir()) if bundles_dir.is_dir() else []:
         try:
             spec = json.loads((bundle / "config.json").read_text())
-            roots.append(str(spec["root"]["path"]))
+            root = str(spec["root"]["path"])
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # Unreadable: it might name any image, so none may go.
             raise SandboxError(f"bundle {bundle.name}: unreadable: {exc}") from None
-    return roots
+        yield root
 
 
 def _base_libraries(base: Path) -> list[Path]:

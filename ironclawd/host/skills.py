@@ -65,8 +65,8 @@ def collect_skill_sets(root: Path, bundles_dir: Path) -> list[str]:
     """Remove every entry of ``root`` that no bundle under ``bundles_dir`` names as a mount
     source (leftover temp directories included); return the names removed. A bundle that cannot
     be read keeps every set (it might be the one in use)."""
-    if not root.is_dir():
-        return []
+    if not root.is_dir() or not os.listdir(root):
+        return []  # nothing to remove: no bundle is read (~0.1 ms a session, of every start)
     keep: set[str] = set()
     for bundle in sorted(bundles_dir.iterdir()) if bundles_dir.is_dir() else []:
         try:

@@ -187,3 +187,16 @@ def test_a_set_that_cannot_be_removed_is_left_and_logged(
     assert collect_skill_sets(root, tmp_path / "bundles") == []
     assert os.listdir(root) == [stale.name]
     assert "could not remove" in caplog.text
+
+
+def test_with_no_set_to_remove_no_bundle_is_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every start calls this: with nothing under the root, the bundles (one a session) are left
+    # unread, so even an unreadable one says nothing.
+    root, bundles = tmp_path / "skills", tmp_path / "bundles"
+    root.mkdir()
+    (bundles / "s1").mkdir(parents=True)
+    (bundles / "s1" / "config.json").write_text("{not json")
+    assert collect_skill_sets(root, bundles) == []
+    assert caplog.records == []
