@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 import prctl
 from systemd import daemon as sd_daemon
 
-from ironclawd import __version__, paths, ratelog
+from ironclawd import __version__, dataclass_cache, paths, ratelog
 from ironclawd.api.admin import AdminServicer
 from ironclawd.api.preflight import check_host
 from ironclawd.api.server import AdminServer, start_admin_server
@@ -141,6 +141,7 @@ class Daemon:
         )
         _notify(ready=1, status=status)
         async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(_save_dataclass_cache(dataclass_cache.ACTIVE))
             watchdog = tasks.create_task(self._watchdog())
             summaries = tasks.create_task(self._flush_log_summaries())
             recover = tasks.create_task(self._recover(wired, recovery))
@@ -310,6 +311,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
+
+
+async def _save_dataclass_cache(cache: dataclass_cache.CodeCache | None) -> None:
+    """At READY: keep what this start compiled for the next (ironclawd/dataclass_cache.py).
+    What to write is taken before the first await; the writing is in a thread."""
+    if cache is None:
+        return
+    texts = cache.pending()
+    if cache.problem:
+        log.warning("dataclass code cache %s not used: %s; writing a new one", cache.path,
+                    cache.problem)  # fmt: skip
+    if texts is None:
+        return
+    try:
+        await asyncio.to_thread(cache.write, texts)
+    except OSError as exc:
+        log.warning("dataclass code cache %s not written: %s", cache.path, exc.strerror or exc)
+    else:
+        log.info("dataclass code cache %s written: %d method(s) compiled once for later starts",
+                 cache.path, len(texts))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,12 @@ MASTER_KEY_FILE = CREDENTIALS_DIR / "master.key"
 SKILLS_TRUSTED_DIR = CONFIG_DIR / "skills.d" / "trusted"
 STATE_DIR = Path("/var/lib/ironclaw")
 RUN_DIR = Path("/run/ironclaw")
+# CacheDirectory= of ironclawd.service (root, 0700): compiled dataclass methods
+# (ironclawd/dataclass_cache.py); the unit names the file.
+CACHE_DIR = Path("/var/cache/ironclaw")
+# The daemon's own directories: hidden from the helper and MCP server units (InaccessiblePaths=)
+# even where a permission slips.
+PRIVATE_DIRS = (str(STATE_DIR), str(RUN_DIR), str(CACHE_DIR), str(CONFIG_DIR))
 ADMIN_SOCKET = RUN_DIR / "admin.sock"
 # Only root may enter this directory: the real gRPC server listens here, behind the
 # peer-credential front on ADMIN_SOCKET (docs/admin-identity.md).

@@ -65,7 +65,7 @@ STDERR_TAIL: Final = 2048
 _PLAIN_VALUE = re.compile(r"[\x20-\x7e]{1,8192}")
 # Where a server must never look, even if a permission slips (ProtectSystem=strict already makes
 # everything read-only and ProtectHome=yes hides /home, /root and /run/user).
-HIDDEN: Final = (str(paths.STATE_DIR), str(paths.RUN_DIR), "/etc/ironclaw")
+HIDDEN: Final = paths.PRIVATE_DIRS
 _ADDRESS_RE = re.compile(r"^nameserver\s+(\S+)", re.M)
 
 

@@ -36,7 +36,7 @@ HELPER_CODE: Final = (
 STDERR_TAIL: Final = 2000
 # The helper exits 3 when its input is at fault (the message is then for the submitter).
 REFUSED_EXIT: Final = 3
-HIDDEN: Final = (str(paths.STATE_DIR), str(paths.RUN_DIR), "/etc/ironclaw")
+HIDDEN: Final = paths.PRIVATE_DIRS
 
 
 @dataclass(frozen=True)

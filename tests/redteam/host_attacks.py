@@ -20,6 +20,9 @@ class Refused(Exception):
     pass
 
 
+CODE_CACHE = "/var/cache/ironclaw/dataclasses.bin"
+
+
 def _attempt(fn: Callable[[], object]) -> dict[str, Any]:
     try:
         detail = fn()
@@ -132,6 +135,9 @@ def attacks(p: dict[str, Any]) -> dict[str, Callable[[], object]]:
             f"/var/lib/ironclaw/queues/{sid}/inbound/inbound.db", b"x"
         ),
         "host-users.audit.read": lambda: _read("/var/lib/ironclaw/audit.log"),
+        # Compiled code the root daemon runs at its next start (ironclawd/dataclass_cache.py).
+        "host-users.code-cache.write": lambda: _open_for_writing(CODE_CACHE),
+        "host-users.code-cache.plant": lambda: _create_in(os.path.dirname(CODE_CACHE)),
         "host-users.cgroup.join-unit": lambda: _open_for_writing(p["cgroup_procs"]),
         "host-users.ptrace.daemon": lambda: _ptrace(int(p["daemon_pid"])),
         "host-users.proc.daemon-environ": lambda: _read(f"/proc/{p['daemon_pid']}/environ"),

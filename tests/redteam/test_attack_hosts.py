@@ -45,6 +45,8 @@ TITLES = {
     "host-users.queues.read-outbound": "read a session's outbound.db",
     "host-users.queues.write-inbound": "write a session's inbound.db",
     "host-users.audit.read": "read the audit log",
+    "host-users.code-cache.write": "open the daemon's compiled dataclass code for writing",
+    "host-users.code-cache.plant": "create a file in the daemon's cache directory",
     "host-users.cgroup.join-unit": "join the sandbox unit's cgroup (what its sockets trust)",
     "host-users.ptrace.daemon": "PTRACE_ATTACH to ironclawd",
     "host-users.proc.daemon-environ": "read ironclawd's environment",
@@ -122,7 +124,7 @@ def test_root_control_every_attack_works_for_root(target: Target, daemon: System
         "host-users.admin.call", "host-users.sockets.list", "host-users.keys.read",
         "host-users.queues.read-outbound", "host-users.audit.read", "host-users.proc.gofer-root",
         "host-users.ptrace.daemon", "host-users.proc.daemon-environ", "host-users.journal.read",
-        "host-users.netns.setns",
+        "host-users.netns.setns", "host-users.code-cache.write", "host-users.code-cache.plant",
     }, results  # fmt: skip
     assert set(results) == set(TITLES)
 

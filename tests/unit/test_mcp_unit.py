@@ -12,7 +12,8 @@ LIMITS = McpLimits(memory_max_bytes=123456789, tasks_max=17, cpu_quota_percent=3
 REQUIRED = {"DynamicUser=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
             "PrivateDevices=yes", "NoNewPrivileges=yes", "SystemCallFilter=@system-service",
             "MemoryMax=123456789", "TasksMax=17", "CPUQuota=30%",
-            "InaccessiblePaths=-/var/lib/ironclaw", "InaccessiblePaths=-/run/ironclaw"}  # fmt: skip
+            "InaccessiblePaths=-/var/lib/ironclaw", "InaccessiblePaths=-/run/ironclaw",
+            "InaccessiblePaths=-/var/cache/ironclaw"}  # fmt: skip
 
 
 def test_without_destinations_the_unit_has_no_network_at_all() -> None:

@@ -21,6 +21,7 @@ def test_every_step_is_a_dynamic_user_without_capabilities_on_a_read_only_system
                        "PrivateTmp=yes", "NoNewPrivileges=yes", "CapabilityBoundingSet=",
                        "RestrictSUIDSGID=yes", "InaccessiblePaths=-/var/lib/ironclaw",
                        "InaccessiblePaths=-/run/ironclaw", "InaccessiblePaths=-/etc/ironclaw",
+                       "InaccessiblePaths=-/var/cache/ironclaw",
                        "InaccessiblePaths=-/srv/agent-files",
                        f"MemoryMax={LIMITS.memory_max_bytes}"):  # fmt: skip
             assert wanted in props, (network, wanted)
