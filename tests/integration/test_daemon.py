@@ -230,3 +230,26 @@ def test_every_call_records_the_callers_uid_in_the_journal(daemon: Any) -> None:
     calls = [r for r in records if r.get("IRONCLAW_METHOD", "").endswith("/GetStatus")]
     assert calls, "no structured admin-call record in the journal"
     assert calls[-1]["IRONCLAW_CALLER_UID"] == "0"
+
+
+def test_mcp_server_units_an_earlier_run_left_are_stopped_after_ready(daemon: Any) -> None:
+    """The start's sweep (services/mcp_servers.py ``sweep``) runs after READY and stops every
+    ``ironclaw-mcp-*`` unit it finds; a unit of another name is left alone."""
+    leftover, other = "ironclaw-mcp-leftover_srv.service", "ironclaw-other-sweep.service"
+    for unit in (leftover, other):
+        proc = daemon.run(["systemd-run", f"--unit={unit}", "--property=Type=exec",
+                           "/bin/sleep", "600"])  # fmt: skip
+        assert proc.returncode == 0, out(proc)
+    try:
+        mark = cursor(daemon)
+        assert daemon.run(["systemctl", "restart", "ironclawd"]).returncode == 0  # at READY
+        proc = sh(daemon, f"for i in $(seq 100); do systemctl is-active -q {leftover} || break; "
+                          f"sleep 0.1; done; systemctl is-active {leftover} {other}")  # fmt: skip
+        assert out(proc).split()[:2] == ["inactive", "active"], out(proc)
+        lines = journal_since(daemon, mark).splitlines()
+        ready = next(i for i, line in enumerate(lines) if " ready: serving admin API" in line)
+        stopped = next(i for i, line in enumerate(lines)
+                       if line.startswith(f"Stopped {leftover}"))  # fmt: skip
+        assert stopped > ready, lines
+    finally:
+        daemon.run(["systemctl", "stop", leftover, other])

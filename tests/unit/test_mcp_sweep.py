@@ -1,7 +1,10 @@
 """The MCP supervisor's start-up sweep (services/mcp_servers.py ``sweep``): the units an earlier
 run left are stopped in the background, so the daemon's READY does not wait for D-Bus, and no
-server of this run starts before the sweep is over (it would otherwise stop it). A launcher
-that records the order of its calls stands in for the real one; none starts a process."""
+server of this run starts before the sweep is over (it would otherwise stop it). The launcher is
+the contract-tested fake (tests/fakes/mcp.py ``LocalLauncher``) with its calls recorded in order
+and its ``stop_all`` held until the test releases it; the server has no command, so the fake
+refuses it without starting a process. tests/integration/test_daemon.py proves the sweep on the
+real daemon and units."""
 
 from __future__ import annotations
 
@@ -16,16 +19,19 @@ from ironclawd.domain.mcp import McpLimits, McpServer
 from ironclawd.errors import HostError, McpServerFailed
 from ironclawd.ports.mcp import McpTransport
 from ironclawd.services.mcp_servers import McpSupervisor
+from tests.fakes.mcp import LocalLauncher
 
-SERVER = McpServer("tool", command=("/usr/bin/true",))
+SERVER = McpServer("tool")  # no command: LocalLauncher refuses it at once
 LIMITS = McpLimits(connect_timeout_seconds=5.0)
+REFUSED = "MCP server tool has no command to run"
 
 
-class OrderedLauncher:
-    """Records ``stop_all`` and ``open`` in order; ``stop_all`` waits until ``release`` is set
-    (then fails if ``sweep_fails``); ``open`` refuses at once (no process is started)."""
+class OrderedLauncher(LocalLauncher):
+    """``LocalLauncher`` recording ``stop_all``, ``open`` and ``stop`` in order; ``stop_all``
+    waits until ``release`` is set (then fails if ``sweep_fails``)."""
 
     def __init__(self, *, sweep_fails: bool = False) -> None:
+        super().__init__()
         self.calls: list[str] = []
         self.release = asyncio.Event()
         self.sweep_fails = sweep_fails
@@ -36,15 +42,17 @@ class OrderedLauncher:
         self.calls.append("stop_all ends")
         if self.sweep_fails:
             raise HostError("listing units ironclaw-mcp-*.service: D-Bus said no")
+        await super().stop_all()
 
     @contextlib.asynccontextmanager
     async def open(self, agent: str, server: McpServer) -> AsyncIterator[McpTransport]:
         self.calls.append(f"open {agent}/{server.name}")
-        raise McpServerFailed(f"MCP server {server.name}: refused by the test's launcher")
-        yield  # pragma: no cover (a generator)
+        async with super().open(agent, server) as transport:
+            yield transport
 
     async def stop(self, agent: str, server: str) -> None:
         self.calls.append(f"stop {agent}/{server}")
+        await super().stop(agent, server)
 
 
 async def _first_use_during_the_sweep(launcher: OrderedLauncher) -> McpSupervisor:
@@ -55,7 +63,7 @@ async def _first_use_during_the_sweep(launcher: OrderedLauncher) -> McpSuperviso
         await asyncio.sleep(0)
     assert launcher.calls == ["stop_all begins"], "a server started before the sweep ended"
     launcher.release.set()
-    with pytest.raises(McpServerFailed, match="refused by the test's launcher"):
+    with pytest.raises(McpServerFailed, match=REFUSED):
         await use
     return clients
 
