@@ -5,8 +5,10 @@ are in tests/integration/test_dataclass_cache.py."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
+import logging
 import marshal
 import os
 import types
@@ -209,3 +211,28 @@ def test_code_and_missing_files_pass_through(tmp_path: Path) -> None:
     assert space["y"] == 2
     assert (cache.hits, cache.misses) == (1, 1)
     assert isinstance(cache._codes["y = 2\n"], types.CodeType)
+
+
+def test_the_daemon_writes_at_ready_logs_a_distrusted_file_and_survives_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ironclawd.daemon import _save_dataclass_cache  # noqa: PLC0415 (the daemon's own step)
+
+    asyncio.run(_save_dataclass_cache(None))  # no cache installed: nothing to do
+    path = tmp_path / "cache.bin"
+    good_file(path, monkeypatch)
+    path.chmod(0o666)
+    cache = CodeCache(path)
+    cache.load()
+    made_through(cache, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="ironclawd"):
+        asyncio.run(_save_dataclass_cache(cache))
+    assert "not used: writable by others (mode 0666); writing a new one" in caplog.text
+    assert "written" in caplog.text
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    caplog.clear()
+    gone = CodeCache(tmp_path / "no-such-dir" / "cache.bin")
+    made_through(gone, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="ironclawd"):
+        asyncio.run(_save_dataclass_cache(gone))  # does not raise: the daemon goes on
+    assert "not written: No such file or directory" in caplog.text
