@@ -15,7 +15,8 @@ same code object ``exec`` would compile from that text: only where the compile h
 
 The file is trusted like the ``.pyc`` files under ``/usr/lib``: it is taken only when it is a
 regular file (not a symlink) owned by this process's user and writable by nobody else, starts
-with this interpreter's bytecode magic number, and holds a mapping of text to code objects. Any
+with this interpreter's bytecode magic number, matches its checksum, and holds a mapping of text
+to code objects. Any
 other file is ignored (``CodeCache.problem`` says why) and rewritten. ``ironclawd.service`` names
 it (``IRONCLAW_DATACLASS_CACHE``, under ``CacheDirectory=``, root-only); ``ironclawd/__init__``
 installs it only then, so ``ironctl`` and tests compile as usual. ``pending`` then ``write``
@@ -26,17 +27,19 @@ them at READY and writes them in the background.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import marshal
 import os
 import stat
 import types
+import zlib
 from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import Any
 
 ENV = "IRONCLAW_DATACLASS_CACHE"
-HEADER = b"ironclaw-dataclass-code\n" + MAGIC_NUMBER
+HEADER = b"ironclaw-dataclass-code\n" + MAGIC_NUMBER  # then the CRC-32 of the rest, 4 bytes LE
 MAX_BYTES = 16 * 1024 * 1024  # ~0.7 MB today; a file past this is not ours
 
 
@@ -73,9 +76,7 @@ class CodeCache:
                 self.problem = f"{info.st_size} bytes, over {MAX_BYTES}"
             else:
                 with os.fdopen(fd, "rb", closefd=False) as file:
-                    self._codes = _parse(file.read(MAX_BYTES + 1))
-                if not self._codes:
-                    self.problem = "not a cache of this Python's bytecode"
+                    self._codes, self.problem = _parse(file.read(MAX_BYTES + 1))
         finally:
             os.close(fd)
 
@@ -106,14 +107,14 @@ class CodeCache:
     def write(self, texts: list[str]) -> None:
         """Write ``texts`` with their code, mode 0600; atomic: a reader sees the old file or
         the new one."""
-        data = HEADER + marshal.dumps({text: self._codes[text] for text in texts})
+        body = marshal.dumps({text: self._codes[text] for text in texts})
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)  # fmt: skip
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # an earlier run's, cut short
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             with os.fdopen(fd, "wb", closefd=False) as file:
-                file.write(data)
-            os.fchmod(fd, 0o600)  # even if an earlier run's temporary file had another mode
+                file.write(HEADER + zlib.crc32(body).to_bytes(4, "little") + body)
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
@@ -127,19 +128,25 @@ class CodeCache:
         return True
 
 
-def _parse(data: bytes) -> dict[str, types.CodeType]:
+def _parse(data: bytes) -> tuple[dict[str, types.CodeType], str]:
+    """The entries of a file's bytes, or none and why not. The checksum keeps a file damaged on
+    disk from being run: a code object unmarshalled from bad bytes can crash the interpreter,
+    and the daemon would then crash at every start until someone removed the file."""
     if not data.startswith(HEADER):
-        return {}
+        return {}, "not a cache of this Python's bytecode"
+    body = data[len(HEADER) + 4 :]
+    if data[len(HEADER) : len(HEADER) + 4] != zlib.crc32(body).to_bytes(4, "little"):
+        return {}, "damaged (checksum mismatch)"
     try:
         # Trusted as a .pyc is: this user's own file, writable by nobody else (CodeCache.load).
-        entries = marshal.loads(data[len(HEADER) :])  # noqa: S302
+        entries = marshal.loads(body)  # noqa: S302
     except (EOFError, ValueError, TypeError):
-        return {}
+        return {}, "damaged (not marshal data)"
     if not isinstance(entries, dict) or not all(
         isinstance(k, str) and isinstance(v, types.CodeType) for k, v in entries.items()
     ):
-        return {}
-    return entries
+        return {}, "not a mapping of text to code"
+    return entries, ""
 
 
 ACTIVE: CodeCache | None = None  # the installed cache, if any

@@ -12,6 +12,7 @@ import logging
 import marshal
 import os
 import types
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def test_the_file_keeps_only_what_its_process_used(
     cache.load()
     made_through(cache, monkeypatch)
     cache.save()
-    kept = marshal.loads(path.read_bytes()[len(HEADER) :])
+    kept = marshal.loads(path.read_bytes()[len(HEADER) + 4 :])  # after the header and its CRC
     assert "def gone(): pass\n" not in kept
     assert kept
     assert all(isinstance(code, types.CodeType) for code in kept.values())
@@ -149,7 +150,17 @@ def _directory(path: Path) -> None:
 
 
 def entries(body: Any) -> bytes:
-    return HEADER + marshal.dumps(body)
+    return with_crc(marshal.dumps(body))
+
+
+def with_crc(body: bytes) -> bytes:
+    return HEADER + zlib.crc32(body).to_bytes(4, "little") + body
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
 
 
 UNTRUSTED: dict[str, tuple[Callable[[Path], object], str]] = {
@@ -163,10 +174,18 @@ UNTRUSTED: dict[str, tuple[Callable[[Path], object], str]] = {
     ),
     "cut short": (
         lambda p: p.write_bytes(p.read_bytes()[: len(HEADER) + 100]),
-        "not a cache of this Python's bytecode",
+        "damaged (checksum mismatch)",
     ),
-    "not a mapping": (lambda p: p.write_bytes(entries([1, 2])), "not a cache"),
-    "text mapped to text": (lambda p: p.write_bytes(entries({"def f(): pass\n": "x"})), "not a"),
+    "a byte flipped on disk": (_flip_a_byte, "damaged (checksum mismatch)"),
+    "not marshal data, checksum right": (
+        lambda p: p.write_bytes(with_crc(b"\xffgarbage")),
+        "damaged (not marshal data)",
+    ),
+    "not a mapping": (lambda p: p.write_bytes(entries([1, 2])), "not a mapping of text to code"),
+    "text mapped to text": (
+        lambda p: p.write_bytes(entries({"def f(): pass\n": "x"})),
+        "not a mapping of text to code",
+    ),
 }
 
 
