@@ -13,9 +13,6 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-# rich.cells alone (no console): terminal cell widths, so that plain columns line up as rich's do.
-from rich.cells import cell_len
-
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl.shapes import enum_name
 from ironclawd.ctl.text import visible
@@ -30,6 +27,17 @@ EMPTY = "-"  # an empty cell, so that every row has every column
 
 # The JSON spelling of each check status (shapes.enum_name), and how a terminal colours it.
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def cell_len(text: str) -> int:
+    """Terminal cells ``text`` takes, as rich counts them, so that plain columns line up as
+    rich's do. Printable ASCII is one cell a character (rich's own fast path); anything else
+    asks rich.cells, imported only then (~1.4 ms of a command otherwise)."""
+    if text.isascii() and text.isprintable():
+        return len(text)
+    from rich.cells import cell_len as rich_cell_len  # noqa: PLC0415 (see above)
+
+    return rich_cell_len(text)
 
 
 def is_terminal() -> bool:

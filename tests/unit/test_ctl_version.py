@@ -49,6 +49,12 @@ def test_ironctl_version_imports_nothing_heavy() -> None:
     }
 
 
+def test_plain_output_does_not_import_rich() -> None:
+    # Off a terminal (scripts, pipes) output is plain columns: rich only for a terminal's table
+    # or a cell that is not printable ASCII (render.cell_len), not at every command's start.
+    assert not any(m.startswith("rich") for m in _module_imports("ironclawd/ctl/render.py"))
+
+
 def _module_imports(path: str) -> set[str]:
     """What the module at ``path`` imports at its top level (not inside functions)."""
     imported: set[str] = set()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ironclawd.ctl.render import visible
+from ironclawd.ctl.render import cell_len, visible
 
 
 @pytest.mark.parametrize(
@@ -30,3 +30,15 @@ def test_control_escape_and_bidi_characters_are_made_visible(text: str, shown: s
 def test_newlines_only_when_asked() -> None:
     assert visible("a\nb") == "a\\x0ab"
     assert visible("a\nb", newlines=True) == "a\nb"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "plain text", "sid-0123 RUNNING  3", "~!@#$%^&*()_+{}|:<>?", "déjà vu ✓", "宽字符",
+     "emoji 🎉 here", "tab\tin", "zero\u200bwidth", "e\u0301"],
+)  # fmt: skip
+def test_cell_widths_are_richs(text: str) -> None:
+    # Plain columns line up as rich's tables do: the ASCII fast path counts as rich does.
+    from rich.cells import cell_len as rich_cell_len  # noqa: PLC0415
+
+    assert cell_len(text) == rich_cell_len(text)
