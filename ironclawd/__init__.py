@@ -11,7 +11,7 @@ __version__ = "0.2.0"
 defer_python_message()
 
 # Before any dataclass: ironclawd.service names a file for the compiled dataclass methods
-# (ironclawd/dataclass_cache.py; ~25 ms of every start). Elsewhere they compile as usual.
+# (ironclawd/dataclass_cache.py; ~40 ms of every start). Elsewhere they compile as usual.
 if os.environ.get("IRONCLAW_DATACLASS_CACHE"):
     from ironclawd.dataclass_cache import install_from_environment
 

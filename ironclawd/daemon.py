@@ -328,6 +328,8 @@ async def _save_dataclass_cache(cache: dataclass_cache.CodeCache | None) -> None
         await asyncio.to_thread(cache.write, texts)
     except OSError as exc:
         log.warning("dataclass code cache %s not written: %s", cache.path, exc.strerror or exc)
+    except Exception as exc:  # a cache must never take the daemon down (its TaskGroup would)
+        log.error("dataclass code cache %s not written: %r", cache.path, exc)
     else:
         log.info("dataclass code cache %s written: %d method(s) compiled once for later starts",
                  cache.path, len(texts))  # fmt: skip

@@ -255,3 +255,19 @@ def test_the_daemon_writes_at_ready_logs_a_distrusted_file_and_survives_a_failed
     with caplog.at_level(logging.INFO, logger="ironclawd"):
         asyncio.run(_save_dataclass_cache(gone))  # does not raise: the daemon goes on
     assert "not written: No such file or directory" in caplog.text
+
+
+def test_no_failure_of_the_write_reaches_the_daemons_task_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ironclawd.daemon import _save_dataclass_cache  # noqa: PLC0415 (the daemon's own step)
+
+    cache = CodeCache(tmp_path / "cache.bin")
+    made_through(cache, monkeypatch)
+
+    def broken(texts: list[str]) -> None:
+        raise ValueError("unmarshallable")
+
+    monkeypatch.setattr(cache, "write", broken)
+    asyncio.run(_save_dataclass_cache(cache))  # does not raise
+    assert "not written: ValueError('unmarshallable')" in caplog.text
