@@ -327,7 +327,16 @@ class Gateway:
         """After a restart: finish applying changes approved before the daemon died. A change
         whose new spec already reached the registry (the crash came between that write and
         "applied") only needs its sessions restarted; re-applying it would find the agent
-        "changed since" and record as failed a change that took effect."""
+        "changed since" and record as failed a change that took effect.
+
+        Under the lock approvals take: READY comes before this runs, so an operator may approve
+        meanwhile. Without it, a change approved then would be applied twice (listed here while
+        its own approval applies it), and two applies could each check the agent against their
+        own "before" and then both write it, the last silently undoing the first."""
+        async with self._lock:
+            await self._resume_approved()
+
+    async def _resume_approved(self) -> None:
         for change in self._store.list_changes(ChangeState.APPROVED.value):
             # The approval's own record may be what the crash cut: name the approver here too.
             fields = {"resumed": True, "approved_by": change.decided_by}

@@ -31,6 +31,7 @@ from ironclaw.model.v1 import model_pb2
 from ironclawd.domain.agents import AgentSpec
 from tests.harness.polling import in_netns, wait_for
 from tests.harness.probe import PROBE_IN_BOX
+from tests.integration.test_sessions import wait_recovered
 
 pytestmark = pytest.mark.integration
 
@@ -669,6 +670,8 @@ def test_audit_verify_names_the_first_bad_record_after_tampering(gw: Any) -> Non
         assert sh(sysd, "systemctl stop ironclawd").returncode == 0
         _write_log(sysd, b"".join(lines[:-2]))
         assert sh(sysd, "systemctl start ironclawd").returncode == 0
+        # The first record ("daemon.started") is written after READY, once the start settled.
+        wait_recovered(sysd)
         code, text = verify(sysd)
         assert code == 1, text
         assert text.startswith(f"audit log TAMPERED: first bad record {n - 1}: "), text

@@ -5,12 +5,14 @@ daemon died is applied at start, never recorded failed because its own write alr
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import replace
 
 import pytest
 
+from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import Change, ChangeState, transition
-from ironclawd.errors import HostError
+from ironclawd.errors import Conflict, HostError
 from ironclawd.host.mounts import HostMounts
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.registry import Registry
@@ -105,3 +107,67 @@ def test_a_change_that_cannot_be_applied_at_start_never_stops_the_start() -> Non
     w.gateway._restart = good_restart
     asyncio.run(w.gateway.resume())
     assert w.store.changes[change.id].state is ChangeState.APPLIED
+
+
+def test_a_change_approved_while_the_daemon_recovers_is_applied_once() -> None:
+    """READY comes before resume(): an approval made meanwhile is still applying (its sessions
+    restarting) when resume() lists the approved changes. It must not be applied again."""
+    w = World()
+    change = w.gateway.submit("persona", "demo", '{"persona": "New."}', "", ROOT)
+    restarting, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_restart(agent: str) -> list[str]:
+        restarting.set()
+        await release.wait()
+        return await w._restart(agent)
+
+    w.gateway._restart = slow_restart
+
+    async def approve_during_resume() -> None:
+        approving = asyncio.create_task(w.gateway.approve(change.id, change.hash, ROOT))
+        await restarting.wait()  # approved and in the registry, its sessions restarting
+        resuming = asyncio.create_task(w.gateway.resume())
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(approving, resuming)
+
+    asyncio.run(asyncio.wait_for(approve_during_resume(), 5))
+    assert w.restarted == ["demo"]
+    assert w.audit.events() == ["change.submitted", "change.approved", "change.applied"]
+    assert w.store.changes[change.id].state is ChangeState.APPLIED
+
+
+def test_an_approval_during_resume_cannot_undo_the_resumed_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A change approved before a crash (``first``) is resumed while an operator approves
+    another (``second``) made against the same old spec. Only one may win the agent's check
+    against its "before": the other is refused "changed since", never written over it."""
+    w, first = _crashed_after_approval(put=False)
+    second = w.gateway.submit("persona", "demo", '{"persona": "Second."}', "", ROOT)
+    new_spec = w.gateway._new_spec
+    checked, release = threading.Event(), threading.Event()
+
+    def held_new_spec(change: Change) -> AgentSpec:
+        after = new_spec(change)  # the check against "before" passed
+        if change.id == first.id:
+            checked.set()
+            assert release.wait(5)
+        return after
+
+    monkeypatch.setattr(w.gateway, "_new_spec", held_new_spec)
+
+    async def approve_during_resume() -> None:
+        resuming = asyncio.create_task(w.gateway.resume())
+        await asyncio.to_thread(checked.wait, 5)
+        approving = asyncio.create_task(w.gateway.approve(second.id, second.hash, ROOT))
+        await asyncio.wait({approving}, timeout=0.2)  # without the lock it is applied by now
+        release.set()
+        await resuming
+        with pytest.raises(Conflict, match="changed since"):
+            await approving
+
+    asyncio.run(asyncio.wait_for(approve_during_resume(), 10))
+    assert w.registry["demo"].persona == "New."
+    assert w.store.changes[first.id].state is ChangeState.APPLIED
+    assert w.store.changes[second.id].state is ChangeState.FAILED
