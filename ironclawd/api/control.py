@@ -116,6 +116,8 @@ class _Claim:
 
     server: asyncio.Server
     waiting: list[asyncio.StreamWriter] = field(default_factory=list)
+    # Set when an agent connects, and when the socket stops being served (``wait_claim``).
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ControlServer:
@@ -193,6 +195,7 @@ class ControlServer:
         if len(claim.waiting) >= self._limits.max_control_connections:
             claim.waiting.pop(0).transport.abort()  # the oldest: a new one is the live agent
         claim.waiting.append(writer)
+        claim.changed.set()
         try:
             await reader.read(1)  # the agent sends nothing: a byte or the end ends its wait
         except OSError:
@@ -212,6 +215,19 @@ class ControlServer:
         ends from the sandbox's side while nobody claimed it: its agent died (or broke the
         protocol), and the sandbox cannot be claimed."""
         self._claim_lost.append(hook)
+
+    async def wait_claim(self, sid: str) -> None:
+        """Until an agent from ``sid``'s own unit waits on its claim.sock. A pooled sandbox
+        counts as ready only then: one claimed while its agent still booted found the socket
+        gone (a claim stops serving it) and polled its key file only after 5 s of retries."""
+        claim = self._claims.get(sid)
+        while claim is not None and self._claims.get(sid) is claim:
+            if claim.waiting:
+                return
+            claim.changed.clear()
+            await claim.changed.wait()
+        raise HostError(f"session {sid}: claim socket not served (or closed before its agent "
+                        "connected)")  # fmt: skip
 
     def claim_waiting(self, sid: str) -> bool:
         """Whether an agent from ``sid``'s own unit holds a connection to its claim.sock now.
@@ -244,6 +260,7 @@ class ControlServer:
                 writer.write(line)
             writer.close()  # after what was written
         claim.waiting.clear()
+        claim.changed.set()
         claim.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._session_dir(sid) / CLAIM_SOCKET)

@@ -316,6 +316,12 @@ class ControlPlane(Protocol):
         sandbox's own processes are let in, and the connection ends with the agent)."""
         ...
 
+    async def wait_claim(self, sid: str) -> None:
+        """Return once a pooled sandbox's agent waits on its claim socket (the caller bounds
+        the wait): only then can a claim wake it at once. HostError if ``sid`` serves no claim
+        socket, or stops serving it first (a teardown)."""
+        ...
+
     def on_claim_lost(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(sid)`` when a pooled sandbox's waiting agent's connection ends from
         its side before a claim (the agent died)."""

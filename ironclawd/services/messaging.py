@@ -276,6 +276,7 @@ class MessageService:
                         return total
                     tail.add(replies)
                     self._touch(sid)
+                    self._sessions.answered(sid)
                     condition = self._condition(sid)
                     async with condition:
                         condition.notify_all()

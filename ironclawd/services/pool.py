@@ -8,7 +8,12 @@ A claim (``claim``) hands it to exactly one session, which then seals it
 (``SandboxLifecycle.seal``: key, queues, sockets, then the line on ``claim.sock`` that wakes the
 agent, then its hello); it is never returned to the pool, and a claim that fails tears it
 down. The pool refills one sandbox at a time in the background, and gives sandboxes back while
-memory is short (``domain/pool.py`` decides; this module acts)."""
+memory is short (``domain/pool.py`` decides; this module acts).
+
+A refill waits while a claim is the latency someone waits on: while it is sealed, and then until
+the claimed session's first reply (``answered``) or ``engage_hold`` seconds, whichever comes
+first. Starting a sandbox takes about a core for a second; on 2 cores, a refill begun at once
+tripled the first reply of the session that had just claimed (issue 17)."""
 
 from __future__ import annotations
 
@@ -30,6 +35,9 @@ log = logging.getLogger("ironclawd.pool")
 
 REFILL_CHECK_SECONDS = 2.0  # memory is looked at this often when nothing else wakes the pool
 MAX_BACKOFF_SECONDS = 60.0  # after failed starts, the longest wait before the next try
+# The longest a refill waits for a claimed session's first reply (a real model may take longer:
+# the refill then goes ahead, and a person typing their first message finds it done).
+ENGAGE_HOLD_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class WarmPool:
         config: PoolConfig,
         available_bytes: Callable[[], int],
         clock: Clock,
+        engage_hold: float = ENGAGE_HOLD_SECONDS,
     ) -> None:
         self._lifecycle = lifecycle
         self._agents = agents
@@ -62,11 +71,13 @@ class WarmPool:
         self._config = config
         self._available = available_bytes
         self._clock = clock
+        self._engage_hold = engage_hold
         self._ready: dict[str, list[Pooled]] = {}
         self._starting: dict[str, int] = {}
         self._doomed: list[Pooled] = []  # taken out of the pool, to be destroyed by the loop
         self._held: set[str] = set()  # ids of sandboxes starting, ready or claimed not yet sealed
         self._sealing: set[str] = set()  # claimed, their session not yet running (or failed)
+        self._engaging: dict[str, float] = {}  # claimed and running, no reply yet: until when
         self._wake = asyncio.Event()
         self._closing = False
         self._failures = 0
@@ -106,12 +117,27 @@ class WarmPool:
         """Whether ``sid`` belongs to a pooled sandbox (an explicit ``--sid`` may not take it)."""
         return sid in self._held
 
-    def done(self, sid: str) -> None:
+    def done(self, sid: str, *, running: bool = False) -> None:
         """The claim of ``sid`` is over (its session runs, or failed and was torn down): the
-        session owns the id from now on, and the pool may refill."""
+        session owns the id from now on. The pool refills once ``running`` sessions have
+        answered (``answered``) or waited ``engage_hold`` seconds, failed ones at once."""
         self._held.discard(sid)
         self._sealing.discard(sid)
+        if running and self._engage_hold > 0:
+            self._engaging[sid] = self._clock.monotonic() + self._engage_hold
         self._wake.set()
+
+    def answered(self, sid: str) -> None:
+        """A reply of ``sid`` was taken in: if it had just claimed, the refill may go ahead."""
+        if self._engaging.pop(sid, None) is not None:
+            self._wake.set()
+
+    def _engage_left(self) -> float:
+        """Seconds until every claimed session has answered or waited long enough (0: none)."""
+        now = self._clock.monotonic()
+        for sid in [sid for sid, until in self._engaging.items() if until <= now]:
+            del self._engaging[sid]
+        return max(self._engaging.values(), default=now) - now
 
     def status(self) -> list[tuple[str, int]]:
         """(agent, ready sandboxes) for every pooled agent and every agent still holding some."""
@@ -151,6 +177,10 @@ class WarmPool:
                 # A claim is the latency a person waits on: starting or destroying a sandbox
                 # meanwhile would take the cores from it (2 cores here: +50% on a claim).
                 await self._sleep(REFILL_CHECK_SECONDS)
+                continue
+            engaging = self._engage_left()
+            if engaging > 0:
+                await self._sleep(engaging)
                 continue
             await self._destroy_doomed()
             step = next_step(

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ironclawd import paths
 from ironclawd.bundle.grants import frame_dir, granted_mounts
@@ -34,6 +35,7 @@ from ironclawd.ports import (
 )
 
 log = logging.getLogger("ironclawd.sessions")
+_T = TypeVar("_T")
 
 AGENT_ARGV = ("/app/agent/agent",)
 # While waiting for an agent's hello, how soon its unit is first checked (the interval then
@@ -162,6 +164,10 @@ class SandboxLifecycle:
         agent waits on until a session claims it (``seal`` wakes it)."""
         async with contextlib.AsyncExitStack() as undo:
             await self._start_box(session, agent, undo, pooled=True)
+            # Ready once its agent waits on claim.sock, not when runsc was started: a claim
+            # made while the agent still booted cost 5 s (api/control.py, ``wait_claim``).
+            await self._from_agent(session, self.control.wait_claim(session.sid),
+                                   self.layout.start_timeout)  # fmt: skip
             undo.pop_all()
 
     async def seal(self, session: Session, agent: AgentSpec) -> AgentHello:
@@ -195,10 +201,14 @@ class SandboxLifecycle:
         return await self._hello(session, self.layout.adopt_timeout)
 
     async def _hello(self, session: Session, within: float) -> AgentHello:
-        """The agent's hello within ``within`` seconds (TimeoutError after). The unit is checked
-        meanwhile: one that ended first fails the wait at once with its result and the last
-        line it wrote, instead of a timeout that names neither."""
-        hello = asyncio.ensure_future(self.control.wait_hello(session.sid))
+        """The agent's hello within ``within`` seconds (TimeoutError after)."""
+        return await self._from_agent(session, self.control.wait_hello(session.sid), within)
+
+    async def _from_agent(self, session: Session, wait: Awaitable[_T], within: float) -> _T:
+        """What ``wait`` awaits of the sandbox's agent, within ``within`` seconds (TimeoutError
+        after). The unit is checked meanwhile: one that ended first fails the wait at once with
+        its result and the last line it wrote, instead of a timeout that names neither."""
+        waiting = asyncio.ensure_future(wait)
         # The interval doubles up to UNIT_CHECK_MAX_FACTOR times the first: a failing runsc is
         # still seen within a second, and 500 sessions adopted together after a restart do not
         # flood the bus and the worker threads with 2,000 checks a second.
@@ -206,9 +216,9 @@ class SandboxLifecycle:
         try:
             async with asyncio.timeout(within):
                 while True:
-                    done, _ = await asyncio.wait((hello,), timeout=interval)
+                    done, _ = await asyncio.wait((waiting,), timeout=interval)
                     if done:
-                        return hello.result()
+                        return waiting.result()
                     interval = min(
                         interval * 2, self.layout.unit_check_seconds * UNIT_CHECK_MAX_FACTOR
                     )
@@ -216,7 +226,7 @@ class SandboxLifecycle:
                     if ended is not None:
                         raise SandboxError(ended)
         finally:
-            hello.cancel()
+            waiting.cancel()
 
     def _ended(self, unit: str) -> str | None:
         """Why ``unit`` can no longer say hello (None: it is still starting or running)."""

@@ -95,6 +95,7 @@ class SessionService:
     async def _create(self, spec: AgentSpec, sid: str, pooled: Session | None = None) -> Session:
         now = self._clock.time()
         session = Session(sid, spec.name, State.CREATING, now, now, now)
+        running = False
         try:
             async with self.lock(sid):
                 try:
@@ -103,12 +104,14 @@ class SessionService:
                     if pooled is not None:  # never returned to the pool
                         await self._discard_pooled(pooled, isinstance(exc, Conflict))
                     raise
-                return await self._guarded(
+                session = await self._guarded(
                     sid, "creating", self._created_then_start(session, spec, pooled is not None)
                 )
+                running = session.state is State.RUNNING
+                return session
         finally:
             if pooled is not None and self.pool is not None:
-                self.pool.done(sid)
+                self.pool.done(sid, running=running)
 
     async def _discard_pooled(self, pooled: Session, taken: bool) -> None:
         log.error("session %s: could not be stored; destroying its pooled sandbox", pooled.sid)
@@ -183,6 +186,11 @@ class SessionService:
                 except IronclawError as exc:
                     log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
         return restarted
+
+    def answered(self, sid: str) -> None:
+        """A reply of ``sid`` was taken in (the pool waits for a claim's first one)."""
+        if self.pool is not None:
+            self.pool.answered(sid)
 
     def touch(self, sid: str) -> None:
         """Record activity (a message) so the idle timer starts over. Kept in memory and written

@@ -358,6 +358,33 @@ async def test_a_pooled_sandbox_waits_on_its_claim_socket_until_woken(
     assert lost == []
 
 
+async def test_a_pooled_sandbox_is_ready_once_its_agent_waits_on_the_claim_socket(
+    world: tuple[ControlPlane, AgentSide],
+) -> None:
+    control, agents = world
+    sid, silent = new_sid(), new_sid()
+    with pytest.raises(HostError, match=f"session {sid}: claim socket not served"):
+        await control.wait_claim(sid)
+    await control.open_claim(sid)
+    await agents.connect(sid, CLAIM_SOCKET)
+    await asyncio.wait_for(control.wait_claim(sid), WAIT)
+    assert control.claim_waiting(sid)
+    await control.open(sid)
+    await control.wake(sid)  # claimed: its claim socket is no longer served
+    with pytest.raises(HostError, match="claim socket not served"):
+        await control.wait_claim(sid)
+
+    agents.never_connects(silent)
+    await control.open_claim(silent)
+    waiting = asyncio.ensure_future(control.wait_claim(silent))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # no agent yet
+    await control.close(silent)  # a teardown ends the wait
+    with pytest.raises(HostError, match=f"session {silent}: claim socket"):
+        await asyncio.wait_for(waiting, WAIT)
+    await control.close(sid)
+
+
 async def test_a_pooled_agent_that_leaves_before_its_claim_is_reported_lost_once(
     world: tuple[ControlPlane, AgentSide],
 ) -> None:

@@ -126,13 +126,26 @@ class FakeControl(_Recording):
         self.delivered: dict[str, list[bytes]] = {}
         self._dropped: dict[str, asyncio.Event] = {}
         self._closed: dict[str, asyncio.Event] = {}
+        self._claim_closed: dict[str, asyncio.Event] = {}
         self.listener: ControlListener | None = None
         self.hello_gate: asyncio.Event | None = None
 
     async def open_claim(self, sid: str) -> Path:
         self._call("control.open_claim", sid)
         self.made_dirs.add(sid)
+        self._claim_closed[sid] = asyncio.Event()
         return Path("/run/ironclaw/sessions") / sid
+
+    async def wait_claim(self, sid: str) -> None:
+        """The fake's pooled agent waits on its claim socket at once, unless ``silent``."""
+        closed = self._claim_closed.get(sid)
+        if closed is None or sid not in self.made_dirs:
+            raise HostError(f"session {sid}: claim socket not served")
+        if sid in self.silent:  # never connects: only the sandbox's teardown ends the wait
+            await closed.wait()
+        if closed.is_set():
+            raise HostError(f"session {sid}: claim socket closed before its agent connected")
+        self.claim_waiters.add(sid)
 
     def claim_waiting(self, sid: str) -> bool:
         return sid in self.claim_waiters and sid in self.made_dirs
@@ -153,6 +166,9 @@ class FakeControl(_Recording):
         self._call("control.wake", sid)
         self.woken.add(sid)
         self.claim_waiters.discard(sid)
+        closed = self._claim_closed.pop(sid, None)  # the claim socket is no longer served
+        if closed is not None:
+            closed.set()
 
     async def open(self, sid: str) -> Path:
         self._call("control.open", sid)
@@ -196,7 +212,7 @@ class FakeControl(_Recording):
         self.open_dirs.discard(sid)
         self.made_dirs.discard(sid)
         self.claim_waiters.discard(sid)
-        for events in (self._closed, self._dropped):  # every wait on the session ends
+        for events in (self._closed, self._dropped, self._claim_closed):  # every wait ends
             event = events.pop(sid, None)
             if event is not None:
                 event.set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,6 +19,7 @@ from ironclawd.errors import Conflict, SandboxError
 from ironclawd.ports import UnitState
 from ironclawd.services.pool import WarmPool
 from ironclawd.services.sessions import SessionService
+from tests.contract.test_inbox_ports import AGENT, real_services
 from tests.unit.test_session_service import World
 
 GiB = 1024**3
@@ -67,7 +68,7 @@ class PoolWorld(World):
         self.pool = WarmPool(
             lifecycle=self.service.lifecycle, agents=self.agents, records=self.store,
             config=PoolConfig(size=2, agents=("demo",), min_available_bytes=GiB),
-            available_bytes=lambda: self.available, clock=self.clock,
+            available_bytes=lambda: self.available, clock=self.clock, engage_hold=0,
         )  # fmt: skip
         self.service = SessionService(
             store=self.store, lifecycle=self.service.lifecycle, agents=self.agents,
@@ -229,6 +230,9 @@ def test_a_sandbox_that_died_in_the_pool_is_replaced_by_a_cold_start() -> None:
 
     async def body() -> str:
         await until(lambda: world.ready() == 2)
+        # Their agents' connections are not seen (as if they polled their key files), so a
+        # claim asks systemd, which says the units are gone.
+        world.control.claim_waiters.clear()
         for sid in world.data.pooled:
             world.units.exit(f"ironclaw-sbx-{sid}.service", "signal")
         return (await world.service.create("demo")).sid
@@ -252,8 +256,10 @@ def test_a_claim_asks_systemd_only_when_no_agent_waits_on_the_claim_socket() -> 
 
     async def body() -> tuple[str, set[str]]:
         await until(lambda: world.ready() == 2)
-        waiting, _other = sorted(world.data.pooled)
-        world.control.claim_waiters.add(waiting)  # its agent waits on claim.sock; not the other
+        waiting, other = sorted(world.data.pooled)
+        # Its agent waits on claim.sock; the other's connection is not seen (its agent polls
+        # its key file: a pooled sandbox is ready only once its agent waited, so it did once).
+        world.control.claim_waiters.discard(other)
         created = {(await world.service.create("demo")).sid for _ in range(2)}
         return waiting, created
 
@@ -309,3 +315,115 @@ def test_the_pool_refills_only_once_a_claim_is_done() -> None:
 
     during, after = run(world, body)
     assert (during, after) == (2, 3)
+
+
+def test_the_refill_waits_for_the_claimed_sessions_first_reply() -> None:
+    """Starting a sandbox takes about a core for a second: begun at once, it tripled the first
+    reply of the session that had just claimed. It waits for that reply (``answered``)."""
+    world = PoolWorld()
+    world.pool._engage_hold = 60.0
+
+    def fills() -> int:
+        return len([c for c in world.log if c[0] == "data.prepare_pooled"])
+
+    async def body() -> tuple[int, int]:
+        await until(lambda: world.ready() == 2)
+        sid = (await world.service.create("demo")).sid
+        for _ in range(50):  # the loop runs meanwhile, and starts nothing
+            await asyncio.sleep(0.001)
+        waiting = fills()
+        world.service.answered("someoneelse1")  # another session's reply changes nothing
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+        assert fills() == waiting
+        world.service.answered(sid)
+        await until(lambda: world.ready() == 2)
+        return waiting, fills()
+
+    assert run(world, body) == (2, 3)
+
+
+def test_without_a_reply_the_refill_waits_only_the_hold() -> None:
+    world = PoolWorld()
+    world.pool._engage_hold = 0.05  # seconds of the world's clock; the loop sleeps as long
+
+    async def body() -> tuple[int, int]:
+        await until(lambda: world.ready() == 2)
+        await world.service.create("demo")
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+        held = len([c for c in world.log if c[0] == "data.prepare_pooled"])
+        world.clock.advance(0.05)
+        await until(lambda: world.ready() == 2)
+        return held, len([c for c in world.log if c[0] == "data.prepare_pooled"])
+
+    assert run(world, body) == (2, 3)
+
+
+def test_a_failed_claim_is_not_waited_for() -> None:
+    world = PoolWorld()
+    world.pool._engage_hold = 60.0
+
+    async def body() -> None:
+        await until(lambda: world.ready() == 2)
+        world.control.silent.update(world.data.pooled)  # the claimed agent never says hello
+        with pytest.raises(SandboxError, match="did not connect"):
+            await world.service.create("demo")
+        world.control.silent.clear()
+        await until(lambda: world.ready() == 2)  # refilled without any reply
+
+    run(world, body)
+
+
+def test_a_reply_the_message_service_takes_in_tells_the_pool() -> None:
+    sessions, messages, data, control, clock = real_services()
+    told: list[str] = []
+
+    class Pool:  # what the session service asks of its pool here
+        def claim(self, spec: object) -> None:
+            return None
+
+        def holds(self, sid: str) -> bool:
+            return False
+
+        def answered(self, sid: str) -> None:
+            told.append(sid)
+
+    sessions.pool = cast(WarmPool, Pool())
+
+    async def body() -> str:
+        sid = (await sessions.create(AGENT)).sid
+        sent = await messages.send(sid, "hello")
+        assert told == []  # a send is not an answer
+        data.outbound_rows[sid] = [(1, sent.seq, clock.time(), b"hi")]
+        assert control.listener is not None
+        await control.listener(sid, "outbound", 1)
+        await sessions.close()
+        return sid
+
+    assert told == [asyncio.run(body())]
+
+
+def test_a_pooled_sandbox_is_ready_only_once_its_agent_waits_for_a_claim() -> None:
+    """Not when runsc was started: a claim made while the agent still booted found the claim
+    socket gone and cost 5 s (the agent's retries, then its key file)."""
+    world = PoolWorld()
+    gate = asyncio.Event()
+    wait_claim = world.control.wait_claim
+
+    async def booting(sid: str) -> None:
+        await gate.wait()  # the agent has not connected to claim.sock yet
+        await wait_claim(sid)
+
+    world.control.wait_claim = booting  # type: ignore[method-assign]
+
+    async def body() -> tuple[int, int]:
+        await until(lambda: any(c[0] == "units.start" for c in world.log))
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+        booted = world.ready()
+        gate.set()
+        await until(lambda: world.ready() == 2)
+        return booted, world.ready()
+
+    assert run(world, body) == (0, 2)
