@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from ironclawd import lazy_re
 from ironclawd.config_keys import (
     _choice,
     _convert,
@@ -29,8 +30,8 @@ from ironclawd.domain.messages import MAX_MESSAGE_BYTES
 from ironclawd.errors import ConfigError
 
 KINDS = ("matrix", "webhook")
-ENDPOINT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-MATRIX_USER_RE = re.compile(r"@[a-z0-9._=/+-]{1,255}:[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?")
+ENDPOINT_NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+MATRIX_USER_RE = lazy_re.compile(r"@[a-z0-9._=/+-]{1,255}:[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?")
 MAX_ENDPOINTS = 64
 
 

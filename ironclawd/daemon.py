@@ -4,7 +4,6 @@ SIGHUP."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -14,6 +13,7 @@ import sys
 import time
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -38,6 +38,8 @@ from ironclawd.services.doctor import Doctor
 from ironclawd.services.reconcile import Recovery, claim, reconcile
 
 if TYPE_CHECKING:
+    import argparse
+
     from ironclawd.api.control import ControlServer
     from ironclawd.services.pool import WarmPool
     from ironclawd.wiring import Wired
@@ -282,8 +284,21 @@ def _config_error(exc: ConfigError) -> dict[str, object]:
     return message_id(MessageId.CONFIG_INVALID, IRONCLAW_CONFIG_ERROR=str(exc))
 
 
+@dataclass(frozen=True)
+class Options:
+    """ironclawd's command line, parsed. Without arguments (as systemd starts it) these are
+    the values, and no parser is built: argparse and the gettext it imports took ~2 ms of every
+    start (issue 17). ``build_parser`` has the same defaults (a unit test compares them)."""
+
+    config: Path = paths.CONFIG_PATH
+    check_config: bool = False
+    print_config_reference: bool = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     """ironclawd's command line (also read by ironclawd/docgen for ironclawd(8))."""
+    import argparse  # noqa: PLC0415 (only with arguments: see Options)
+
     parser = argparse.ArgumentParser(
         prog="ironclawd",
         description="IronClaw host daemon. Normally started by systemd (ironclawd.service).",
@@ -309,8 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+def _parse_args(argv: list[str] | None) -> Options:
+    given = sys.argv[1:] if argv is None else argv
+    if not given:
+        return Options()
+    return Options(**vars(build_parser().parse_args(given)))
 
 
 async def _save_dataclass_cache(cache: dataclass_cache.CodeCache | None) -> None:

@@ -9,17 +9,16 @@ sees an empty read-only directory there. Pure: no I/O.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ironclawd import paths
+from ironclawd import lazy_re, paths
 from ironclawd.domain.policy import Mount
 
 SKILLS_DIR = "/skills"
 SKILL_SETS_DIR = paths.STATE_DIR / "skills"
-SKILL_SET_RE = re.compile(r"[0-9a-f]{64}")
+SKILL_SET_RE = lazy_re.compile(r"[0-9a-f]{64}")
 # A skill mount is read-only *and* carries every hygiene flag: nothing in it may run, even if a
 # future runtime honoured a file's mode bits on a read-only bind.
 SKILLS_OPTIONS = ("ro", "nosuid", "nodev", "noexec")

@@ -17,6 +17,8 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
+from ironclawd import lazy_re
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -98,7 +100,7 @@ def parse_internal_cidr(text: str) -> IPNetwork:
 # A host is "numeric" if its last label is a number in any base inet_aton(3) accepts (decimal,
 # 0x hex, 0 octal): WHATWG's "ends in a number" rule. Such hosts are accepted only as canonical
 # dotted-quad IPv4, so 2130706433, 0x7f.1, 0177.0.0.1 and 127.1 cannot name loopback.
-_NUMERIC_LABEL = re.compile(r"(0x[0-9a-f]*|[0-9]+)", re.IGNORECASE)
+_NUMERIC_LABEL = lazy_re.compile(r"(0x[0-9a-f]*|[0-9]+)", re.IGNORECASE)
 
 
 def is_numeric_host(host: str) -> bool:

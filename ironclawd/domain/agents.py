@@ -7,10 +7,10 @@ comes from the configuration or from an approved ``create_agent`` change, held i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ironclawd import lazy_re
 from ironclawd.domain.channels import Permissions, Route
 from ironclawd.domain.egress import EgressRule
 from ironclawd.domain.mcp import McpGrant, McpServer
@@ -20,9 +20,9 @@ from ironclawd.domain.skills import AgentSkill
 from ironclawd.errors import NotFound
 
 MIB = 1024 * 1024
-AGENT_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+AGENT_NAME_RE = lazy_re.compile(r"[a-z][a-z0-9-]{0,62}")
 # A granted host directory appears at /mnt/<name> inside the box (ironclawd/bundle/spec.py).
-MOUNT_NAME_RE = re.compile(r"[a-z0-9-]{1,32}")
+MOUNT_NAME_RE = lazy_re.compile(r"[a-z0-9-]{1,32}")
 MAX_AGENT_MOUNTS = 8
 # The agent's uid/gid inside the box, and on the host for files its gofer serves (runsc 20221219
 # does not translate ids: ironclawd/bundle/spec.py). Not 65534, which host daemons share.

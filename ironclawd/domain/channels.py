@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ironclawd import lazy_re
 from ironclawd.errors import InvalidArgument
 
 # The regex parser CPython compiles with (re._parser: sre_parse without its deprecation warning).
@@ -28,14 +29,14 @@ ENGAGE = ("always", "mention", "pattern")
 SESSIONS = ("per_sender", "per_room", "shared")
 UNKNOWN = ("drop", "hold")
 CHANNEL_TYPES = ("matrix", "webhook")
-CHANNEL_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+CHANNEL_NAME_RE = lazy_re.compile(r"[a-z][a-z0-9-]{0,31}")
 # Namespaces of host identities: no channel may be named like them.
 RESERVED_CHANNEL_NAMES = frozenset({"user", "group"})
-ENDPOINT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+ENDPOINT_NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 # "!opaque:server"; room version 12 ids are "!hash" alone (no server part).
-ROOM_ID_RE = re.compile(r"![\x21-\x39\x3b-\x7e]{1,255}(:[\x21-\x7e]{1,255})?")
-HOST_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # a POSIX user or group name
-RAW_IDENTITY_RE = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no space
+ROOM_ID_RE = lazy_re.compile(r"![\x21-\x39\x3b-\x7e]{1,255}(:[\x21-\x7e]{1,255})?")
+HOST_NAME_RE = lazy_re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # a POSIX user or group name
+RAW_IDENTITY_RE = lazy_re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no space
 MAX_PATTERN = 200
 PATTERN_TEXT = 4096  # a pattern only ever sees the first this many characters of a message
 MAX_URL = 2048

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ironclawd import lazy_re
 from ironclawd.domain.addresses import IPAddress, IPNetwork, canonical_ipv4, is_numeric_host
 from ironclawd.errors import (
     InvalidArgument,
@@ -36,14 +37,14 @@ ENCODING_HEADERS = frozenset({"accept-encoding"})
 # On a rule that injects a credential: a partial answer to an echo would carry the credential in
 # pieces, each too short to be recognised.
 RANGE_HEADERS = frozenset({"range", "if-range"})
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2
-_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
-_URL = re.compile(
+_TOKEN = lazy_re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2
+_LABEL = lazy_re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+_URL = lazy_re.compile(
     r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<path>/[^?#]*)?"
     r"(?:\?(?P<query>[^#]*))?(?:#.*)?",
     re.IGNORECASE,
 )
-_PCT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_PCT = lazy_re.compile(r"%(?![0-9A-Fa-f]{2})")
 MAX_URL = 8192
 
 
@@ -89,7 +90,7 @@ RULE_KEYS = frozenset(
     {"host", "scheme", "port", "methods", "path_prefixes", "credential", "credential_header",
      "credential_format"}
 )  # fmt: skip
-_RULE_HOST = re.compile(r"(\*\.)?[a-z0-9-]+(\.[a-z0-9-]+)*")
+_RULE_HOST = lazy_re.compile(r"(\*\.)?[a-z0-9-]+(\.[a-z0-9-]+)*")
 
 
 def rule_from_mapping(raw: object) -> EgressRule:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 
-SERVER_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+from ironclawd import lazy_re
+
+SERVER_NAME_RE = lazy_re.compile(r"[a-z][a-z0-9-]{0,31}")
 TOOL_PREFIX = "mcp__"
 
 

@@ -11,21 +11,21 @@ addresses the name may resolve to is decided at connect time by the egress broke
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 
+from ironclawd import lazy_re
 from ironclawd.domain.addresses import canonical_ipv4, is_numeric_host
 from ironclawd.errors import InvalidArgument
 
 MAX_URL = 2048
-_URL_RE = re.compile(
+_URL_RE = lazy_re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<target>[^#]*)"
 )
-_AUTHORITY_RE = re.compile(
+_AUTHORITY_RE = lazy_re.compile(
     r"(?P<host>\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253})(:(?P<port>\d{1,5}))?"
 )
-_LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-_TARGET_RE = re.compile(r"/[\x21-\x7e]*")
+_LABEL_RE = lazy_re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_TARGET_RE = lazy_re.compile(r"/[\x21-\x7e]*")
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import struct
 import unicodedata
 from dataclasses import dataclass
 
+from ironclawd import lazy_re
 from ironclawd.errors import InvalidArgument
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_CLIENT_ID = 64
-CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+CLIENT_ID_RE = lazy_re.compile(r"[A-Za-z0-9._:-]{1,64}")
 GENESIS = b"\0" * 32
 # C0/C1 controls other than tab and newline: refused in what an operator sends (they would
 # restyle terminals); what the agent says back is shown escaped instead (ctl/render.visible).

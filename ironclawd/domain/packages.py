@@ -14,19 +14,22 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ironclawd import lazy_re
 from ironclawd.errors import InvalidArgument, PolicyDenied
 
-PACKAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
+PACKAGE_NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
 MAX_PACKAGES = 32
 # Debian policy §5.6.12: [epoch:]upstream[-revision]; upstream starts with a digit. The colon
 # only as the epoch's separator: a version reaches apt as NAME=VERSION, never anything else.
-VERSION_RE = re.compile(r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~]*(?:-[A-Za-z0-9.+~-]*[A-Za-z0-9.+~])?")
+VERSION_RE = lazy_re.compile(
+    r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~]*(?:-[A-Za-z0-9.+~-]*[A-Za-z0-9.+~])?"
+)
 MAX_VERSION = 128
 # Debian's release architectures, and "all" for architecture-independent packages.
 ARCHITECTURES = frozenset(
     {"all", "amd64", "arm64", "armel", "armhf", "i386", "mips64el", "ppc64el", "riscv64", "s390x"}
 )
-SHA256_RE = re.compile(r"[0-9a-f]{64}")
+SHA256_RE = lazy_re.compile(r"[0-9a-f]{64}")
 MAPPING_KEYS = frozenset({"name", "version", "architecture", "sha256", "size", "requested"})
 
 # What `run` could use to execute arbitrary code, by package name (fullmatch). A shell or an
@@ -36,7 +39,7 @@ MAPPING_KEYS = frozenset({"name", "version", "architecture", "sha256", "size", "
 # they are not listed, and are refused through the dependency on their interpreter instead, with
 # the chain named. The unpacker refuses interpreter executables by path as a second wall.
 SHELLS = tuple(
-    re.compile(p)
+    lazy_re.compile(p)
     for p in (
         r"(?:bash|dash|zsh|ksh|mksh|posh|yash|csh|tcsh|loksh|oksh|pdksh|sash|ash)(?:-static)?",
         r"ksh93.*",  # ksh93u+m
@@ -45,7 +48,7 @@ SHELLS = tuple(
     )
 )
 INTERPRETERS = tuple(
-    re.compile(p)
+    lazy_re.compile(p)
     for p in (
         # Python: the interpreter packages (python3, python3.11, their -minimal/-dbg/-nopie/-full
         # builds, python-is-python3), PyPy, and the interactive shells built on them.

@@ -8,18 +8,18 @@ decided by ``ironclawd.bundle.spec.check_spec``, which knows the host layout. Pu
 from __future__ import annotations
 
 import posixpath
-import re
 from dataclasses import dataclass, field
 
+from ironclawd import lazy_re
 from ironclawd.errors import InvalidArgument
 
-SID_PATTERN = re.compile(r"[a-z0-9]{8,32}")
-AGENT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,62}")
+SID_PATTERN = lazy_re.compile(r"[a-z0-9]{8,32}")
+AGENT_PATTERN = lazy_re.compile(r"[a-z][a-z0-9-]{0,62}")
 # RFC 1123 host name label: what sethostname(2) inside the box and the unit name both accept.
-HOSTNAME_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HOSTNAME_PATTERN = lazy_re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+ENV_NAME_PATTERN = lazy_re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Mount options are single words or key=value; a comma would smuggle in a second option.
-MOUNT_OPTION_PATTERN = re.compile(r"[a-z][a-z0-9_]*(?:=[A-Za-z0-9_.:+-]+)?")
+MOUNT_OPTION_PATTERN = lazy_re.compile(r"[a-z][a-z0-9_]*(?:=[A-Za-z0-9_.:+-]+)?")
 
 # uid_t is 32 bits and (uid_t)-1 means "no change" to chown(2)/setresuid(2): never a real id.
 MAX_ID = 2**32 - 2
@@ -70,7 +70,7 @@ def _check_abs_path(name: str, value: object) -> None:
         )
 
 
-def _check_pattern(name: str, value: object, pattern: re.Pattern[str], expected: str) -> None:
+def _check_pattern(name: str, value: object, pattern: lazy_re.LazyPattern, expected: str) -> None:
     if not isinstance(value, str) or pattern.fullmatch(value) is None:
         raise _fail(name, expected, value)
 

@@ -7,9 +7,10 @@ import re
 import secrets
 from dataclasses import dataclass, replace
 
+from ironclawd import lazy_re
 from ironclawd.errors import Conflict, InvalidArgument
 
-SID_RE = re.compile(r"[a-z0-9]{8,32}")
+SID_RE = lazy_re.compile(r"[a-z0-9]{8,32}")
 _SID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 

@@ -8,13 +8,13 @@ read-only at ``/skills/<name>``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from ironclawd import lazy_re
 from ironclawd.domain.egress import EgressRule
 from ironclawd.domain.mcp import McpGrant
 
-SKILL_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+SKILL_NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ characters so printing a report can never drive the operator's terminal.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any
 
+from ironclawd import lazy_re
 from ironclawd.errors import MalformedReport
 
 FORMAT = "ironclaw-containment-report/1"
@@ -42,7 +42,7 @@ CATEGORIES = (
     "host-users",
 )
 REQUIRED_VERSIONS = ("runsc", "systemd", "kernel", "platform")
-ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+")
+ID_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+")
 ELLIPSIS = "…"
 TABLE_WIDTH = 120
 _FIELDS = ("id", "category", "stance", "title", "verdict", "evidence")

@@ -10,9 +10,9 @@ setuid/setgid or named like a shell or an interpreter (docs/packages.md, docs/th
 
 from __future__ import annotations
 
-import re
 import tarfile
 
+from ironclawd import lazy_re
 from ironclawd.errors import PolicyDenied
 
 # Mount targets of the sandbox (bundle/rootfs.py MOUNTPOINTS), the agent itself, and the image
@@ -28,13 +28,13 @@ MAX_PATH_BYTES = 4096  # PATH_MAX
 # Names of shells and interpreters: one in the image would hand the agent a language to run.
 # Kept in step with tests/integration/test_rootfs.py (which checks every image by these names);
 # formats/ may not import domain/, so domain/packages.py's package-name list is not reused.
-SHELL_NAME = re.compile(r"[a-z]*sh(\d[\d.]*)?|busybox|toybox")
-INTERPRETER_NAME = re.compile(
+SHELL_NAME = lazy_re.compile(r"[a-z]*sh(\d[\d.]*)?|busybox|toybox")
+INTERPRETER_NAME = lazy_re.compile(
     r"(python|pypy|perl|ruby|irb|node|nodejs|deno|bun|lua|luajit|php|tclsh|wish|java|jshell|"
     r"awk|gawk|mawk|nawk|sed|env|expect|guile|gjs|qjs|rhino|julia|R|Rscript|ocaml|erl|escript|"
     r"elixir|racket|sbcl|clisp|ghci|runghc|scala|groovy|dotnet|osascript)[\d.]*m?"
 )
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = lazy_re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SPECIAL_BITS = 0o7000
 _SETID_BITS = 0o6000
 _SPECIAL_NAMES = ((0o4000, "setuid"), (0o2000, "setgid"), (0o1000, "sticky"))

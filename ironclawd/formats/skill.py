@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ironclawd import lazy_re
 from ironclawd.errors import InvalidArgument, MinisignFormatError, PolicyDenied, SignatureMismatch
 from ironclawd.formats import minisign
 
@@ -33,12 +33,12 @@ SKILL_FILE = "SKILL.md"
 SIGNATURE_FILE = "SKILL.minisig"
 MANIFEST_HEADER = "ironclaw-skill-manifest v1\n"
 DEFAULT_VERSION = "0"
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # = domain.skills.SKILL_NAME_RE
-VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
+NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # = domain.skills.SKILL_NAME_RE
+VERSION_RE = lazy_re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
 # A path component: no leading dot (no hidden files, no '..'), a safe alphabet (sha256sum prints
 # such names unescaped, so the manifest is its output), and a type from the allowlist.
-_COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_MCP_TOOL = re.compile(r"([a-z][a-z0-9-]{0,31})/([A-Za-z0-9_.-]{1,128})")
+_COMPONENT = lazy_re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_MCP_TOOL = lazy_re.compile(r"([a-z][a-z0-9-]{0,31})/([A-Za-z0-9_.-]{1,128})")
 TEXT_SUFFIXES = (
     ".md",
     ".markdown",
@@ -76,7 +76,7 @@ IRONCLAW_KEYS = frozenset({"tools", "egress", "mcp_tools"})
 EGRESS_KEYS = frozenset({"host", "scheme", "port", "methods", "path_prefixes"})
 CREDENTIAL_KEYS = frozenset({"credential", "credential_header", "credential_format"})
 # Text: no C0 control characters but tab, newline, carriage return and form feed; no DEL.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+_CONTROL = lazy_re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 
+from ironclawd import lazy_re
 from ironclawd.errors import SignatureError
 
 HEADER = "X-Ironclaw-Signature"
 DELIVERY_HEADER = "X-Ironclaw-Delivery-Id"
 MAX_HEADER = 512  # characters: t, and a few v1 entries
 MAX_SIGNATURES = 4
-_T = re.compile(r"[0-9]{1,12}")
-_V1 = re.compile(r"[0-9a-f]{64}")
+_T = lazy_re.compile(r"[0-9]{1,12}")
+_V1 = lazy_re.compile(r"[0-9a-f]{64}")
 EXPECTED = "t=<unix seconds>,v1=<64 lowercase hex of HMAC-SHA256(secret, '<t>.' + body)>"
 
 

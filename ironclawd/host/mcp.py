@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from ironclawd import paths
+from ironclawd import lazy_re, paths
 from ironclawd.domain.mcp import McpLimits, McpServer
 from ironclawd.errors import McpServerFailed
 from ironclawd.host.systemd import SystemdUnitManager
@@ -62,11 +62,11 @@ CREDENTIALS_DIR: Final = paths.RUN_DIR / "mcp-credentials"
 SYSTEMD_RUN: Final = "/usr/bin/systemd-run"
 STDERR_TAIL: Final = 2048
 # A credential value must read back as itself from an EnvironmentFile= line KEY='value'.
-_PLAIN_VALUE = re.compile(r"[\x20-\x7e]{1,8192}")
+_PLAIN_VALUE = lazy_re.compile(r"[\x20-\x7e]{1,8192}")
 # Where a server must never look, even if a permission slips (ProtectSystem=strict already makes
 # everything read-only and ProtectHome=yes hides /home, /root and /run/user).
 HIDDEN: Final = paths.PRIVATE_DIRS
-_ADDRESS_RE = re.compile(r"^nameserver\s+(\S+)", re.M)
+_ADDRESS_RE = lazy_re.compile(r"^nameserver\s+(\S+)", re.M)
 
 
 def unit_name(agent: str, server: str) -> str:

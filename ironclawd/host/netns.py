@@ -25,7 +25,6 @@ import ctypes
 import errno
 import fcntl
 import os
-import re
 import socket
 import stat
 import sys
@@ -34,12 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from ironclawd import lazy_re
 from ironclawd.errors import HostError, InvalidArgument
 from ironclawd.paths import NETNS_DIR
 
 # A file name we create as root in a shared directory: a strict charset, no dots at the start,
 # bounded so that it also fits in unit names and log lines.
-_NAME_RE = re.compile(r"^ironclaw-[a-z0-9][a-z0-9-]{0,54}$")
+_NAME_RE = lazy_re.compile(r"^ironclaw-[a-z0-9][a-z0-9-]{0,54}$")
 
 CLONE_NEWNET = 0x40000000
 NSFS_MAGIC = 0x6E736673  # linux/magic.h

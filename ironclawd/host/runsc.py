@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ironclawd import paths
+from ironclawd import lazy_re, paths
 from ironclawd.errors import ConfigError, HostError, InvalidArgument
 from ironclawd.filecache import IdentityCache, file_identity
 
@@ -25,7 +25,7 @@ RUNSC = paths.RUNSC
 KNOWN_PLATFORMS = ("systrap", "ptrace", "kvm")
 # kvm is never picked by "auto": on these hosts it hung at 100% CPU although /dev/kvm exists.
 AUTO_ORDER = ("systrap", "ptrace")
-_CONTAINER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_CONTAINER_ID_RE = lazy_re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _TIMEOUT = 30.0
 
 Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]

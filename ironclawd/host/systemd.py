@@ -18,7 +18,6 @@ bare interpreter), and a start with nothing to adopt makes no D-Bus call before 
 from __future__ import annotations
 
 import functools
-import re
 import select
 import time
 import types
@@ -26,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final
 
+from ironclawd import lazy_re
 from ironclawd.errors import HostError, InvalidArgument
 from ironclawd.host import hardening
 from ironclawd.ports import UnitSpec, UnitState
@@ -62,11 +62,11 @@ PROPERTY_SIGNATURES: Final[dict[str, str]] = {
     "RuntimeMaxUSec": "t",
     **hardening.SIGNATURES,
 }
-_UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\\-]{1,200}\.service$")
-_UNIT_PATTERN_RE = re.compile(r"^[A-Za-z0-9:_.\\*?\[\]-]{1,200}$")
+_UNIT_NAME_RE = lazy_re.compile(r"^[A-Za-z0-9:_.\\-]{1,200}\.service$")
+_UNIT_PATTERN_RE = lazy_re.compile(r"^[A-Za-z0-9:_.\\*?\[\]-]{1,200}$")
 # A tripwire, not a guarantee: argv is world-readable (ps, D-Bus), so refuse what looks like a
 # credential handed over on the command line. Secrets reach the sandbox as mounted files.
-_SECRET_RE = re.compile(
+_SECRET_RE = lazy_re.compile(
     r"(?i)(secret|passw(or)?d|token|api[_-]?key|private[_-]?key|credential)[^/]*[=:]\S"
     r"|^(sk|xox[abp]|ghp|glpat)-[A-Za-z0-9_-]{16,}"
 )

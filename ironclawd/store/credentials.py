@@ -5,13 +5,13 @@ by the model proxy to inject into upstream requests and to redact from anything 
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 
+from ironclawd import lazy_re
 from ironclawd.errors import ConfigError, IronclawError, NotFound
 
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 RESERVED = frozenset({"master.key"})
 
 

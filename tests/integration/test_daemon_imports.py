@@ -27,11 +27,14 @@ LATER = {
     "httpx": "the first model call or egress request (net/http.py)",
     "httpcore": "the first model call or egress request (through httpx)",
     "h11": "the first model call or egress request (through httpx)",
+    "argparse": "ironclawd is given arguments (daemon.build_parser; systemd gives none)",
+    "gettext": "ironclawd is given arguments (argparse imports it)",
 }
 
 PROBE = """
 import json, sys
-from ironclawd.daemon import without_httpx_cli
+from ironclawd.daemon import _parse_args, without_httpx_cli
+_parse_args([])  # as systemd starts it: no argument
 without_httpx_cli()
 import ironclawd.wiring
 # httpx._main is without_httpx_cli()'s stand-in, not httpx

@@ -372,7 +372,7 @@ def policies(draw: st.DrawFn) -> SandboxPolicy:
     chosen = draw(st.sets(st.integers(0, 3)))
     return SandboxPolicy(
         sid=sid,
-        agent=draw(st.from_regex(P.AGENT_PATTERN, fullmatch=True)),
+        agent=draw(st.from_regex(P.AGENT_PATTERN.compiled, fullmatch=True)),
         uid=uid,
         gid=gid,
         host_uid=uid,
@@ -387,7 +387,9 @@ def policies(draw: st.DrawFn) -> SandboxPolicy:
         cpu_percent=draw(st.integers(1, P.MAX_CPU_PERCENT)),
         nofile=draw(st.integers(16, P.MAX_NOFILE)),
         mounts=tuple(m for i, m in enumerate(S.session_mounts(sid)) if i in chosen),
-        hostname=draw(st.one_of(st.just(""), st.from_regex(P.HOSTNAME_PATTERN, fullmatch=True))),
+        hostname=draw(
+            st.one_of(st.just(""), st.from_regex(P.HOSTNAME_PATTERN.compiled, fullmatch=True))
+        ),
     )
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ironclawd import lazy_re
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.kinds.base import ChangeKind, only
 from ironclawd.domain.mcp import (
@@ -42,20 +42,22 @@ MAX_ALLOW = 16
 MAX_TOOLS = 128
 MAX_DESCRIPTION = 8192
 MAX_SCHEMA = 65536
-ENV_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
-CREDENTIAL_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # store/credentials.py NAME_RE
-TOOL_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+ENV_RE = lazy_re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+CREDENTIAL_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # store/credentials.py NAME_RE
+TOOL_RE = lazy_re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # A model-facing function name: providers accept [A-Za-z0-9_-]{1,64} (domain/mcp.py).
-MODEL_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-HOST_PORT_RE = re.compile(
+MODEL_NAME_RE = lazy_re.compile(r"[A-Za-z0-9_-]{1,64}")
+HOST_PORT_RE = lazy_re.compile(
     r"(?P<host>[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>\d{1,5})"
 )
 # Environment a registration may not set: the dynamic loader's and the interpreter's hooks would
 # run code the approver did not see in the command line.
-FORBIDDEN_ENV = re.compile(r"LD_.*|PYTHON(STARTUP|PATH|HOME|INSPECT)|BASH_ENV|ENV|NODE_OPTIONS")
+FORBIDDEN_ENV = lazy_re.compile(
+    r"LD_.*|PYTHON(STARTUP|PATH|HOME|INSPECT)|BASH_ENV|ENV|NODE_OPTIONS"
+)
 # A remote server's credential goes in a request header; these the transport owns (framing,
 # the pinned Host, the SDK's session and protocol headers).
-HEADER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+HEADER_RE = lazy_re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 FORBIDDEN_HEADERS = frozenset({
     "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
     "keep-alive", "proxy-authorization", "accept", "content-type", "mcp-session-id",
@@ -301,7 +303,7 @@ def _pairs(
     raw: object,
     field: str,
     check: Any,
-    key_re: re.Pattern[str] = ENV_RE,
+    key_re: lazy_re.LazyPattern = ENV_RE,
     key_check: Any = lambda key: None,
 ) -> tuple[tuple[str, str], ...]:
     items = list(raw.items()) if isinstance(raw, dict) else raw
