@@ -20,27 +20,23 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ironclawd import lazy_re
-
 # The same rules as ironclawd.domain.packages (not imported: the helper needs nothing of the
 # daemon); names reach apt as arguments, so a name must never look like an option or a pattern.
-NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
-VERSION_RE = lazy_re.compile(
-    r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~]*(?:-[A-Za-z0-9.+~-]*[A-Za-z0-9.+~])?"
-)
-SHA256_RE = lazy_re.compile(r"[0-9a-f]{64}")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
+VERSION_RE = re.compile(r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~]*(?:-[A-Za-z0-9.+~-]*[A-Za-z0-9.+~])?")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # `apt-get -s` prints one line per package it would unpack: "Inst NAME[:ARCH] [OLD] (VERSION
 # RELEASE... [ARCH])"; [OLD] only when a package of the status file would be replaced.
-INST_RE = lazy_re.compile(
+INST_RE = re.compile(
     r"Inst (?P<name>[a-z0-9][a-z0-9+.-]+)(?::[a-z0-9-]+)? (?:\[(?P<old>[^\]]*)\] )?"
     r"\((?P<version>\S+) (?:[^\[]*)\[(?P<arch>[a-z0-9-]+)\]\)"
 )
-REMV_RE = lazy_re.compile(r"Remv (?P<name>[a-z0-9][a-z0-9+.-]+)")
-SELECTING_RE = lazy_re.compile(
+REMV_RE = re.compile(r"Remv (?P<name>[a-z0-9][a-z0-9+.-]+)")
+SELECTING_RE = re.compile(
     r"Note, selecting '(?P<chosen>[^']+)' (?:instead of|for \w+) '(?P<asked>[^']+)'"
 )
-UNKNOWN_RE = lazy_re.compile(r"E: Unable to locate package (?P<name>\S+)")
-NO_CANDIDATE_RE = lazy_re.compile(r"E: Package '(?P<name>[^']+)' has no installation candidate")
+UNKNOWN_RE = re.compile(r"E: Unable to locate package (?P<name>\S+)")
+NO_CANDIDATE_RE = re.compile(r"E: Package '(?P<name>[^']+)' has no installation candidate")
 # A clean environment: LC_ALL=C for parseable messages; no APT_CONFIG from the caller.
 ENV = {"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 TIMEOUT_SECONDS = 300.0
