@@ -85,12 +85,25 @@ class Agent:
         _receive_timeout(sock, 0.0)
         self._awake = False
 
-    def serve(self, sock: socket.socket) -> None:
-        """Run until the host closes the connection."""
+    def prepare(self, sock: socket.socket) -> None:
+        """A session has just claimed this pooled sandbox: let the responder get ready for the
+        first message, which is on its way, and rest again after IDLE_SECONDS if none comes."""
+        prepare = getattr(self._respond, "prepare", None)
+        if prepare is None:
+            return
+        prepare()
+        _receive_timeout(sock, IDLE_SECONDS)
+        self._awake = True
+
+    def serve(self, sock: socket.socket, *, claimed: bool = False) -> None:
+        """Run until the host closes the connection. ``claimed``: this is the first connection
+        of a pooled sandbox a session has just claimed (``prepare``)."""
         # A new connection follows a host that went away: the connections under the responder's
         # channels ended with it, and gRPC's client would find that out only by failing a call.
         self.rest(sock)
         sock.sendall(self.hello())
+        if claimed:
+            self.prepare(sock)
         self.catch_up(sock, None)
         pending = b""
         while True:

@@ -139,12 +139,14 @@ def run_control(path: str, *, pooled: bool = False) -> int:
     except (OSError, ValueError, QueueError, sqlcipher3.Error) as exc:
         raise AgentError(f"opening the session's key and queues: {exc}") from exc
     deadline = CONNECT_DEADLINE
+    claimed = pooled  # the first connection only: a reconnect follows a daemon restart
     while True:
         with (
             connect_control(path, deadline=deadline, first_delay=first_delay) as sock,
             contextlib.suppress(ConnectionResetError, BrokenPipeError),
         ):
-            worker.serve(sock)
+            worker.serve(sock, claimed=claimed)
+        claimed = False
         deadline = RECONNECT_DEADLINE
 
 

@@ -8,6 +8,7 @@ at most ``max_tool_rounds`` tool rounds.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import grpc
@@ -24,6 +25,9 @@ CALL_TIMEOUT = 300.0
 HOST_RESTART_GRACE = 60.0
 RETRY_FIRST_PAUSE = 0.05
 RETRY_MAX_PAUSE = 1.0
+# How long getting ready for a claimed session's first message may take (``prepare``); past
+# that, or refused, the first turn asks for the profile itself.
+PREPARE_TIMEOUT = 5.0
 
 
 def warm_grpc() -> None:
@@ -41,6 +45,7 @@ class ModelResponder:
         self._channel: grpc.Channel | None = None
         self._profile: model_pb2.GetProfileResponse | None = None
         self._history: list[model_pb2.Message] = []
+        self._preparing: threading.Thread | None = None
 
     @property
     def _stub(self) -> model_pb2_grpc.ModelServiceStub:
@@ -60,11 +65,34 @@ class ModelResponder:
             )
         return self._channel
 
+    def prepare(self) -> None:
+        """A session has just claimed this sandbox, and its first message is on its way: open
+        the channel to the proxy, connect it and fetch the profile now, on a thread of its own,
+        while the host and the client still exchange the create and the send. In gVisor that
+        set-up took ~18 ms of the first message's round trip (docs/development.md, stop 42).
+        The next turn, and ``rest``, wait for it to end first; if it failed (the host refused
+        or went away), the turn asks again as it would have."""
+        if self._preparing is None:
+            self._preparing = threading.Thread(target=self._prepare, name="prepare", daemon=True)
+            self._preparing.start()
+
+    def _prepare(self) -> None:
+        request = model_pb2.GetProfileRequest()
+        with contextlib.suppress(grpc.RpcError):
+            self._profile = self._stub.GetProfile(request, timeout=PREPARE_TIMEOUT)
+
+    def _prepared(self) -> None:
+        """Wait for ``prepare``'s thread, if one runs: it and the caller share the channel."""
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+
     def rest(self) -> None:
         """The agent is idle: close every channel it keeps (this one and the tools'). With the
         last channel gone, gRPC's own threads end: while one is open, its timer, lifeguard and
         thread-pool threads wake ~8 times a second, and under gVisor's ptrace platform that was
         ~90% of an idle sandbox's CPU (issue 17). The next call opens a channel again."""
+        self._prepared()
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -77,6 +105,7 @@ class ModelResponder:
         return self._profile
 
     def __call__(self, text: str) -> str:
+        self._prepared()
         deadline = time.monotonic() + HOST_RESTART_GRACE
         pause = 0.0
         while True:

@@ -236,3 +236,82 @@ def test_rest_closes_the_channels_and_the_next_turn_opens_one(tmp_path: Path) ->
         responder.rest()
     finally:
         server.stop(None)
+
+
+class CountingModel(Model):
+    def __init__(self) -> None:
+        self.profiles = 0
+
+    def GetProfile(self, request: Any, context: Any) -> model_pb2.GetProfileResponse:
+        self.profiles += 1
+        return super().GetProfile(request, context)
+
+
+@contextlib.contextmanager
+def _model_server(sock: Path) -> Iterator[CountingModel]:
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    model = CountingModel()
+    model_pb2_grpc.add_ModelServiceServicer_to_server(model, server)
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    try:
+        yield model
+    finally:
+        server.stop(None)
+
+
+def test_a_claimed_agent_is_ready_for_its_first_message_and_rests_if_none_comes(
+    world: sqlcipher3.Connection, tmp_path: Path
+) -> None:
+    """A pooled sandbox's first connection after its claim (``claimed``): the responder opens
+    its channel and fetches the profile before any message; with no message it rests after
+    IDLE_SECONDS like any idle agent; the first message needs no second profile."""
+    with _model_server(tmp_path / "model.sock") as model:
+        responder = ModelResponder(str(tmp_path / "model.sock"))
+        ours, theirs = socket.socketpair()
+        serving = threading.Thread(
+            target=lambda: loop.Agent(responder).serve(theirs, claimed=True), daemon=True
+        )
+        serving.start()
+        try:
+            assert _line(ours).startswith(b"hello ")
+            _wait_for(lambda: model.profiles == 1, "the profile fetched before any message")
+            _wait_for(lambda: responder._channel is None, "the rest after IDLE_SECONDS")
+            world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'one')")
+            ours.sendall(b"inbound 1\n")
+            assert _line(ours) == b"outbound 1\n"
+            assert model.profiles == 1  # kept across the rest: it changes only with a restart
+        finally:
+            ours.close()
+            serving.join(5)
+            theirs.close()
+        assert not serving.is_alive()
+
+
+def test_a_connection_that_is_not_a_claim_prepares_nothing(
+    world: sqlcipher3.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)
+    with _model_server(tmp_path / "model.sock") as model:
+        responder = ModelResponder(str(tmp_path / "model.sock"))
+        with _agent(responder) as ours:
+            time.sleep(0.3)
+            assert model.profiles == 0
+            assert responder._channel is None
+            world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'one')")
+            ours.sendall(b"inbound 1\n")
+            assert _line(ours) == b"outbound 1\n"
+            assert model.profiles == 1
+
+
+def test_a_failed_preparation_leaves_the_profile_to_the_first_turn(tmp_path: Path) -> None:
+    """No proxy yet when the claimed agent prepares: the first turn asks for the profile."""
+    sock = tmp_path / "model.sock"
+    responder = ModelResponder(str(sock))
+    responder.prepare()
+    responder._prepared()  # refused at once: nothing listens
+    assert responder._profile is None
+    with _model_server(sock) as model:
+        assert responder("hi") == "ok: hi"
+        assert model.profiles == 1
+    responder.rest()
