@@ -78,6 +78,10 @@ class PoolWorld(World):
     def ready(self) -> int:
         return dict(self.pool.status()).get("demo", 0)
 
+    def fills(self) -> int:
+        """How many pooled sandboxes were begun so far (each fill prepares its data first)."""
+        return len([c for c in self.log if c[0] == "data.prepare_pooled"])
+
     def units_running(self) -> set[str]:
         return {n for n, u in self.units.units.items() if u.active_state == "active"}
 
@@ -307,11 +311,11 @@ def test_the_pool_refills_only_once_a_claim_is_done() -> None:
         await until(lambda: world.ready() == 1)
         for _ in range(50):  # the loop runs meanwhile, and starts nothing
             await asyncio.sleep(0.001)
-        during = len([c for c in world.log if c[0] == "data.prepare_pooled"])
+        during = world.fills()
         gate.set()
         await creating
         await until(lambda: world.ready() == 2)
-        return during, len([c for c in world.log if c[0] == "data.prepare_pooled"])
+        return during, world.fills()
 
     during, after = run(world, body)
     assert (during, after) == (2, 3)
@@ -323,22 +327,19 @@ def test_the_refill_waits_for_the_claimed_sessions_first_reply() -> None:
     world = PoolWorld()
     world.pool._engage_hold = 60.0
 
-    def fills() -> int:
-        return len([c for c in world.log if c[0] == "data.prepare_pooled"])
-
     async def body() -> tuple[int, int]:
         await until(lambda: world.ready() == 2)
         sid = (await world.service.create("demo")).sid
         for _ in range(50):  # the loop runs meanwhile, and starts nothing
             await asyncio.sleep(0.001)
-        waiting = fills()
+        waiting = world.fills()
         world.service.answered("someoneelse1")  # another session's reply changes nothing
         for _ in range(50):
             await asyncio.sleep(0.001)
-        assert fills() == waiting
+        assert world.fills() == waiting
         world.service.answered(sid)
         await until(lambda: world.ready() == 2)
-        return waiting, fills()
+        return waiting, world.fills()
 
     assert run(world, body) == (2, 3)
 
@@ -352,10 +353,10 @@ def test_without_a_reply_the_refill_waits_only_the_hold() -> None:
         await world.service.create("demo")
         for _ in range(50):
             await asyncio.sleep(0.001)
-        held = len([c for c in world.log if c[0] == "data.prepare_pooled"])
+        held = world.fills()
         world.clock.advance(0.05)
         await until(lambda: world.ready() == 2)
-        return held, len([c for c in world.log if c[0] == "data.prepare_pooled"])
+        return held, world.fills()
 
     assert run(world, body) == (2, 3)
 
