@@ -318,3 +318,38 @@ def test_a_pooled_agent_starts_grpc_before_it_waits_and_a_cold_one_does_not(
     with pytest.raises(Stop):
         agent_main.run_control("/nonexistent/control.sock", pooled=pooled)
     assert steps == (["warm", "wait", "agent"] if pooled else ["agent"])
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_only_a_claimed_agents_first_connection_prepares_for_a_message(
+    monkeypatch: pytest.MonkeyPatch, pooled: bool
+) -> None:
+    """The first connection after a claim: a message is on its way. A later one follows a
+    daemon restart (no message expected), and a cold sandbox's first one is not a claim."""
+    monkeypatch.setattr(agent_main, "warm_grpc", lambda: None)
+    monkeypatch.setattr(agent_main, "wait_for_claim", lambda *_: None)
+    ends: list[socket.socket] = []
+
+    def connect(*_args: object, **_kwargs: object) -> socket.socket:
+        ours, theirs = socket.socketpair()
+        ends.append(theirs)
+        return ours
+
+    monkeypatch.setattr(agent_main, "connect_control", connect)
+    served: list[bool] = []
+
+    class Worker:
+        def serve(self, sock: socket.socket, *, claimed: bool = False) -> None:
+            sock.close()
+            served.append(claimed)
+            if len(served) == 2:
+                raise Stop
+
+    monkeypatch.setattr(agent_main, "Agent", Worker)
+    try:
+        with pytest.raises(Stop):
+            agent_main.run_control("/nonexistent/control.sock", pooled=pooled)
+    finally:
+        for end in ends:
+            end.close()
+    assert served == ([True, False] if pooled else [False, False])
