@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -90,12 +91,16 @@ class Daemon:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
-        loop.add_signal_handler(signal.SIGINT, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        for signum, handler in (
+            (signal.SIGTERM, self._stop.set),
+            (signal.SIGINT, self._stop.set),
+            (signal.SIGHUP, self._reload),
+        ):
+            loop.add_signal_handler(signum, handler)
         # Here, not at the top: main() first keeps httpx's command-line client out.
         from ironclawd.wiring import HostProbeSet, wire  # noqa: PLC0415
 
+        _freeze_long_lived()  # what the start imported
         netns = NetnsAdapter()
         wired = wire(self._config, netns)
         sessions, control = wired.sessions, wired.control
@@ -141,7 +146,7 @@ class Daemon:
         log.info(
             "ironclawd %s ready: %s", __version__, status, extra=message_id(MessageId.DAEMON_READY)
         )
-        _notify(ready=1, status=status)
+        _ready(status)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(_save_dataclass_cache(dataclass_cache.ACTIVE))
             watchdog = tasks.create_task(self._watchdog())
@@ -389,6 +394,24 @@ def main(argv: list[str] | None = None) -> int:
         _notify(status=f"failed: {exc}")
         return EX_CONFIG if isinstance(exc, ConfigError) else 1
     _exit_at_once()
+
+
+def _ready(status: str) -> None:
+    """Tell systemd the daemon is READY, then freeze what the start made: the wired services
+    and the servers live as long as the process."""
+    _notify(ready=1, status=status)
+    _freeze_long_lived()
+
+
+def _freeze_long_lived() -> None:
+    """Move every object the garbage collector tracks into its permanent generation: the
+    modules, classes and functions imported at start (~50,000 objects) and the services wired
+    from them live as long as the process. Without this, each full collection walked them all
+    on the event loop: 18 ms during a start and 39 ms once in a messages benchmark, a stall of
+    every call in flight (gc.callbacks timings, docs/development.md). A full collection now
+    walks only what was made since. Called once the modules are imported and again at READY;
+    what is frozen is never collected, so nothing is frozen later, under traffic."""
+    gc.freeze()
 
 
 def _exit_at_once() -> NoReturn:
