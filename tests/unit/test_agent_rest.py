@@ -211,33 +211,6 @@ class Model(model_pb2_grpc.ModelServiceServicer):
         yield model_pb2.CompleteResponse()
 
 
-def test_rest_closes_the_channels_and_the_next_turn_opens_one(tmp_path: Path) -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    model_pb2_grpc.add_ModelServiceServicer_to_server(Model(), server)
-    sock = tmp_path / "model.sock"
-    server.add_insecure_port(f"unix:{sock}")
-    server.start()
-    try:
-        responder = ModelResponder(str(sock))
-        assert responder._channel is None  # nothing is opened before the first message
-        assert responder("hi") == "ok: hi"
-        first = responder._channel
-        assert first is not None
-        egress._channels["/x/egress.sock"] = grpc.insecure_channel(f"unix:{tmp_path}/e.sock")
-        mcp._channels["/x/mcp.sock"] = grpc.insecure_channel(f"unix:{tmp_path}/m.sock")
-        responder.rest()
-        assert responder._channel is None
-        assert not egress._channels
-        assert not mcp._channels
-        with pytest.raises(ValueError, match="closed channel"):
-            model_pb2_grpc.ModelServiceStub(first).GetProfile(model_pb2.GetProfileRequest())
-        assert responder("again") == "ok: again"
-        assert responder._channel is not None
-        responder.rest()
-    finally:
-        server.stop(None)
-
-
 class CountingModel(Model):
     def __init__(self) -> None:
         self.profiles = 0
@@ -258,6 +231,27 @@ def _model_server(sock: Path) -> Iterator[CountingModel]:
         yield model
     finally:
         server.stop(None)
+
+
+def test_rest_closes_the_channels_and_the_next_turn_opens_one(tmp_path: Path) -> None:
+    sock = tmp_path / "model.sock"
+    with _model_server(sock):
+        responder = ModelResponder(str(sock))
+        assert responder._channel is None  # nothing is opened before the first message
+        assert responder("hi") == "ok: hi"
+        first = responder._channel
+        assert first is not None
+        egress._channels["/x/egress.sock"] = grpc.insecure_channel(f"unix:{tmp_path}/e.sock")
+        mcp._channels["/x/mcp.sock"] = grpc.insecure_channel(f"unix:{tmp_path}/m.sock")
+        responder.rest()
+        assert responder._channel is None
+        assert not egress._channels
+        assert not mcp._channels
+        with pytest.raises(ValueError, match="closed channel"):
+            model_pb2_grpc.ModelServiceStub(first).GetProfile(model_pb2.GetProfileRequest())
+        assert responder("again") == "ok: again"
+        assert responder._channel is not None
+        responder.rest()
 
 
 def test_a_claimed_agent_is_ready_for_its_first_message_and_rests_if_none_comes(
