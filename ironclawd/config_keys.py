@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ironclawd.domain.addresses import parse_internal_cidr
-from ironclawd.domain.changes import KINDS
 from ironclawd.domain.egress import EgressRule, rule_from_mapping
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import ConfigError
@@ -98,6 +97,8 @@ def _agent_names(v: Any) -> tuple[str, ...]:
 
 
 def _kinds(v: Any) -> tuple[str, ...]:
+    from ironclawd.domain.changes import KINDS  # noqa: PLC0415
+
     if not isinstance(v, list) or not all(isinstance(k, str) and k in KINDS for k in v):
         raise ValueError("a list of change kinds from: " + ", ".join(KINDS))
     return tuple(v)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.agents import AgentSpec, find_agent
-from ironclawd.domain.changes import Change, agent_view, canonical, diff_lines
 from ironclawd.errors import InvalidArgument
 from ironclawd.services.audit import Audit
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.registry import Registry
+
+if TYPE_CHECKING:
+    from ironclawd.domain.changes import Change
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -113,6 +115,8 @@ class ChangesMixin:
 
 
 def change_to_proto(c: Change) -> admin_pb2.Change:
+    from ironclawd.domain.changes import diff_lines  # noqa: PLC0415
+
     return admin_pb2.Change(
         id=c.id, kind=c.kind, agent=c.agent, payload_json=c.payload, reason=c.reason,
         submitter=c.submitter, before_json=c.before, after_json=c.after, hash=c.hash,
@@ -123,6 +127,8 @@ def change_to_proto(c: Change) -> admin_pb2.Change:
 
 
 def agent_to_proto(a: AgentSpec) -> admin_pb2.Agent:
+    from ironclawd.domain.changes import agent_view, canonical  # noqa: PLC0415
+
     return admin_pb2.Agent(
         name=a.name, persona=a.persona, provider=a.provider, model=a.model,
         base_url=a.base_url, credential=a.credential, tools=list(a.tools),

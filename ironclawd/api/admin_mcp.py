@@ -13,7 +13,6 @@ import grpc
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.admin_changes import operator
 from ironclawd.domain.agents import find_agent
-from ironclawd.domain.kinds.mcp import KIND, parse_server
 from ironclawd.domain.mcp import McpServer, McpToolDef
 from ironclawd.errors import InvalidArgument
 from ironclawd.services.audit import Audit
@@ -35,6 +34,8 @@ class McpMixin:
     async def ProbeMcpServer(
         self, request: admin_pb2.ProbeMcpServerRequest, context: Context
     ) -> admin_pb2.ProbeMcpServerResponse:
+        from ironclawd.domain.kinds.mcp import parse_server  # noqa: PLC0415
+
         find_agent(self._registry, request.agent)
         try:
             raw = json.loads(request.server_json)
@@ -54,6 +55,8 @@ class McpMixin:
     async def ListMcpServers(
         self, request: admin_pb2.ListMcpServersRequest, context: Context
     ) -> admin_pb2.ListMcpServersResponse:
+        from ironclawd.domain.kinds.mcp import KIND  # noqa: PLC0415
+
         spec = find_agent(self._registry, request.agent)
         return admin_pb2.ListMcpServersResponse(
             view_json=json.dumps(KIND.view(spec), sort_keys=True)

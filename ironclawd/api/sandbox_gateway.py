@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ironclawd.domain.changes import Change
-from ironclawd.domain.kinds import creates_agent
 from ironclawd.errors import NotFound
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.sessions import SessionService
+
+if TYPE_CHECKING:
+    from ironclawd.domain.changes import Change
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -26,6 +27,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def SubmitChange(
         self, request: gateway_pb2.SubmitChangeRequest, context: Context
     ) -> gateway_pb2.SubmitChangeResponse:
+        from ironclawd.domain.kinds import creates_agent  # noqa: PLC0415
+
         sid = self._sid()
         own = self._sessions.get(sid).agent
         # Kinds other than those creating an agent target the session's own agent; the gateway

@@ -4,11 +4,13 @@ later replace them: nothing here names SQL, a connection or a file."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ironclawd.domain.changes import Change
 from ironclawd.domain.messages import Reply
 from ironclawd.domain.session import Session
+
+if TYPE_CHECKING:
+    from ironclawd.domain.changes import Change
 
 
 class SessionRecords(Protocol):

@@ -7,6 +7,11 @@ status alone — and no setting makes any kind auto-apply (the human floor). An 
 the change's hash, is single-use (the state machine allows one decision), may require
 approver != submitter (four-eyes, per kind), and is refused after the change's expiry. Applying
 re-checks that the agent still looks like it did at submission. Every step is audited.
+
+The change model (``ironclawd.domain.changes``: every kind, the skill and minisign formats,
+cryptography's ed25519) is imported where a method needs it, not here: the daemon wires the
+gateway before READY but first uses it after (``resume``), and that import was ~12 ms of every
+start (docs/development.md, "Deferring the change kinds at start").
 """
 
 from __future__ import annotations
@@ -16,19 +21,9 @@ import logging
 import secrets
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.changes import (
-    Change,
-    ChangeState,
-    ParsedChange,
-    agent_view,
-    canonical,
-    change_hash,
-    parse_change,
-    transition,
-)
 from ironclawd.domain.channels import ChannelConfig, approver_group
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import (
@@ -51,6 +46,9 @@ from ironclawd.ports import (
 from ironclawd.services.audit import Throttled
 from ironclawd.services.host_checks import GatewayHostChecks
 from ironclawd.services.registry import Registry
+
+if TYPE_CHECKING:
+    from ironclawd.domain.changes import Change, ParsedChange
 
 log = logging.getLogger("ironclawd.gateway")
 
@@ -111,6 +109,8 @@ class Gateway:
     ) -> Change:
         """Verify and hold a change. ``only_agent``: the one agent this submitter may target (a
         session's own); asking for another is refused like any other verifier's refusal."""
+        from ironclawd.domain.changes import Change, canonical, change_hash  # noqa: PLC0415
+
         now = self._clock.time()
         try:
             parsed, before, after = self._verify(
@@ -162,6 +162,8 @@ class Gateway:
         only_agent: str | None,
     ) -> tuple[ParsedChange[Any], str, str]:
         """The deterministic verifiers; any of them may reject the change outright."""
+        from ironclawd.domain.changes import agent_view, canonical, parse_change  # noqa: PLC0415
+
         self._check_rate(submitter, self._clock.time())
         if only_agent is not None and agent != only_agent:
             raise PolicyDenied(
@@ -196,6 +198,8 @@ class Gateway:
         return self._expire_if_due(self._store.get_change(change_id))
 
     def list_changes(self, state: str | None = None) -> list[Change]:
+        from ironclawd.domain.changes import ChangeState  # noqa: PLC0415
+
         if state is not None and state not in {s.value for s in ChangeState}:
             raise InvalidArgument(
                 f"state: expected one of {', '.join(s.value for s in ChangeState)}, got {state!r}"
@@ -204,6 +208,8 @@ class Gateway:
         return [c for c in changes if state is None or c.state.value == state]
 
     def _expire_if_due(self, change: Change) -> Change:
+        from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
+
         if change.state is ChangeState.PENDING and self._clock.time() >= change.expires_at:
             change = transition(change, ChangeState.EXPIRED, decided_at=self._clock.time())
             self._store.save_change(change)
@@ -234,6 +240,8 @@ class Gateway:
     async def _approve(
         self, change_id: str, expected_hash: str, approver: str, groups: Collection[str]
     ) -> Change:
+        from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
+
         async with self._lock:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
@@ -254,6 +262,8 @@ class Gateway:
     async def reject(
         self, change_id: str, approver: str, note: str, approver_groups: Collection[str] = ()
     ) -> Change:
+        from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
+
         async with self._lock:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
@@ -288,6 +298,8 @@ class Gateway:
         raise Conflict(f"cannot approve {change.id}: {why}")
 
     async def _apply(self, change: Change, **fields: object) -> Change:
+        from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
+
         try:
             # In a thread: preparing may build an image (downloads, unpacking) for seconds.
             self._registry.put(await asyncio.to_thread(self._new_spec, change))
@@ -299,6 +311,8 @@ class Gateway:
         return await self._restart_and_record(change, **fields)
 
     async def _restart_and_record(self, change: Change, **fields: object) -> Change:
+        from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
+
         # "applied" only once the sessions run the new spec (a revoked mount is gone from them):
         # a crash before that leaves it "approved", and resume() finishes the restart.
         restarted = await self._restart(change.agent)
@@ -312,6 +326,8 @@ class Gateway:
         return applied
 
     def _new_spec(self, change: Change) -> AgentSpec:
+        from ironclawd.domain.changes import agent_view, canonical, parse_change  # noqa: PLC0415
+
         current = self._registry.get(change.agent)
         if canonical(agent_view(current)) != change.before:
             raise Conflict(
@@ -337,6 +353,8 @@ class Gateway:
             await self._resume_approved()
 
     async def _resume_approved(self) -> None:
+        from ironclawd.domain.changes import ChangeState, agent_view, canonical  # noqa: PLC0415
+
         for change in self._store.list_changes(ChangeState.APPROVED.value):
             # The approval's own record may be what the crash cut: name the approver here too.
             fields = {"resumed": True, "approved_by": change.decided_by}

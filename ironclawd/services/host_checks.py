@@ -10,7 +10,6 @@ from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.packages import AgentPackage
 from ironclawd.errors import InvalidArgument, PolicyDenied
-from ironclawd.formats import skill as skill_format
 from ironclawd.ports import MountSources, PackageImages, TrustedKeys
 
 
@@ -38,6 +37,8 @@ class GatewayHostChecks:
 
     def skill_signature(self, name: str, manifest: bytes, signature: str) -> str:
         """Skill signature: by a key in the trusted directory (none given: no key is trusted)."""
+        from ironclawd.formats import skill as skill_format  # noqa: PLC0415
+
         trusted = self._keys.read() if self._keys is not None else {}
         return skill_format.verify_manifest(name, manifest, signature, trusted)
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ironclawd.domain.kinds.mcp import tool_def
 from ironclawd.domain.mcp import McpLimits, McpServer, McpToolDef
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import InvalidArgument, McpServerFailed
@@ -114,6 +113,8 @@ class McpSupervisor:
         out: list[McpToolDef] = []
         cursor: str | None = None
         import mcp_types as types  # noqa: PLC0415 (see the module's imports)
+
+        from ironclawd.domain.kinds.mcp import tool_def  # noqa: PLC0415
 
         for _ in range(MAX_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None

@@ -12,15 +12,17 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlcipher3
 
-from ironclawd.domain.changes import Change, ChangeState
 from ironclawd.domain.messages import GENESIS, Reply
 from ironclawd.domain.session import Session, State
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 from ironclawd.store.translate import translated
+
+if TYPE_CHECKING:
+    from ironclawd.domain.changes import Change
 
 SCHEMA_VERSION = 5
 _MIGRATIONS = {
@@ -390,6 +392,8 @@ def _change_row(c: Change) -> tuple[object, ...]:
 
 
 def _change(row: tuple[Any, ...]) -> Change:
+    from ironclawd.domain.changes import Change, ChangeState  # noqa: PLC0415
+
     (cid, kind, agent, payload, reason, submitter, before, after, digest, created, expires,
      state, decided_by, decided_at, note) = row  # fmt: skip
     return Change(
