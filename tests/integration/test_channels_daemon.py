@@ -96,7 +96,12 @@ class World:
 
 
 def config(port: int, cidr: str) -> str:
+    # submissions_per_hour: the gateway counts root's changes over an hour, across test files
+    # that share this private systemd (after the skills and MCP files it ran out here).
     return f"""
+[gateway]
+submissions_per_hour = 1000
+
 [egress]
 internal_cidrs = ["{cidr}"]
 
