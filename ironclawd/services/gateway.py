@@ -11,7 +11,7 @@ re-checks that the agent still looks like it did at submission. Every step is au
 The change model (``ironclawd.domain.changes``: every kind, the skill and minisign formats,
 cryptography's ed25519) is imported where a method needs it, not here: the daemon wires the
 gateway before READY but first uses it after (``resume``), and that import was ~12 ms of every
-start (docs/development.md, "Deferring the change kinds at start").
+start (docs/development.md, "The change kinds load after READY").
 """
 
 from __future__ import annotations
