@@ -2,7 +2,9 @@
 
 Events come from the control socket: "inbound <seq>"; "ingested <seq>" when the host holds
 every reply up to seq (they are pruned from outbound.db); and "restarted 0" when a new daemon
-took the connection back after a restart (the responder's channels are dropped). Nothing polls.
+took the connection back after a restart (the responder's channels are dropped, and the
+inbound queue is read: a message sent before the new daemon took the connection back was
+announced to no one). Nothing polls.
 After ``IDLE_SECONDS`` without a message, the responder rests (closes its gRPC channels, whose
 threads would otherwise keep waking an idle sandbox) until the next message. A restart resumes
 after the newest inbound seq already answered (recorded in outbound.db in the same transaction
@@ -117,6 +119,7 @@ class Agent:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             announced = ingested = 0
+            restarted = False
             for line in lines:
                 words = line.split()
                 if len(words) != 2 or not words[1].isdigit():
@@ -129,6 +132,11 @@ class Agent:
                     # A new daemon took this connection back from systemd's fd store; the
                     # connections under the responder's channels (model, tools) ended.
                     self.rest(sock)
+                    restarted = True
+            if restarted:
+                # A message sent to the new daemon before it took this connection back was
+                # queued with no one to tell ("waits in its queue"): read the queue now.
+                self.catch_up(sock, None)
             if announced > self.answered:
                 self.catch_up(sock, announced)
             if ingested > self._pruned:  # after answering: the messages come first

@@ -135,6 +135,25 @@ def test_a_restarted_host_makes_the_responder_drop_its_channels(
         assert responder.rests == 2
 
 
+def test_a_message_queued_before_the_restart_line_is_answered(
+    world: sqlcipher3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message sent to a new daemon before it took the agent's connection back from the fd
+    store is queued with no connection to announce it on ("waits in its queue"). The
+    "restarted" line is all the agent hears: it reads its queue then, unasked."""
+    monkeypatch.setattr(loop, "IDLE_SECONDS", 60.0)
+    responder = CountingResponder()
+    with _agent(responder) as ours:
+        ours.settimeout(5)  # a fail, not a hang, if the agent waits for an "inbound" line
+        world.execute("INSERT INTO messages (created_at, body) VALUES (1.0, 'while adopting')")
+        ours.sendall(b"restarted 0\n")
+        assert _line(ours) == b"outbound 1\n"
+        assert responder.asked == ["while adopting"]
+        ours.sendall(b"inbound 1\n")  # announced again later: answered once only
+        time.sleep(0.1)
+        assert responder.asked == ["while adopting"]
+
+
 def test_ingested_replies_are_pruned_after_the_messages_are_answered(
     world: sqlcipher3.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
