@@ -29,6 +29,9 @@ KEYS_RUN_DIR = RUN_DIR / "keys"
 # Root-only (0700): private copies of agents' outbound.db files, made from a checked descriptor.
 INGEST_DIR = RUN_DIR / "ingest"
 NETNS_DIR = Path("/run/netns")
+# A small private tmpfs (root, 0700) holding the pin of the daemon's mount namespace for the
+# sessions' outbound tmpfs (host/mountns.py).
+MOUNTNS_DIR = RUN_DIR / "mntns"
 # Where the Debian package puts what the daemon runs (each overridable in [sandbox]).
 RUNSC = Path("/usr/bin/runsc")
 AGENT_DIR = Path("/usr/lib/ironclaw/agent")

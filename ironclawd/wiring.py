@@ -35,6 +35,7 @@ from ironclawd.host.journal import SystemdJournal
 from ironclawd.host.mcp import SystemdMcpLauncher
 from ironclawd.host.mcp_remote import McpLaunchers, RemoteMcpLauncher
 from ironclawd.host.memory import mem_available_bytes
+from ironclawd.host.mountns import OutboundSpace
 from ironclawd.host.mounts import HostMounts
 from ironclawd.host.netns import NetnsAdapter
 from ironclawd.host.pkg_runner import HelperRunner
@@ -253,6 +254,10 @@ def _start_cache(config: Config) -> IdentityCache:
 
 def _session_data(config: Config, store: StateStore, master: MasterKey) -> SessionDataStore:
     state_dir = config.daemon.state_dir
+    # Each session's outbound tmpfs lives in a mount namespace of the daemon's own, so that no
+    # sandbox unit start copies them (host/mountns.py).
+    space = OutboundSpace(paths.MOUNTNS_DIR, state_dir / QUEUES_DIR.name)
+    space.start()
     return SessionDataStore(
         store,
         master,
@@ -264,6 +269,7 @@ def _session_data(config: Config, store: StateStore, master: MasterKey) -> Sessi
             state_dir,
             config.daemon.min_free_bytes,
         ),
+        space,
     )
 
 

@@ -60,6 +60,7 @@ PROPERTY_SIGNATURES: Final[dict[str, str]] = {
     "SyslogIdentifier": "s",
     "OOMPolicy": "s",
     "RuntimeMaxUSec": "t",
+    "StandardInputFileDescriptor": "h",
     **hardening.SIGNATURES,
 }
 _UNIT_NAME_RE = lazy_re.compile(r"^[A-Za-z0-9:_.\\-]{1,200}\.service$")
@@ -152,6 +153,8 @@ def build_properties(spec: UnitSpec) -> list[Property]:
         # runsc ignores the spec's netns path with --network=none (docs/development.md, runsc):
         # start the whole runsc process tree inside the empty namespace instead.
         props.append(("NetworkNamespacePath", "s", str(spec.netns_path)))
+    if spec.stdin_fd is not None:  # StandardInput=fd follows; systemd keeps a duplicate
+        props.append(("StandardInputFileDescriptor", "h", spec.stdin_fd))
     seen = {name for name, _, _ in props}
     for name, text in sorted(spec.extra_properties.items()):
         if name in seen:

@@ -170,6 +170,27 @@ class OutboundRows(Protocol):
         ...
 
 
+class MountSpace(Protocol):
+    """Where the sessions' outbound tmpfs are mounted: a mount namespace of the daemon's own,
+    so that no sandbox unit copies them (real: host/mountns.py)."""
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` where paths are the namespace's (mount, unmount, make directories)."""
+        ...
+
+    def view(self, path: Path) -> Path:
+        """``path`` as the namespace sees it, for the daemon's other threads (never SQLite)."""
+        ...
+
+    def clone(self, path: Path) -> int:
+        """A detached clone (a descriptor, close-on-exec) of the mount at ``path``."""
+        ...
+
+    def exec_argv(self, target: Path, argv: Sequence[str]) -> list[str]:
+        """A unit command line that mounts its standard input on ``target``, then runs argv."""
+        ...
+
+
 class SessionData(Protocol):
     """A session's key and queues (real: store/session_data.py)."""
 
@@ -205,6 +226,11 @@ class SessionData(Protocol):
     def inbound(self, sid: str, gid: int) -> InboundQueue: ...
     def outbound(self, sid: str, uid: int) -> OutboundRows: ...
     def strip_setid(self, sid: str, uid: int) -> int: ...
+    def unit_entry(self, sid: str, argv: Sequence[str]) -> tuple[list[str], int | None]:
+        """The sandbox unit's command line for ``sid`` and the descriptor (or None) systemd
+        hands it as standard input: the session's outbound tmpfs, when it lives in the
+        daemon's mount namespace (``MountSpace``). The caller closes the descriptor."""
+        ...
 
 
 class Provider(Protocol):
@@ -251,6 +277,8 @@ class UnitSpec:
     # The only host paths the unit may write (ProtectSystem=strict + ReadWritePaths=).
     writable_paths: Sequence[Path] = ()
     extra_properties: Mapping[str, str] = field(default_factory=dict)
+    # Standard input of the unit's process (systemd duplicates it; the caller closes it).
+    stdin_fd: int | None = None
 
 
 @dataclass(frozen=True)

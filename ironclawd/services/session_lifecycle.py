@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,7 +142,6 @@ class SandboxLifecycle:
         undo.push_async_callback(
             quietly_sync, "deleting runsc state", self.runtime.delete, session.container_id
         )
-        unit = self._unit_spec(session, agent, bundle, netns, granted, pooled=pooled)
         # Undone in reverse: stopped, then reset: a unit that failed stays loaded (CollectMode
         # inactive, so its result can be read) and would hold the name and a "failed" record.
         undo.push_async_callback(quietly_sync, "resetting unit", self.units.reset_failed,
@@ -150,7 +150,16 @@ class SandboxLifecycle:
             quietly_sync, "stopping unit", self.units.stop, session.unit,
             self.layout.stop_timeout,
         )  # fmt: skip
-        await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+        argv, stdin = await asyncio.to_thread(
+            self.data.unit_entry, sid, self.runtime.run_argv(bundle, session.container_id)
+        )
+        try:
+            unit = self._unit_spec(session, agent, netns, granted, argv=argv, stdin=stdin,
+                                   pooled=pooled)  # fmt: skip
+            await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+        finally:
+            if stdin is not None:  # systemd holds a duplicate of its own
+                os.close(stdin)
         # The unit's main process joined the netns before its exec (NetworkNamespacePath=, and
         # the start job of a Type=exec unit ends only after the exec), so it holds the namespace
         # now: its name under /run/netns is no longer needed. Released, a running session keeps
@@ -335,17 +344,18 @@ class SandboxLifecycle:
         self,
         session: Session,
         agent: AgentSpec,
-        bundle: Path,
         netns: Path,
         granted: tuple[Mount, ...],
         *,
+        argv: list[str],
+        stdin: int | None,
         pooled: bool = False,
     ) -> UnitSpec:
         mounts = session_mounts(session.sid, self.layout.state_dir) + granted
         writable = [Path(m.source) for m in mounts if not m.read_only]
         return UnitSpec(
             name=session.unit,
-            argv=self.runtime.run_argv(bundle, session.container_id),
+            argv=argv,
             description=f"IronClaw sandbox {session.sid} (agent {agent.name}"
             f"{', pooled' if pooled else ''})",
             netns_path=netns,
@@ -355,6 +365,7 @@ class SandboxLifecycle:
             stop_timeout_seconds=self.layout.stop_timeout,
             collect_mode="inactive",
             writable_paths=(*self.runtime.writable_paths(), *writable),
+            stdin_fd=stdin,
         )  # fmt: skip
 
 

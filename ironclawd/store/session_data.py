@@ -4,9 +4,10 @@ tmpfs while it runs) and its queue directories. Destroying the key makes the que
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ironclawd import paths, ratelog
 from ironclawd.domain.messages import QueueLimits, Reply
@@ -26,7 +27,11 @@ from ironclawd.store.queues import InboundWriter
 from ironclawd.store.quota_mount import OutboundQuota, is_mounted
 from ironclawd.store.state import StateStore
 
+if TYPE_CHECKING:
+    from ironclawd.ports import MountSpace
+
 log = logging.getLogger("ironclawd.sessions")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,27 @@ class DataLayout:
 
 
 class SessionDataStore:
-    def __init__(self, store: StateStore, master: MasterKey, layout: DataLayout) -> None:
+    """With ``space`` (the daemon's wiring), each outbound tmpfs is mounted in that mount
+    namespace, not the host's (host/mountns.py); without, on the host (the unit tier)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        master: MasterKey,
+        layout: DataLayout,
+        space: MountSpace | None = None,
+    ) -> None:
         self._store = store
         self._master = master
         self.layout = layout
+        self.space = space
+
+    def _in_space(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` where the outbound mounts are (paths are then the space's own)."""
+        if self.space is None:
+            return fn(*args)
+        result: T = self.space.call(fn, *args)
+        return result
 
     def check_space(self, doing: str) -> None:
         """Refuse (DiskFull, naming the directory and ``daemon.min_free_bytes``) new work while
@@ -63,8 +85,8 @@ class SessionDataStore:
         key = self.key(sid)
         limits = self.layout.limits
         quota = OutboundQuota(limits.outbound_bytes, limits.outbound_files)
-        fresh = not is_mounted(self.outbound_dir(sid))
-        queues.prepare_queue_dirs(self.layout.queues_dir, sid, uid, gid, quota)
+        fresh = not self._in_space(is_mounted, self._outbound_native(sid))
+        self._in_space(queues.prepare_queue_dirs, self.layout.queues_dir, sid, uid, gid, quota)
         if fresh and not (self.outbound_dir(sid) / OUTBOUND_FILE).exists():
             self._restore(sid, key, uid, gid)
         try:  # what an earlier sandbox of this session left, before the next one starts
@@ -82,7 +104,7 @@ class SessionDataStore:
             raise HostError(f"refusing to pool {sid}: it has a key (a session owns it)")
         limits = self.layout.limits
         quota = OutboundQuota(limits.outbound_bytes, limits.outbound_files)
-        queues.prepare_queue_dirs(self.layout.queues_dir, sid, uid, gid, quota)
+        self._in_space(queues.prepare_queue_dirs, self.layout.queues_dir, sid, uid, gid, quota)
         write_tmpfs_placeholder(self.key_path(sid), uid, gid)
 
     def seal(self, sid: str, uid: int, gid: int) -> bytes:
@@ -146,8 +168,20 @@ class SessionDataStore:
     def inbound_dir(self, sid: str) -> Path:
         return self.layout.queues_dir / sid / "inbound"
 
-    def outbound_dir(self, sid: str) -> Path:
+    def _outbound_native(self, sid: str) -> Path:
         return self.layout.queues_dir / sid / "outbound"
+
+    def outbound_dir(self, sid: str) -> Path:
+        """Where the daemon's threads reach the session's outbound directory."""
+        native = self._outbound_native(sid)
+        return native if self.space is None else self.space.view(native)
+
+    def unit_entry(self, sid: str, argv: Sequence[str]) -> tuple[list[str], int | None]:
+        if self.space is None:
+            return list(argv), None
+        native = self._outbound_native(sid)
+        fd = self.space.clone(native)
+        return self.space.exec_argv(native, argv), fd
 
     def outbound_reader(self, sid: str, uid: int) -> OutboundReader:
         return OutboundReader(
@@ -174,4 +208,4 @@ class SessionDataStore:
         """Forget the key for good, then delete the queue files."""
         self.release(sid)
         self._store.destroy_session_data(sid)
-        queues.remove_queue_dirs(self.layout.queues_dir, sid)
+        self._in_space(queues.remove_queue_dirs, self.layout.queues_dir, sid)

@@ -495,4 +495,6 @@ def test_remove_then_purge(world: World) -> None:
     assert sh(w, "test ! -e /var/lib/ironclaw && test ! -e /etc/ironclaw && echo purged") == (
         "purged\n"
     ), out
+    # The pin of the outbound mount namespace (host/mountns.py) went with it.
+    assert sh(w, "test ! -e /run/ironclaw/mntns && echo unpinned") == "unpinned\n", out
     assert "ironclaw" not in sh(w, "dpkg-query -W -f='${Package} ${Status}\\n' 'ironclaw*' || true")

@@ -440,6 +440,9 @@ class FakeSessionData(_Recording):
     def strip_setid(self, sid: str, uid: int) -> int:
         return 0
 
+    def unit_entry(self, sid: str, argv: Sequence[str]) -> tuple[list[str], int | None]:
+        return list(argv), None  # the outbound "tmpfs" is a dict here: nothing to hand over
+
 
 class FakeCredentials:
     """``Credentials`` over a dict."""

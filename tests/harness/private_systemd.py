@@ -35,6 +35,7 @@ from types import TracebackType
 
 SYSTEMD = "/lib/systemd/systemd"
 TARGET = "ironclaw-harness.target"
+MNTNS_PIN = "/run/ironclaw/mntns/ns"  # ironclawd's outbound mount namespace (paths.MOUNTNS_DIR)
 OWNER_FILE = "ironclaw-harness-owner.json"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BOOT_TIMEOUT = 90.0
@@ -188,6 +189,28 @@ class SystemdHarness:
 
     def close(self) -> None:
         """Stop this systemd and everything it started; idempotent."""
+
+    def outbound_path(self, path: str | os.PathLike[str]) -> Path:
+        """The host-side path of ``path`` as ironclawd's outbound mount namespace sees it: the
+        sessions' outbound tmpfs are mounted there, not in this systemd's own view. Found
+        through the daemon's thread that lives in that namespace (named ``ironclaw-mntns``),
+        afresh at each call (a restart makes a new one)."""
+        return Path(f"/proc/{self._mntns_tid()}/root") / str(path).lstrip("/")
+
+    def in_outbound_ns(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` (by ``run``, an absolute program) inside ironclawd's outbound mount
+        namespace, which holds little but the queues (``findmnt``, ``umount``, ``du``)."""
+        return ["nsenter", f"--mount={MNTNS_PIN}", "--", *argv]
+
+    def _mntns_tid(self) -> int:
+        pidns = os.stat(f"/proc/{self.pid}/ns/pid").st_ino
+        for comm in Path("/proc").glob("[0-9]*/task/*/comm"):
+            with contextlib.suppress(OSError):
+                if comm.read_text().strip() != "ironclaw-mntns":
+                    continue
+                if os.stat(comm.parent / "ns" / "pid").st_ino == pidns:
+                    return int(comm.parent.name)
+        raise HarnessError("no ironclawd thread in its outbound mount namespace (is it running?)")
 
     def _enter_argv(self) -> list[str]:
         return []

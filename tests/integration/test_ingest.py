@@ -73,6 +73,15 @@ req = json.load(sys.stdin)
 sid, outdir = req["sid"], req["outdir"]
 join_unit(req["unit"])
 key = open(f"/run/ironclaw/keys/{sid}").read().strip()
+# Where the sandbox's gofer writes: its unit's mount namespace (the outbound tmpfs is in no
+# table of the host's). Entered by this process alone, before any thread exists.
+main = subprocess.run(["systemctl", "show", "-P", "MainPID", req["unit"]],
+                      capture_output=True, text=True, check=True).stdout.strip()
+import ctypes
+ns = os.open(f"/proc/{main}/ns/mnt", os.O_RDONLY)
+if ctypes.CDLL(None, use_errno=True).setns(ns, 0x20000) != 0:  # CLONE_NEWNS
+    raise OSError(ctypes.get_errno(), "setns into the unit's mount namespace")
+os.close(ns)
 os.chdir(outdir)  # as root: the state directory above it is root's alone
 # Saved uid 0 kept only for "rows": SQLite opens by absolute path, and the state directory
 # above the outbound directory is root's (the row writer's identity does not matter there).
@@ -239,7 +248,7 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
     watcher.start()
     ops = [{"op": "swap", "seconds": 10, "seq": 100, "targets": [FIFO, "/dev/zero", "/etc"],
             "steady": FIFO, "marker": "steady"}]  # fmt: skip
-    marker = daemon.host_path(f"{QUEUES}/{hostile.sid}/outbound/steady")
+    marker = daemon.outbound_path(f"{QUEUES}/{hostile.sid}/outbound/steady")
     marker.unlink(missing_ok=True)
     try:
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
@@ -398,7 +407,7 @@ def test_the_agent_drops_ingested_replies_and_verify_still_catches_a_deletion(
 
     # A host reboot empties the tmpfs: the rebuild writes back what was not pruned.
     box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
-    proc = daemon.run(["umount", f"{QUEUES}/{box.sid}/outbound"])
+    proc = daemon.run(daemon.in_outbound_ns(["umount", f"{QUEUES}/{box.sid}/outbound"]))
     assert proc.returncode == 0, out(proc)
     box.stub.StartSession(admin_pb2.StartSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
     assert agent_rows() == list(range(told + 1, total + 1))
@@ -423,7 +432,8 @@ def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> No
     box = boxes.create()
     timed_exchange(box, "hello")
     outdir = f"{QUEUES}/{box.sid}/outbound"
-    mounts = out(daemon.run(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", outdir]))
+    mounts = out(daemon.run(daemon.in_outbound_ns(["findmnt", "-n", "-o", "FSTYPE,OPTIONS",
+                                                   outdir])))  # fmt: skip
     assert mounts.startswith("tmpfs"), mounts
     for option in ("nosuid", "nodev", "noexec", f"size={QUOTA_BYTES // 1024}k"):
         assert option in mounts, mounts
@@ -436,7 +446,7 @@ def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> No
     assert result["files"][0] == errno.ENOSPC, result
     assert result["files"][1] < QUOTA_FILES, result
     # The announce made the daemon read (and sweep) the directory; wait for the sweep.
-    suid, sgid = daemon.host_path(f"{outdir}/suid"), daemon.host_path(f"{outdir}/sgid-dir")
+    suid, sgid = daemon.outbound_path(f"{outdir}/suid"), daemon.outbound_path(f"{outdir}/sgid-dir")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (
         os.lstat(suid).st_mode & stat.S_ISUID or os.lstat(sgid).st_mode & stat.S_ISGID
@@ -449,7 +459,7 @@ def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> No
     boxes.remove(box)
     assert not daemon.host_path(f"{QUEUES}/{box.sid}").exists()
     assert daemon.host_path(f"{VICTIM}/file").read_text() == "keep\n"
-    left = out(daemon.run(["findmnt", "-n", outdir]))
+    left = out(daemon.run(daemon.in_outbound_ns(["findmnt", "-n", outdir])))
     assert not left.strip(), left
 
 
@@ -463,7 +473,7 @@ def test_a_lost_outbound_tmpfs_is_rebuilt_from_the_record(
         timed_exchange(box, text)
     box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
     outdir = f"{QUEUES}/{box.sid}/outbound"
-    proc = daemon.run(["umount", outdir])  # what a reboot does to it
+    proc = daemon.run(daemon.in_outbound_ns(["umount", outdir]))  # what a reboot does to it
     assert proc.returncode == 0, out(proc)
     assert not box.outbound_db.exists()
 

@@ -150,7 +150,8 @@ class Box:
 
     @property
     def outbound_db(self) -> Path:
-        return self.path(f"{QUEUES}/{self.sid}/outbound/outbound.db")
+        """Where the daemon's outbound mount namespace has it (not the host's mount table)."""
+        return self.sysd.outbound_path(f"{QUEUES}/{self.sid}/outbound/outbound.db")
 
     @property
     def key_file(self) -> Path:
@@ -320,7 +321,8 @@ def test_nothing_is_plaintext_at_rest(daemon: SystemdHarness, boxes: Boxes) -> N
     }
     rootfs = str(state / "rootfs")  # the frozen agent: it contains SQLite's own strings
     scanned = []
-    for root in (state, daemon.host_path("/etc/ironclaw")):
+    # The outbound tmpfs are mounted in the daemon's own mount namespace: scanned through it.
+    for root in (state, daemon.host_path("/etc/ironclaw"), daemon.outbound_path(QUEUES)):
         for path in files_under(root, skip=(rootfs,)):
             data = path.read_bytes()
             scanned.append(path.name)

@@ -57,6 +57,11 @@ def sh(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
     return sysd.run(["bash", "-c", script], **kwargs)
 
 
+def sh_outbound(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
+    """``sh`` in ironclawd's outbound mount namespace, where the outbound tmpfs are mounted."""
+    return sysd.run(sysd.in_outbound_ns(["bash", "-c", script]), **kwargs)
+
+
 def journal_cursor(sysd: SystemdHarness) -> str:
     proc = sysd.run(["journalctl", "-n", "0", "--show-cursor", "--no-pager"])
     return out(proc).strip().rsplit("cursor: ", 1)[-1]

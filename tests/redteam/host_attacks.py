@@ -128,9 +128,12 @@ def attacks(p: dict[str, Any]) -> dict[str, Callable[[], object]]:
         "host-users.sockets.list": lambda: sorted(os.listdir("/run/ironclaw/sessions")),
         "host-users.sockets.plant": lambda: _create_in(run),
         "host-users.keys.read": lambda: _read(f"/run/ironclaw/keys/{sid}"),
+        # outbound.db is on a tmpfs in the daemon's own mount namespace: reached through its
+        # thread there (/proc/<tid>/root), or by entering that namespace through its pin.
         "host-users.queues.read-outbound": lambda: _read(
-            f"/var/lib/ironclaw/queues/{sid}/outbound/outbound.db"
+            f"/proc/{p['mntns_tid']}/root/var/lib/ironclaw/queues/{sid}/outbound/outbound.db"
         ),
+        "host-users.mntns.open-pin": lambda: _read_ns("/run/ironclaw/mntns/ns"),
         "host-users.queues.write-inbound": lambda: _write_into(
             f"/var/lib/ironclaw/queues/{sid}/inbound/inbound.db", b"x"
         ),
@@ -146,6 +149,12 @@ def attacks(p: dict[str, Any]) -> dict[str, Callable[[], object]]:
         "host-users.journal.read": lambda: _journal(sid),
         "host-users.netns.setns": lambda: _setns(f"/proc/{p['runsc_pid']}/ns/net"),
     }
+
+
+def _read_ns(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    os.close(fd)
+    return f"opened {path} (what setns() takes)"
 
 
 def _setns(path: str) -> str:

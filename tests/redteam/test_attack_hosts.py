@@ -42,7 +42,9 @@ TITLES = {
     "host-users.sockets.list": "list the sessions' sockets directory",
     "host-users.sockets.plant": "create a file in a session's sockets dir",
     "host-users.keys.read": "read a session's queue key in /run/ironclaw/keys",
-    "host-users.queues.read-outbound": "read a session's outbound.db",
+    "host-users.queues.read-outbound": "read a session's outbound.db (through the daemon's "
+    "outbound mount namespace, /proc/<tid>/root)",
+    "host-users.mntns.open-pin": "open the pin of the daemon's outbound mount namespace",
     "host-users.queues.write-inbound": "write a session's inbound.db",
     "host-users.audit.read": "read the audit log",
     "host-users.code-cache.write": "open the daemon's compiled dataclass code for writing",
@@ -75,6 +77,18 @@ def _pid_of(sysd: SystemdHarness, unit: str, argv0: str) -> str:
     return pids[0]
 
 
+def _mntns_tid(sysd: SystemdHarness) -> str:
+    """The daemon's thread in its outbound mount namespace (host/mountns.py), by its name."""
+    script = """
+        for t in /proc/[0-9]*/task/*; do
+            [ "$(cat "$t/comm" 2>/dev/null)" = ironclaw-mntns ] && echo "${t##*/}"
+        done
+    """
+    tids = out(sh(sysd, script)).split()
+    assert tids, "control: no ironclaw-mntns thread"
+    return tids[0]
+
+
 @pytest.fixture(scope="module")
 def target(daemon: SystemdHarness) -> Iterator[Target]:
     proc = daemon.run(["useradd", "-M", "-s", "/usr/sbin/nologin", THROWAWAY])
@@ -98,6 +112,7 @@ def target(daemon: SystemdHarness) -> Iterator[Target]:
                     daemon.run(["systemctl", "show", "-P", "MainPID", box.unit])
                 ).strip(),
                 "cgroup_procs": procs,
+                "mntns_tid": _mntns_tid(daemon),
             }
             assert daemon.run(["test", "-e", params["cgroup_procs"]]).returncode == 0, params
             yield Target(box, params)
@@ -125,6 +140,7 @@ def test_root_control_every_attack_works_for_root(target: Target, daemon: System
         "host-users.queues.read-outbound", "host-users.audit.read", "host-users.proc.gofer-root",
         "host-users.ptrace.daemon", "host-users.proc.daemon-environ", "host-users.journal.read",
         "host-users.netns.setns", "host-users.code-cache.write", "host-users.code-cache.plant",
+        "host-users.mntns.open-pin",
     }, results  # fmt: skip
     assert set(results) == set(TITLES)
 

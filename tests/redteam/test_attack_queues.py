@@ -14,7 +14,16 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import RUNNING, Sandbox, Sessions, module_sessions, out, record, sh
+from tests.redteam.conftest import (
+    RUNNING,
+    Sandbox,
+    Sessions,
+    module_sessions,
+    out,
+    record,
+    sh,
+    sh_outbound,
+)
 from tests.redteam.report import Ledger
 
 pytestmark = pytest.mark.redteam
@@ -144,7 +153,7 @@ def test_outbound_dir_has_a_quota(made: Sessions, bystander: Sandbox, ledger: Le
     box = _fresh(made)
     raw = box.attacks("queues", only="queues.quota.outbound-fill", timeout=300)
     result = raw["queues.quota.outbound-fill"]
-    usage = out(sh(box.sysd, f"du -sb {QUEUES}/{box.sid}/outbound | cut -f1")).strip()
+    usage = out(sh_outbound(box.sysd, f"du -sb {QUEUES}/{box.sid}/outbound | cut -f1")).strip()
     ok, note = _still_ingests(box, bystander)
     detail = result["detail"]
     refused = result["ok"] and ('"errno": 28' in detail or '"errno": 122' in detail)
@@ -165,7 +174,8 @@ def test_setid_bits_never_reach_the_host(
     # The daemon strips what the box planted whenever it reads the queue: make it read.
     assert box.send("after the attack").endswith("after the attack")
     path = f"{QUEUES}/{box.sid}/outbound/{name}"
-    host = out(sh(box.sysd, f"stat -c %a {path}; findmnt -no FSTYPE,OPTIONS -T {path}")).split()
+    script = f"stat -c %a {path}; findmnt -no FSTYPE,OPTIONS -T {path}"
+    host = out(sh_outbound(box.sysd, script)).split()
     mode = int(host[0], 8) if host and host[0].isdigit() else 0
     contained = bool(result["ok"]) and not mode & 0o6000
     record(ledger, "queues.setid.outbound-file", "queues",
