@@ -341,7 +341,14 @@ def test_install_serve_reload_restart(world: World) -> None:
     # The daemon was enabled and started by postinst, and told systemd it was ready.
     show = sh(w, "systemctl show -p Type -p ActiveState -p UnitFileState ironclawd.service")
     assert "Type=notify" in show, show
-    assert "ActiveState=active" in show, show
+    # Not active: what the daemon said (a first start that failed shows as "activating", the
+    # auto-restart pending, by the time apt returns).
+    journal = (
+        ""
+        if "ActiveState=active" in show
+        else sh(w, "journalctl -u ironclawd --no-pager -o cat -n 60 2>&1 || true")
+    )
+    assert "ActiveState=active" in show, show + journal
     assert "UnitFileState=enabled" in show, show
     assert sh(w, "getent group ironclaw-admin >/dev/null && stat -c %a /var/lib/ironclaw") == (
         "700\n"
