@@ -43,20 +43,25 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from ironclawd.errors import HostError
+from ironclawd.linux import (
+    CLONE_FS,
+    CLONE_NEWNS,
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_REC,
+    UMOUNT_NOFOLLOW,
+)
+from ironclawd.linux import libc as _libc
 
 log = logging.getLogger("ironclawd.mountns")
 
 T = TypeVar("T")
 _Job = tuple[Callable[..., Any], tuple[Any, ...], "concurrent.futures.Future[Any]"]
 
-CLONE_FS: Final = 0x200
-CLONE_NEWNS: Final = 0x20000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
-MS_BIND: Final = 0x1000
-MS_REC: Final = 0x4000
-MS_PRIVATE: Final = 1 << 18
-MNT_DETACH: Final = 2
-UMOUNT_NOFOLLOW: Final = 8
 SYS_OPEN_TREE: Final = 428  # x86_64 and aarch64 share the new mount API's numbers
 OPEN_TREE_CLONE: Final = 1
 OPEN_TREE_CLOEXEC: Final = os.O_CLOEXEC
@@ -64,9 +69,6 @@ AT_FDCWD: Final = -100
 THREAD_NAME: Final = "ironclaw-mntns"  # at most 15 bytes: the kernel's thread name
 PR_SET_NAME: Final = 15
 EXEC_SCRIPT: Final = Path(__file__).with_name("outbound_exec.py")
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def _check(result: int, doing: str) -> int:

@@ -35,22 +35,17 @@ from typing import TypeVar
 
 from ironclawd import lazy_re
 from ironclawd.errors import HostError, InvalidArgument
+from ironclawd.linux import CLONE_NEWNET, MNT_DETACH, MS_BIND, MS_REC, MS_SHARED, UMOUNT_NOFOLLOW
+from ironclawd.linux import libc as _libc
 from ironclawd.paths import NETNS_DIR
 
 # A file name we create as root in a shared directory: a strict charset, no dots at the start,
 # bounded so that it also fits in unit names and log lines.
 _NAME_RE = lazy_re.compile(r"^ironclaw-[a-z0-9][a-z0-9-]{0,54}$")
 
-CLONE_NEWNET = 0x40000000
 NSFS_MAGIC = 0x6E736673  # linux/magic.h
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3), linux/nsfs.h, Linux >= 4.11
-MS_BIND = 0x1000
-MS_REC = 0x4000
-MS_SHARED = 1 << 20
-MNT_DETACH = 0x2
-UMOUNT_NOFOLLOW = 0x8
 
-_libc = ctypes.CDLL(None, use_errno=True)
 _T = TypeVar("_T")
 
 

@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ironclawd.errors import HostError
+from ironclawd.linux import MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, UMOUNT_NOFOLLOW
+from ironclawd.linux import libc as _libc
 
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
-MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 LEGACY_FILE = "outbound.db"
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)

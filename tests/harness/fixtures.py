@@ -148,7 +148,12 @@ def daemon(private_systemd: SystemdHarness) -> Iterator[SystemdHarness]:
     """ironclawd.service installed from this checkout (scripts/install-dev) and started by the
     private systemd, with two users: ``alice`` (in ironclaw-admin) and ``outsider`` (not)."""
     proc = private_systemd.run(["scripts/install-dev", "--with-probe"], timeout=300)
-    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    if proc.returncode != 0:  # the daemon's own words on why it did not start, in the failure
+        journal = private_systemd.run(["journalctl", "-u", "ironclawd", "-n", "40", "--no-pager"])
+        pytest.fail(
+            f"scripts/install-dev: {proc.stdout.decode()}{proc.stderr.decode()}\n"
+            f"journal of ironclawd:\n{journal.stdout.decode(errors='replace')}"
+        )
     script = """
         set -e
         id outsider >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin outsider

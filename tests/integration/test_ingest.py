@@ -20,30 +20,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import sqlcipher3
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclaw.admin.v1 import admin_pb2
 from ironclawd.store.outbound import strip_setid
 from tests.harness.box_scripts import JOIN_UNIT
-from tests.harness.private_systemd import SystemdHarness
-from tests.integration.test_messages import (
-    AGENT_CONFIG,
-    CONFIG,
+from tests.harness.boxes import (
+    AGENT_UID,
     QUEUES,
     RPC_TIMEOUT,
-    SOCKET,
     Box,
     Boxes,
     host_copy,
+    open_boxes,
     open_db,
     out,
+    restarted_with,
 )
+from tests.harness.private_systemd import SystemdHarness
+from tests.integration.test_messages import AGENT, AGENT_CONFIG
 
 pytestmark = pytest.mark.integration
 
-AGENT_UID = 10000
 QUOTA_BYTES = 32 * 1024 * 1024
 QUOTA_FILES = 64
 MAX_REPLY = 65536
@@ -189,44 +188,21 @@ def act_as_agent(daemon: SystemdHarness, box: Box, ops: list[dict[str, Any]]) ->
 
 @pytest.fixture(scope="module")
 def small_quotas(daemon: SystemdHarness) -> Iterator[None]:
-    daemon.run(["tee", CONFIG], input=CONFIG_TEXT.encode(), check=True)
-    proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
-    assert proc.returncode == 0, out(proc)
-    yield
-    proc = daemon.run(
-        ["bash", "-c", f"rm -f {CONFIG}; systemctl reset-failed ironclawd; "
-         "systemctl restart ironclawd"]
-    )  # fmt: skip
-    assert proc.returncode == 0, out(proc)
+    with restarted_with(daemon, CONFIG_TEXT):
+        yield
 
 
 @pytest.fixture
 def boxes(daemon: SystemdHarness, small_quotas: None) -> Iterator[Boxes]:
-    with grpc.insecure_channel(f"unix:{daemon.host_path(SOCKET)}") as channel:
-        made = Boxes(daemon, admin_pb2_grpc.AdminServiceStub(channel))
+    with open_boxes(daemon, AGENT) as made:
         yield made
-        failures = []
-        for box in list(made.made):
-            proc = daemon.run(["ironctl", "session", "rm", "--force", box.sid], timeout=120)
-            if proc.returncode != 0:
-                failures.append(f"{box.sid}: {out(proc)}")
-        assert not failures, failures
-
-
-def timed_exchange(box: Box, text: str) -> float:
-    """Send and wait for the reply; how long it took (the reply must come)."""
-    started = time.monotonic()
-    sent = box.send(text)
-    replies = box.wait_replies(1, after=sent.replies_before, timeout=SEND_DEADLINE)
-    assert [r.text for r in replies] == [f"mock: {text}"]
-    return time.monotonic() - started
 
 
 def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
     daemon: SystemdHarness, boxes: Boxes
 ) -> None:
     hostile, other = boxes.create(), boxes.create()
-    assert timed_exchange(hostile, "before") < SEND_DEADLINE
+    assert hostile.exchange("before", SEND_DEADLINE) < SEND_DEADLINE
     fifo = daemon.host_path(FIFO)
     daemon.run(["bash", "-c", f"rm -f {FIFO}; mkfifo -m 0666 {FIFO}"], check=True)
     opened: list[float] = []
@@ -253,7 +229,7 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
     try:
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             attack = pool.submit(act_as_agent, daemon, hostile, ops)
-            took = [timed_exchange(other, f"during swaps {i}") for i in range(3)]
+            took = [other.exchange(f"during swaps {i}", SEND_DEADLINE) for i in range(3)]
             while not marker.exists() and not attack.done():
                 time.sleep(0.05)
             assert not attack.done(), attack.result()
@@ -264,7 +240,7 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
                 pool.submit(hostile.stub.VerifySession, verify, timeout=SEND_DEADLINE)
                 for _ in range(8)
             ]
-            took += [timed_exchange(other, f"while steady {i}") for i in range(3)]
+            took += [other.exchange(f"while steady {i}", SEND_DEADLINE) for i in range(3)]
             created = boxes.create()  # and another session can still be created
             reports = [f.result() for f in verifies]
             marker.unlink()
@@ -277,8 +253,8 @@ def test_symlink_swaps_never_open_the_target_nor_starve_other_sessions(
     assert not opened, f"the daemon opened the host FIFO {len(opened)} times"
     assert max(took) < SEND_DEADLINE, took
     assert all(not r.ok and "refusing" in r.problem for r in reports), reports
-    assert timed_exchange(hostile, "after") < SEND_DEADLINE  # ingestion resumes
-    assert timed_exchange(created, "new one") < SEND_DEADLINE
+    assert hostile.exchange("after", SEND_DEADLINE) < SEND_DEADLINE  # ingestion resumes
+    assert created.exchange("new one", SEND_DEADLINE) < SEND_DEADLINE
     ok = daemon.run(["ironctl", "session", "verify", hostile.sid])
     assert ok.returncode == 0, out(ok)
     log = out(daemon.run(["journalctl", "--no-pager", "-o", "cat", "-u", "ironclawd.service"]))
@@ -315,7 +291,7 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     daemon: SystemdHarness, boxes: Boxes
 ) -> None:
     box = boxes.create()
-    timed_exchange(box, "first")
+    box.exchange("first", SEND_DEADLINE)
     insert = "INSERT INTO messages (in_reply_to, created_at, body) VALUES (?, ?, ?)"
     rows: list[list[Any]] = [
         [insert, [-1, 1.0, "negative in_reply_to"]],
@@ -353,7 +329,7 @@ def test_hostile_rows_are_quarantined_and_later_rows_flow(
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
     verified = daemon.run(["ironctl", "audit", "verify"])
     assert verified.returncode == 0, out(verified)
-    assert timed_exchange(box, "still answered") < SEND_DEADLINE
+    assert box.exchange("still answered", SEND_DEADLINE) < SEND_DEADLINE
     proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"], timeout=300)
     assert proc.returncode == 0, out(proc)
     report = json.loads(proc.stdout)
@@ -430,7 +406,7 @@ def test_the_agent_drops_ingested_replies_and_verify_still_catches_a_deletion(
 
 def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> None:
     box = boxes.create()
-    timed_exchange(box, "hello")
+    box.exchange("hello", SEND_DEADLINE)
     outdir = f"{QUEUES}/{box.sid}/outbound"
     mounts = out(daemon.run(daemon.in_outbound_ns(["findmnt", "-n", "-o", "FSTYPE,OPTIONS",
                                                    outdir])))  # fmt: skip
@@ -470,7 +446,7 @@ def test_a_lost_outbound_tmpfs_is_rebuilt_from_the_record(
     host's record, so the agent resumes after the last message it answered."""
     box = boxes.create()
     for text in ("one", "two"):
-        timed_exchange(box, text)
+        box.exchange(text, SEND_DEADLINE)
     box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
     outdir = f"{QUEUES}/{box.sid}/outbound"
     proc = daemon.run(daemon.in_outbound_ns(["umount", outdir]))  # what a reboot does to it
@@ -486,7 +462,7 @@ def test_a_lost_outbound_tmpfs_is_rebuilt_from_the_record(
     assert rows == [(1, 1, "mock: one"), (2, 2, "mock: two")]
     st = os.lstat(box.outbound_db)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (AGENT_UID, 0o600)
-    timed_exchange(box, "three")
+    box.exchange("three", SEND_DEADLINE)
     assert [(r.seq, r.in_reply_to) for r in box.replies()] == [(1, 1), (2, 2), (3, 3)]
     proc = daemon.run(["ironctl", "session", "verify", box.sid])
     assert proc.returncode == 0, out(proc)

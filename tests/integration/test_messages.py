@@ -32,24 +32,30 @@ import grpc
 import pytest
 import sqlcipher3
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
+from ironclaw.admin.v1 import admin_pb2
 from ironclawd.store.keys import MasterKey
 from tests.harness.agents import unlimited_agent
-from tests.harness.polling import session_netns
+from tests.harness.boxes import (
+    AGENT_UID,
+    KEYS,
+    QUEUES,
+    RPC_TIMEOUT,
+    SOCKET,
+    STATE_DIR,
+    Box,
+    Boxes,
+    host_copy,
+    open_boxes,
+    open_db,
+    out,
+    restarted_with,
+)
 from tests.harness.private_systemd import SystemdHarness
-from tests.harness.probe import PROBE_IN_BOX
 
 pytestmark = pytest.mark.integration
 
-SOCKET = "/run/ironclaw/admin.sock"
-STATE_DIR = "/var/lib/ironclaw"
-QUEUES = f"{STATE_DIR}/queues"
-KEYS = "/run/ironclaw/keys"
 MASTER_KEY = "/etc/ironclaw/credentials/master.key"
-RUNSC_ROOT = "/run/ironclaw/runsc"
-AGENT_UID = 10000
 SQLITE_HEADER = b"SQLite format 3\0"
-CONFIG = "/etc/ironclaw/ironclawd.toml"
 # The mock model answers "mock: <text>"; the demo agent's rate limits (60 requests a minute)
 # would stop a stress run, so these tests use an agent of their own with limits out of the way.
 AGENT = "bulk"
@@ -64,7 +70,6 @@ AGENT_CONFIG = (
 calls_per_second = 2000.0
 """
 )
-RPC_TIMEOUT = 60.0
 # The kill run: how many messages, and how many SIGKILLs of each kind.
 STRESS_COUNT = int(os.environ.get("IRONCLAW_STRESS_COUNT", "10000"))
 KILL_COUNT = int(os.environ.get("IRONCLAW_STRESS_KILL_COUNT", str(STRESS_COUNT)))
@@ -86,173 +91,22 @@ TRANSIENT = frozenset(
 )
 
 
-def out(proc: Any) -> str:
-    return (proc.stdout or b"").decode(errors="replace") + (proc.stderr or b"").decode(
-        errors="replace"
-    )
-
-
-def sh(sysd: SystemdHarness, script: str, **kwargs: Any) -> Any:
-    return sysd.run(["bash", "-c", script], **kwargs)
-
-
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def open_db(path: Path, key: bytes, *, read_only: bool = True) -> sqlcipher3.Connection:
-    uri = f"file:{path}?mode=ro" if read_only else f"file:{path}"
-    conn = sqlcipher3.connect(uri, uri=True, isolation_level=None)
-    conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
-    return conn
-
-
-@contextlib.contextmanager
-def host_copy(src: Path, tmp_path: Path, *, write_back: bool = False) -> Iterator[Path]:
-    """A copy of a database that lives in the private systemd, to open on the host side.
-
-    SQLite resolves symlinks in a database path, and ``/proc/<pid>/root`` reads as ``/``, so it
-    cannot open a file through ``host_path`` (plain reads and writes can). With ``write_back``
-    the edited copy is written over the original in place: same inode, owner and mode.
-    """
-    where = tmp_path / f"db-{secrets.token_hex(4)}"
-    where.mkdir()
-    for suffix in ("", "-wal", "-journal"):
-        part = Path(f"{src}{suffix}")
-        if part.exists():
-            shutil.copyfile(part, where / part.name)
-    yield where / src.name
-    if write_back:
-        data = (where / src.name).read_bytes()
-        with open(src, "r+b") as original:
-            original.write(data)
-            original.truncate()
-
-
-@dataclass
-class Box:
-    """One real session: its id and the means to act on it from outside and inside."""
-
-    sysd: SystemdHarness
-    stub: admin_pb2_grpc.AdminServiceStub
-    sid: str
-
-    @property
-    def unit(self) -> str:
-        return f"ironclaw-sbx-{self.sid}.service"
-
-    def path(self, inside: str) -> Path:
-        return self.sysd.host_path(inside)
-
-    @property
-    def inbound_db(self) -> Path:
-        return self.path(f"{QUEUES}/{self.sid}/inbound/inbound.db")
-
-    @property
-    def outbound_db(self) -> Path:
-        """Where the daemon's outbound mount namespace has it (not the host's mount table)."""
-        return self.sysd.outbound_path(f"{QUEUES}/{self.sid}/outbound/outbound.db")
-
-    @property
-    def key_file(self) -> Path:
-        return self.path(f"{KEYS}/{self.sid}")
-
-    def key(self) -> bytes:
-        return bytes.fromhex(self.key_file.read_text())
-
-    def send(self, text: str, client_id: str = "") -> admin_pb2.SendMessageResponse:
-        request = admin_pb2.SendMessageRequest(sid=self.sid, text=text, client_id=client_id)
-        reply: admin_pb2.SendMessageResponse = self.stub.SendMessage(request, timeout=RPC_TIMEOUT)
-        return reply
-
-    def replies(self, after: int = 0) -> list[admin_pb2.Reply]:
-        request = admin_pb2.WatchRepliesRequest(sid=self.sid, after_seq=after, follow=False)
-        return [r.reply for r in self.stub.WatchReplies(request, timeout=RPC_TIMEOUT)]
-
-    def wait_replies(self, count: int, after: int = 0, timeout: float = 60) -> list[Any]:
-        """Follow the stream until ``count`` replies after ``after`` arrived (bounded)."""
-        request = admin_pb2.WatchRepliesRequest(sid=self.sid, after_seq=after, follow=True)
-        got: list[admin_pb2.Reply] = []
-        call = self.stub.WatchReplies(request, timeout=timeout)
-        try:
-            for item in call:
-                got.append(item.reply)
-                if len(got) >= count:
-                    break
-        finally:
-            call.cancel()
-        return got
-
-    def runsc(self, *argv: str) -> Any:
-        """runsc as root inside the session's netns (runsc reaches its sandbox through an
-        abstract socket, which belongs to a network namespace)."""
-        netns = session_netns(self.sysd, self.sid)
-        return self.sysd.run(
-            ["nsenter", f"--net={netns}", "runsc", f"--root={RUNSC_ROOT}", *argv], timeout=60
-        )
-
-    def probe_paths(self, *paths: str) -> dict[str, Any]:
-        user = f"{AGENT_UID}:{AGENT_UID}"
-        args = [f"--probe-path={p}" for p in paths]
-        proc = self.runsc("exec", "--user", user, f"ironclaw-{self.sid}", PROBE_IN_BOX, *args)
-        assert proc.returncode == 0, out(proc)
-        report: dict[str, Any] = json.loads(proc.stdout)
-        paths_seen: dict[str, Any] = report["paths"]
-        return paths_seen
-
-
-@dataclass
-class Boxes:
-    sysd: SystemdHarness
-    stub: admin_pb2_grpc.AdminServiceStub
-    made: list[Box] = field(default_factory=list)
-
-    def create(self) -> Box:
-        created = self.stub.CreateSession(
-            admin_pb2.CreateSessionRequest(agent=AGENT), timeout=RPC_TIMEOUT
-        )
-        assert created.session.state == admin_pb2.SESSION_STATE_RUNNING, created
-        box = Box(self.sysd, self.stub, created.session.sid)
-        self.made.append(box)
-        return box
-
-    def remove(self, box: Box) -> None:
-        self.stub.RemoveSession(
-            admin_pb2.RemoveSessionRequest(sid=box.sid, force=True), timeout=RPC_TIMEOUT
-        )
-        self.made.remove(box)
 
 
 @pytest.fixture(scope="module")
 def bulk_agent(daemon: SystemdHarness) -> Iterator[None]:
     """The daemon restarted with the test agent defined; the default config again afterwards."""
-    daemon.run(["tee", CONFIG], input=AGENT_CONFIG.encode(), check=True)
-    proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
-    assert proc.returncode == 0, out(proc)
-    yield
-    proc = sh(
-        daemon, f"rm -f {CONFIG}; systemctl reset-failed ironclawd; systemctl restart ironclawd"
-    )
-    assert proc.returncode == 0, out(proc)
+    with restarted_with(daemon, AGENT_CONFIG):
+        yield
 
 
 @pytest.fixture
-def stub(daemon: SystemdHarness, bulk_agent: None) -> Iterator[admin_pb2_grpc.AdminServiceStub]:
-    with grpc.insecure_channel(f"unix:{daemon.host_path(SOCKET)}") as channel:
-        yield admin_pb2_grpc.AdminServiceStub(channel)
-
-
-@pytest.fixture
-def boxes(daemon: SystemdHarness, stub: admin_pb2_grpc.AdminServiceStub) -> Iterator[Boxes]:
+def boxes(daemon: SystemdHarness, bulk_agent: None) -> Iterator[Boxes]:
     """Sessions of the test agent; every one left is removed at the end, pass or fail."""
-    made = Boxes(daemon, stub)
-    yield made
-    failures = []
-    for box in list(made.made):
-        proc = daemon.run(["ironctl", "session", "rm", "--force", box.sid], timeout=120)
-        if proc.returncode != 0:
-            failures.append(f"{box.sid}: {out(proc)}")
-    assert not failures, failures
+    with open_boxes(daemon, AGENT) as made:
+        yield made
 
 
 # -- 1. nothing plaintext at rest ------------------------------------------------------------

@@ -15,28 +15,26 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
-from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from tests.harness.private_systemd import MNTNS_PIN, SystemdHarness
-from tests.integration.test_messages import (
-    AGENT_CONFIG,
-    CONFIG,
+from ironclaw.admin.v1 import admin_pb2
+from tests.harness.boxes import (
+    AGENT_UID,
     QUEUES,
     RPC_TIMEOUT,
-    SOCKET,
     Box,
     Boxes,
     host_copy,
+    open_boxes,
     open_db,
     out,
+    restarted_with,
     sh,
 )
+from tests.harness.private_systemd import MNTNS_PIN, SystemdHarness
+from tests.integration.test_messages import AGENT, AGENT_CONFIG
 
 pytestmark = pytest.mark.integration
-
-AGENT_UID = 10000
 
 
 def mount_points(sysd: SystemdHarness, argv_prefix: list[str]) -> list[str]:
@@ -57,13 +55,6 @@ def ns_points(sysd: SystemdHarness) -> list[str]:
 def unit_points(sysd: SystemdHarness, box: Box) -> list[str]:
     main = out(sysd.run(["systemctl", "show", "-P", "MainPID", box.unit])).strip()
     return mount_points(sysd, ["nsenter", "-t", main, "-m", "--"])
-
-
-def exchange(box: Box, text: str) -> None:
-    """Send ``text`` and see the agent's reply to it."""
-    sent = box.send(text)
-    replies = box.wait_replies(1, after=sent.replies_before, timeout=30)
-    assert [r.text for r in replies] == [f"mock: {text}"], replies
 
 
 def outbound_of(box: Box) -> str:
@@ -89,35 +80,22 @@ def replies_in_outbound(box: Box, key: bytes, tmp_path: Path) -> list[tuple[int,
 @pytest.fixture(scope="module")
 def test_agent(daemon: SystemdHarness) -> Iterator[None]:
     """The daemon restarted with the test agent defined; the default config again afterwards."""
-    daemon.run(["tee", CONFIG], input=AGENT_CONFIG.encode(), check=True)
-    proc = daemon.run(["systemctl", "restart", "ironclawd.service"], timeout=120)
-    assert proc.returncode == 0, out(proc)
-    yield
-    proc = sh(
-        daemon, f"rm -f {CONFIG}; systemctl reset-failed ironclawd; systemctl restart ironclawd"
-    )
-    assert proc.returncode == 0, out(proc)
+    with restarted_with(daemon, AGENT_CONFIG):
+        yield
 
 
 @pytest.fixture
 def boxes(daemon: SystemdHarness, test_agent: None) -> Iterator[Boxes]:
     """Sessions of the test agent; every one left is removed at the end, pass or fail."""
-    with grpc.insecure_channel(f"unix:{daemon.host_path(SOCKET)}") as channel:
-        made = Boxes(daemon, admin_pb2_grpc.AdminServiceStub(channel))
+    with open_boxes(daemon, AGENT) as made:
         yield made
-        failures = []
-        for box in list(made.made):
-            proc = daemon.run(["ironctl", "session", "rm", "--force", box.sid], timeout=120)
-            if proc.returncode != 0:
-                failures.append(f"{box.sid}: {out(proc)}")
-        assert not failures, failures
 
 
 @pytest.fixture
 def two(boxes: Boxes) -> tuple[Box, Box]:
     first, second = boxes.create(), boxes.create()
     for box in (first, second):
-        exchange(box, "hello")
+        box.exchange("hello")
     return first, second
 
 
@@ -147,7 +125,7 @@ def test_outbound_queues_outlive_daemon_restarts(
     daemon: SystemdHarness, two: tuple[Box, Box], tmp_path: Path
 ) -> None:
     running, stopped = two
-    exchange(running, "before")
+    running.exchange("before")
     key = stopped.key()
     stopped.stub.StopSession(admin_pb2.StopSessionRequest(sid=stopped.sid), timeout=RPC_TIMEOUT)
     kept = replies_in_outbound(stopped, key, tmp_path)
@@ -158,9 +136,9 @@ def test_outbound_queues_outlive_daemon_restarts(
         assert proc.returncode == 0, out(proc)
         assert ns_inode(daemon) == inode  # the same namespace, entered again
     assert replies_in_outbound(stopped, key, tmp_path) == kept
-    exchange(running, "after")
+    running.exchange("after")
     stopped.stub.StartSession(admin_pb2.StartSessionRequest(sid=stopped.sid), timeout=RPC_TIMEOUT)
-    exchange(stopped, "back")
+    stopped.exchange("back")
     proc = daemon.run(["ironctl", "session", "verify", stopped.sid])
     assert proc.returncode == 0, out(proc)
     assert not [p for p in host_points(daemon) if p.startswith(f"{QUEUES}/")]
@@ -172,7 +150,7 @@ def test_a_tmpfs_an_older_version_mounted_on_the_host_moves_into_the_namespace(
     """As after an upgrade: the session's tmpfs is a host mount and no namespace is pinned.
     The first start moves it off the host's table; its data stays, the session goes on."""
     box = boxes.create()
-    exchange(box, "one")
+    box.exchange("one")
     key = box.key()
     box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
     kept = replies_in_outbound(box, key, tmp_path)
@@ -198,7 +176,7 @@ def test_a_tmpfs_an_older_version_mounted_on_the_host_moves_into_the_namespace(
     assert outdir in ns_points(daemon)
     assert replies_in_outbound(box, key, tmp_path) == kept
     box.stub.StartSession(admin_pb2.StartSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
-    exchange(box, "two")
+    box.exchange("two")
     proc = daemon.run(["ironctl", "session", "verify", box.sid])
     assert proc.returncode == 0, out(proc)
     log = out(daemon.run(["journalctl", "-u", "ironclawd", "-n", "200", "--no-pager", "-o", "cat"]))

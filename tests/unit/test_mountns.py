@@ -1,12 +1,9 @@
-"""host/mountns.py's reading of mountinfo, what the namespace keeps, and the sandbox unit's
-command line. The namespace itself and the wrapper's mount are shown on the real daemon
-(tests/integration/test_outbound_namespace.py), the wrapper's refusals in
-tests/integration/test_outbound_exec.py."""
+"""host/mountns.py's reading of mountinfo and what the namespace keeps. The namespace itself
+and the wrapper's mount are shown on the real daemon (tests/integration/
+test_outbound_namespace.py); the sandbox unit's real command line, with the clone on standard
+input, and the wrapper's refusals in tests/integration/test_outbound_exec.py."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 from ironclawd.host import mountns
 
@@ -35,14 +32,3 @@ def test_the_namespace_keeps_only_the_way_to_the_queues_and_proc() -> None:
     assert drop == ["/var/lib/ironclaw/queues-other", "/run/netns/x", "/mnt/with space", "/run"]
     for kept in ("/", "/proc", "/var", "/var/lib/ironclaw/queues/s1/outbound"):
         assert kept not in drop
-
-
-def test_the_unit_command_line_moves_the_clone_to_descriptor_3() -> None:
-    space = mountns.OutboundSpace(Path("/run/ironclaw/mntns"), Path("/var/lib/ironclaw/queues"))
-    argv = space.exec_argv(Path("/var/lib/ironclaw/queues/s1/outbound"), ["/usr/bin/runsc", "run"])
-    assert argv[:2] == ["/bin/sh", "-c"]
-    assert argv[2] == 'exec 3<&0 </dev/null && exec "$@"'
-    assert argv[4:] == [
-        sys.executable, "-I", "-S", str(mountns.EXEC_SCRIPT),
-        "/var/lib/ironclaw/queues/s1/outbound", "--", "/usr/bin/runsc", "run",
-    ]  # fmt: skip
