@@ -219,7 +219,38 @@ class OutboundSpace:
         fd = os.open(self.pin, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         os.close(fd)
         source = f"/proc/{os.getpid()}/task/{self._tid}/ns/mnt".encode()
-        _check(_libc.mount(source, bytes(self.pin), None, MS_BIND, None), f"pinning at {self.pin}")
+        # The kernel refuses (EINVAL) to bind a mount namespace's file into one whose id is not
+        # lower: its guard against loops. Since Linux 6.18 the ids come from per-CPU batches, so
+        # a namespace made later on another CPU can have the lower id (one daemon start in ten
+        # failed so under the test harness, whose namespace is not the boot one). A copy of the
+        # namespace made on each CPU in turn gets an id of that CPU's batch; the CPU that made
+        # ours has the batch that goes on above it.
+        for cpu in [None, *range(os.cpu_count() or 1)]:
+            if cpu is not None and not self.call(self._renew_on, cpu):
+                continue
+            if _libc.mount(source, bytes(self.pin), None, MS_BIND, None) == 0:
+                if cpu is not None:
+                    log.info("outbound mount namespace: pinned once renewed on CPU %d (its id "
+                             "was below this namespace's)", cpu)  # fmt: skip
+                return
+            if ctypes.get_errno() != errno.EINVAL:
+                break
+        _check(-1, f"pinning at {self.pin}")
+
+    def _renew_on(self, cpu: int) -> bool:
+        """On the namespace's thread: replace its namespace by a copy of it (same mounts, all
+        private, so nothing changes but the id) made on ``cpu``; False if ``cpu`` is not one
+        this thread may run on."""
+        allowed = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError:
+            return False
+        try:
+            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        finally:
+            os.sched_setaffinity(0, allowed)
+        return True
 
     def _clear_host(self) -> None:
         """Outbound tmpfs an older version mounted on the host: the namespace holds copies of
