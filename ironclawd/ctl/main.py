@@ -10,6 +10,7 @@ line is parsed. ``--help``, usage errors and ``--version`` load neither grpc nor
 from __future__ import annotations
 
 import argparse
+import gettext
 import importlib
 import io
 import json
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     as_json = _wants_json(args)
     _tolerant_streams()
+    remember_catalog_lookups()
     try:
         try:
             code = _run(args, as_json)
@@ -152,6 +154,33 @@ def main(argv: list[str] | None = None) -> int:
         # SIGPIPE would, and let nothing more reach the closed pipe at interpreter exit.
         _stdout_to_devnull()
         return exitcodes.PIPE_CLOSED
+
+
+def remember_catalog_lookups() -> None:
+    """Look each gettext catalog up on disk once in this process, not once per string.
+
+    argparse passes every string it shows through gettext, and ``gettext.find`` then probes the
+    locale directories again for each candidate language: 49 lookups for one command's parser,
+    each with the same answer, took 1.0-1.8 ms of ~3 (``build_parser("chat")``, medians of 20,
+    LANG=C.UTF-8 and en_US.UTF-8). Nothing ironctl runs changes the locale or the catalogs.
+    Translations still apply, and a caller's explicit ``languages`` list is not remembered."""
+    original = gettext.find
+    if getattr(original, "ironctl_remembers", False):
+        return
+    found: dict[tuple[str, str | None, bool], Any] = {}
+
+    def find(
+        domain: str, localedir: str | None = None, languages: Any = None, all: bool = False
+    ) -> Any:
+        if languages is not None:
+            return original(domain, localedir, languages, all)
+        key = (domain, localedir, all)
+        if key not in found:
+            found[key] = original(domain, localedir, None, all)
+        return found[key]
+
+    find.ironctl_remembers = True  # type: ignore[attr-defined]
+    gettext.find = find  # type: ignore[assignment]
 
 
 def _run(argv: list[str], as_json: bool) -> int:
