@@ -114,7 +114,7 @@ class Daemon:
         doctor = Doctor(
             config_path=self._config_path, config=self._config, netns=netns,
             units=SystemdUnitManager(), probes=HostProbeSet(), clock=SystemClock(),
-            platform_in_use=lambda: sessions.lifecycle.platform,
+            platform_in_use=lambda: sessions.lifecycle.platform, space=wired.space,
         )  # fmt: skip
         ensure_private_dir(paths.INTERNAL_DIR, 0o700)
         await wired.sandbox_api.start()

@@ -45,7 +45,7 @@ from ironclawd.host.skills import collect_skill_sets
 from ironclawd.host.systemd import SystemdUnitManager
 from ironclawd.net.http import LazyAsyncClient, PinnedHttpClient, tls_context
 from ironclawd.net.resolver import SystemResolver
-from ironclawd.ports import RunscCheck, SandboxRuntime, UnitManager
+from ironclawd.ports import MountSpace, RunscCheck, SandboxRuntime, UnitManager
 from ironclawd.ports.channels import ChannelAdapter
 from ironclawd.providers.registry import build_providers, default_base_urls
 from ironclawd.services.audit import Audit
@@ -92,6 +92,7 @@ class Wired:
     audit: Audit
     mcp: McpSupervisor  # the real McpClients: one hardened unit per (agent, MCP server)
     inbox: Inbox  # the channels' adapters and the inbox they hand messages to
+    space: MountSpace | None  # the outbound tmpfs' mount namespace (ironctl doctor checks it)
 
 
 def wire(config: Config, netns: NetnsAdapter) -> Wired:
@@ -198,7 +199,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     hooks.on_remove(inbox.deliverer.forget)
     return Wired(
         master, store, service, control, messages, sandbox_api, http, gateway, registry, audit,
-        mcp_clients, inbox,
+        mcp_clients, inbox, data.space,
     )  # fmt: skip
 
 

@@ -264,6 +264,25 @@ class OutboundSpace:
 
     # --- use ---------------------------------------------------------------------------------
 
+    def health(self) -> tuple[bool, str]:
+        """``ports.MountSpace.health``: the pin must hold the namespace this daemon's thread is
+        in. Without it, the next start makes a new, empty namespace, and the daemon would no
+        longer see the outbound tmpfs of the sessions that run meanwhile."""
+        try:
+            in_use = os.stat(f"/proc/self/task/{self._tid}/ns/mnt").st_ino
+        except OSError as exc:
+            return False, f"the namespace's thread ({THREAD_NAME}) is gone: {exc.strerror}"
+        try:
+            pinned = os.stat(self.pin).st_ino if os.path.ismount(self.pin) else None
+        except OSError:
+            pinned = None
+        if pinned is None:
+            return False, f"nothing is pinned at {self.pin}"
+        if pinned != in_use:
+            return False, f"{self.pin} pins another namespace than the one in use"
+        how = "joined at start" if self.joined else "made at start"
+        return True, f"pinned at {self.pin} ({how}); the queues' tmpfs are mounted there"
+
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the namespace's thread: paths there are the namespace's."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()

@@ -190,6 +190,11 @@ class MountSpace(Protocol):
         """A unit command line that mounts its standard input on ``target``, then runs argv."""
         ...
 
+    def health(self) -> tuple[bool, str]:
+        """Whether the namespace in use is the one pinned for the next start, and what was
+        seen (``ironctl doctor``)."""
+        ...
+
 
 class SessionData(Protocol):
     """A session's key and queues (real: store/session_data.py)."""

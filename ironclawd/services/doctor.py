@@ -15,7 +15,7 @@ from pathlib import Path
 from ironclawd.config import Config, load_config
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import ConfigError, IronclawError
-from ironclawd.ports import Clock, HostProbes, NetnsManager, UnitManager
+from ironclawd.ports import Clock, HostProbes, MountSpace, NetnsManager, UnitManager
 
 CHECK_TIMEOUT = 30.0
 
@@ -31,6 +31,7 @@ class Doctor:
         probes: HostProbes,
         clock: Clock,
         platform_in_use: Callable[[], str] | None = None,
+        space: MountSpace | None = None,
     ) -> None:
         self._config_path = config_path
         self._config = config
@@ -41,6 +42,7 @@ class Doctor:
         # The platform the daemon's sandboxes run on ("" when runsc is unusable); None: doctor
         # reports what it would choose from its own trials.
         self._platform_in_use = platform_in_use
+        self._space = space  # None: a doctor without a daemon's namespace (no check)
 
     async def run(self) -> list[CheckResult]:
         runsc = self._config.sandbox.runsc
@@ -54,6 +56,8 @@ class Doctor:
             ("netns.create", self._check_netns),
             ("sqlcipher", self._probes.sqlcipher),
         ]
+        if self._space is not None:
+            jobs.append(("outbound.namespace", self._check_space))
         configured = self._config.sandbox.platform
         for platform in platforms:
             if platform == "kvm" and configured != "kvm":
@@ -156,6 +160,19 @@ class Doctor:
             with contextlib.suppress(IronclawError):
                 self._netns.delete(name)
         return passed("netns.create", "created an empty network namespace (only lo) and removed it")
+
+    def _check_space(self) -> CheckResult:
+        assert self._space is not None
+        ok, detail = self._space.health()
+        if ok:
+            return passed("outbound.namespace", detail)
+        return failed(
+            "outbound.namespace",
+            detail,
+            "stop the running sessions (ironctl session stop SID), then restart ironclawd: the "
+            "start pins a new namespace, and each session's next start rebuilds its outbound "
+            "queue from the record",
+        )
 
     def _platform_check(self, runsc: Path, platform: str) -> Callable[[], CheckResult]:
         return lambda: self._probes.platform(self._units, runsc, platform)

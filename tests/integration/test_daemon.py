@@ -97,6 +97,7 @@ def test_doctor_json_reports_every_check(daemon: Any) -> None:
         "cgroup.layout",
         "netns.create",
         "sqlcipher",
+        "outbound.namespace",
         "runsc.version",
         "runsc.platform",
         "runsc.platform.ptrace",
@@ -107,6 +108,7 @@ def test_doctor_json_reports_every_check(daemon: Any) -> None:
         if check["status"] == "fail":
             assert check["fix_hint"], check
     assert checks["systemd.dbus"]["status"] == "pass"
+    assert checks["outbound.namespace"]["status"] == "pass"
     assert checks["runsc.platform.ptrace"]["status"] == "pass"
     assert (proc.returncode == 0) == doc["ok"]
 

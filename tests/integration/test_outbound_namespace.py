@@ -12,6 +12,7 @@ wrapper gets no tmpfs never starts runsc.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -181,3 +182,31 @@ def test_a_tmpfs_an_older_version_mounted_on_the_host_moves_into_the_namespace(
     assert proc.returncode == 0, out(proc)
     log = out(daemon.run(["journalctl", "-u", "ironclawd", "-n", "200", "--no-pager", "-o", "cat"]))
     assert f"moved {outdir} off the host's mount table" in log, log[-2000:]
+
+
+def doctor_check(daemon: SystemdHarness) -> dict[str, object]:
+    proc = daemon.run(["ironctl", "doctor", "--json"], timeout=120)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    check: dict[str, object] = checks["outbound.namespace"]
+    return check
+
+
+def test_doctor_sees_a_lost_pin_before_a_restart_would_lose_the_namespace(
+    daemon: SystemdHarness, test_agent: None
+) -> None:
+    """No session runs. The pin goes (as an operator cleaning /run might make it go): doctor
+    fails the check, names what is wrong and what to do; a restart pins a namespace again."""
+    check = doctor_check(daemon)
+    assert check["status"] == "pass", check
+    assert f"pinned at {MNTNS_PIN}" in str(check["detail"]), check
+    proc = daemon.run(["umount", MNTNS_PIN])
+    assert proc.returncode == 0, out(proc)
+    check = doctor_check(daemon)
+    assert check["status"] == "fail", check
+    assert check["detail"] == f"nothing is pinned at {MNTNS_PIN}", check
+    assert "restart ironclawd" in str(check["fix_hint"]), check
+    proc = daemon.run(["systemctl", "restart", "ironclawd"], timeout=120)
+    assert proc.returncode == 0, out(proc)
+    check = doctor_check(daemon)
+    assert check["status"] == "pass", check
+    assert "(made at start)" in str(check["detail"]), check
