@@ -29,6 +29,7 @@ from tests.harness.boxes import (
     open_boxes,
     open_db,
     out,
+    restart,
     restarted_with,
     sh,
 )
@@ -133,8 +134,7 @@ def test_outbound_queues_outlive_daemon_restarts(
     assert kept, "the stopped session's outbound.db holds its replies"
     inode = ns_inode(daemon)
     for _ in range(2):
-        proc = daemon.run(["systemctl", "restart", "ironclawd"], timeout=120)
-        assert proc.returncode == 0, out(proc)
+        restart(daemon)
         assert ns_inode(daemon) == inode  # the same namespace, entered again
     assert replies_in_outbound(stopped, key, tmp_path) == kept
     running.exchange("after")
@@ -168,6 +168,7 @@ def test_a_tmpfs_an_older_version_mounted_on_the_host_moves_into_the_namespace(
         cp -a {saved}/. {outdir}/
         rm -rf {saved}
         findmnt -rn -o FSTYPE {outdir}
+        systemctl reset-failed ironclawd 2>/dev/null || true
         systemctl start ironclawd
     """
     proc = sh(daemon, script, timeout=180)
@@ -205,8 +206,7 @@ def test_doctor_sees_a_lost_pin_before_a_restart_would_lose_the_namespace(
     assert check["status"] == "fail", check
     assert check["detail"] == f"nothing is pinned at {MNTNS_PIN}", check
     assert "restart ironclawd" in str(check["fix_hint"]), check
-    proc = daemon.run(["systemctl", "restart", "ironclawd"], timeout=120)
-    assert proc.returncode == 0, out(proc)
+    restart(daemon)
     check = doctor_check(daemon)
     assert check["status"] == "pass", check
     assert "(made at start)" in str(check["detail"]), check
