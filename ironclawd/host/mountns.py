@@ -68,6 +68,7 @@ OPEN_TREE_CLOEXEC: Final = os.O_CLOEXEC
 AT_FDCWD: Final = -100
 THREAD_NAME: Final = "ironclaw-mntns"  # at most 15 bytes: the kernel's thread name
 PR_SET_NAME: Final = 15
+ONLINE: Final = "/sys/devices/system/cpu/online"
 EXEC_SCRIPT: Final = Path(__file__).with_name("outbound_exec.py")
 
 
@@ -100,6 +101,20 @@ def to_drop(points: Sequence[str], keep: str) -> list[str]:
     ``fchmodat(AT_SYMLINK_NOFOLLOW)`` goes through /proc/self/fd)."""
     drop = [p for p in points if not (_within(keep, p) or _within(p, keep) or p == "/proc")]
     return sorted(set(drop), key=lambda p: (-p.count("/"), p))
+
+
+def online_cpus(listing: str | None = None) -> list[int]:
+    """The online CPUs' numbers, from ``/sys/devices/system/cpu/online`` (e.g. ``0,2-5``: they
+    need not be contiguous), or ``0..cpu_count-1`` where it cannot be read."""
+    cpus: list[int] = []
+    try:
+        text = listing if listing is not None else Path(ONLINE).read_text()
+        for part in text.strip().split(","):
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    except (OSError, ValueError):
+        return list(range(os.cpu_count() or 1))
+    return cpus
 
 
 class OutboundSpace:
@@ -225,7 +240,7 @@ class OutboundSpace:
         # failed so under the test harness, whose namespace is not the boot one). A copy of the
         # namespace made on each CPU in turn gets an id of that CPU's batch; the CPU that made
         # ours has the batch that goes on above it.
-        for cpu in [None, *range(os.cpu_count() or 1)]:
+        for cpu in [None, *online_cpus()]:
             if cpu is not None and not self.call(self._renew_on, cpu):
                 continue
             if _libc.mount(source, bytes(self.pin), None, MS_BIND, None) == 0:

@@ -5,6 +5,10 @@ input, and the wrapper's refusals in tests/integration/test_outbound_exec.py."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from ironclawd.host import mountns
 
 MOUNTINFO = (
@@ -32,3 +36,15 @@ def test_the_namespace_keeps_only_the_way_to_the_queues_and_proc() -> None:
     assert drop == ["/var/lib/ironclaw/queues-other", "/run/netns/x", "/mnt/with space", "/run"]
     for kept in ("/", "/proc", "/var", "/var/lib/ironclaw/queues/s1/outbound"):
         assert kept not in drop
+
+
+@pytest.mark.parametrize(
+    ("listing", "cpus"),
+    [("0-1\n", [0, 1]), ("0\n", [0]), ("0,2-4,7\n", [0, 2, 3, 4, 7])],
+)
+def test_online_cpus_reads_the_kernels_list_with_its_gaps(listing: str, cpus: list[int]) -> None:
+    assert mountns.online_cpus(listing) == cpus
+
+
+def test_online_cpus_falls_back_to_the_count_on_a_list_it_cannot_read() -> None:
+    assert mountns.online_cpus("garbage") == list(range(os.cpu_count() or 1))
