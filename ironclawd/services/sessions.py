@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
-from ironclawd.errors import Conflict, IronclawError, SandboxError
+from ironclawd.errors import Conflict, IronclawError, NotFound, SandboxError
 from ironclawd.ports import AuditSink, Clock, SessionRecords
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import (
@@ -315,10 +315,15 @@ class SessionService:
         return session
 
     async def _sandbox_exited(self, sid: str) -> None:
-        """The agent's control connection dropped: learn why from the unit."""
+        """The agent's control connection dropped: learn why from the unit. Only a sandbox that
+        died on its own runs the exit hooks: a stop or a removal drops the connection too, and a
+        removed session has no record left to say so."""
         async with self.lock(sid):
             with contextlib.suppress(IronclawError):
-                session = self._store.get(sid)
+                try:
+                    session = self._store.get(sid)
+                except NotFound:
+                    return  # removed meanwhile: its removal ended the sandbox
                 if session.state is not State.RUNNING:
                     return
                 result = await self.lifecycle.wait_exit(session)

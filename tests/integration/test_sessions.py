@@ -381,10 +381,18 @@ def test_rm_force_of_a_running_session_leaves_nothing(clean: Any) -> None:
     sysd = clean
     sid = new_sid("rmforce")
     create(sysd, sid)
+    mark = cursor(sysd)
     code, doc = ctl(sysd, "session", "rm", "--force", sid)
     assert (code, doc) == (0, {"removed": sid})
     assert leftovers(sysd, sid) == {}
     assert ctl(sysd, "session", "show", sid)[0] == 5
+    # The removal ended the sandbox; nothing treats that as a death afterwards (the exit hooks
+    # once looked for unanswered messages under the destroyed key, and warned at every rm).
+    time.sleep(0.5)
+    journal = journal_since(sysd, mark)
+    assert f"session {sid} removed" in journal
+    assert f"session {sid}: checking for unanswered" not in journal, journal[-2000:]
+    assert f"session {sid}: sandbox exited" not in journal, journal[-2000:]
 
 
 # -- 3. a killed daemon adopts its sandboxes; reconcile settles and removes orphans ----------

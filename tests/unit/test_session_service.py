@@ -272,6 +272,32 @@ def test_an_adopted_sandbox_that_dies_is_recorded_failed_and_hooks_run(world: Wo
     assert exited == [SID]
 
 
+@pytest.mark.parametrize("how", ["stop", "remove"])
+def test_no_exit_hook_runs_for_a_sandbox_the_operator_ended(world: World, how: str) -> None:
+    """The agent's connection also drops when a stop or a removal ends its sandbox; that is
+    not a death. A removed session's hooks ran anyway (its record was gone, so no state said
+    otherwise): messaging then looked for unanswered messages under a destroyed key and
+    warned at every ``session rm``."""
+    exited: list[str] = []
+
+    async def on_exit(sid: str) -> None:
+        exited.append(sid)
+
+    world.hooks.on_sandbox_exit(on_exit)
+
+    async def go() -> None:
+        await world.service.create("demo", SID)
+        if how == "stop":
+            await world.service.stop(SID)
+        else:
+            await world.service.remove(SID, force=True)
+        for _ in range(20):  # the watcher's disconnect callback runs after the call returns
+            await asyncio.sleep(0)
+
+    _run(world, go())
+    assert exited == []
+
+
 def test_an_idle_session_stops_by_itself_after_the_idle_timeout() -> None:
     world = World(idle_timeout=0.01)
 
