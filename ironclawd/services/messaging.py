@@ -101,7 +101,8 @@ class MessageService:
         self._tails: dict[str, ReplyTail] = {}
         self._forgotten = 0  # sessions forgotten so far (a tail read meanwhile is not kept)
         self._readers: dict[str, OutboundRows] = {}  # used only in the session's lane
-        self._writers_lock = threading.Lock()
+        self._writers_lock = threading.Lock()  # guards the two dicts, never held for an open
+        self._opening: dict[str, threading.Lock] = {}  # a writer being opened, per session
         self._ingest_locks: dict[str, asyncio.Lock] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._restarts: dict[str, list[float]] = {}
@@ -142,12 +143,25 @@ class MessageService:
         return self._writer(sid).append(body, now, client_id)
 
     def _writer(self, sid: str) -> InboundQueue:
-        # Runs in worker threads: two first sends must not open two writers for one file.
+        """The session's inbound writer, opened at its first send. Runs in worker threads: two
+        first sends to one session must not open two writers for one file, and an open (file,
+        key, schema: several ms on disk) holds up only that session's sends, not every other's
+        (after a restart each session's first send opens one)."""
         with self._writers_lock:
             writer = self._inbound.get(sid)
+            if writer is not None:
+                return writer
+            opening = self._opening.setdefault(sid, threading.Lock())
+        with opening:
+            with self._writers_lock:
+                writer = self._inbound.get(sid)
             if writer is None:
                 writer = self._data.inbound(sid, self._gid)
-                self._inbound[sid] = writer
+                with self._writers_lock:
+                    self._inbound[sid] = writer
+                    # Whoever waits on this lock now finds the writer. (After a failed open it
+                    # stays, so that the next tries still take turns; forget drops it.)
+                    self._opening.pop(sid, None)
             return writer
 
     async def resume_unanswered(self, sid: str) -> None:
@@ -190,7 +204,13 @@ class MessageService:
     def forget(self, sid: str) -> None:
         """The session is being removed: close its queue handles."""
         with self._writers_lock:
+            opening = self._opening.get(sid)
+        if opening is not None:
+            with opening:  # an open under way ends first, and its writer is closed below
+                pass
+        with self._writers_lock:
             writer = self._inbound.pop(sid, None)
+            self._opening.pop(sid, None)
         if writer is not None:
             writer.close()
         self._tails.pop(sid, None)

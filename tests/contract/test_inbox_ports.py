@@ -74,10 +74,12 @@ class Ports:
         await control.listener(sid, "outbound", len(rows))
 
 
-def real_services() -> tuple[SessionService, MessageService, FakeSessionData, FakeControl,
-                             FakeClock]:  # fmt: skip
-    """The real session and message services, over the host-effect fakes."""
-    clock, data, control, hooks = FakeClock(), FakeSessionData(), FakeControl(), SessionHooks()
+def real_services(
+    data: FakeSessionData | None = None,
+) -> tuple[SessionService, MessageService, FakeSessionData, FakeControl, FakeClock]:
+    """The real session and message services, over the host-effect fakes (``data`` if given)."""
+    clock, control, hooks = FakeClock(), FakeControl(), SessionHooks()
+    data = data if data is not None else FakeSessionData()
     audit = RecordingAudit()
     layout = SandboxLayout(bundles_dir=STATE_DIR / "bundles", rootfs=STATE_DIR / "rootfs" / "x",
                            start_timeout=WAIT, adopt_timeout=WAIT, unit_check_seconds=0.01,
