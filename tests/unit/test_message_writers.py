@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
+from ironclawd.services.messaging import MessageService
+from ironclawd.services.sessions import SessionService
 from tests.contract.test_inbox_ports import AGENT, real_services
 from tests.fakes import FakeSessionData
 
@@ -40,71 +44,70 @@ async def _opened(data: GatedOpens, sid: str) -> None:
     assert await asyncio.to_thread(data.entered[sid].wait, WAIT), f"{sid}: no open began"
 
 
-def test_a_slow_open_for_one_session_holds_up_no_other_sessions_send() -> None:
+World = tuple[GatedOpens, SessionService, MessageService, threading.Event]
+
+
+@contextlib.asynccontextmanager
+async def gated(sid: str) -> AsyncIterator[World]:
+    """The real services with a running session ``sid`` whose writer's open waits at the gate
+    (yielded). At the end the gate opens, so that no failed test leaves a thread waiting, and
+    the services close."""
     data = GatedOpens()
     sessions, messages, *_ = real_services(data)
-    gate = data.gates.setdefault("slowsession01", threading.Event())
+    gate = data.gates.setdefault(sid, threading.Event())
+    try:
+        await sessions.create(AGENT, sid)
+        yield data, sessions, messages, gate
+    finally:
+        gate.set()
+        await sessions.close()
 
-    async def go() -> None:
-        try:
-            slow = (await sessions.create(AGENT, "slowsession01")).sid
+
+def test_a_slow_open_for_one_session_holds_up_no_other_sessions_send() -> None:
+    async def go() -> GatedOpens:
+        async with gated("slowsession01") as (data, sessions, messages, gate):
             other = (await sessions.create(AGENT, "othersession1")).sid
-            waiting = asyncio.ensure_future(messages.send(slow, "to the slow one"))
-            await _opened(data, slow)
+            waiting = asyncio.ensure_future(messages.send("slowsession01", "to the slow one"))
+            await _opened(data, "slowsession01")
             # Before: every session's writer opened under one lock, so this waited for the gate.
             sent = await asyncio.wait_for(messages.send(other, "to the other"), WAIT / 2)
             assert sent.seq == 1
             assert not waiting.done()
             gate.set()
             assert (await asyncio.wait_for(waiting, WAIT)).seq == 1
-        finally:
-            gate.set()
-            await sessions.close()
+            return data
 
-    asyncio.run(go())
-    assert data.opens == {"slowsession01": 1, "othersession1": 1}
+    assert asyncio.run(go()).opens == {"slowsession01": 1, "othersession1": 1}
 
 
 def test_first_sends_to_one_session_at_once_open_one_writer_and_number_in_turn() -> None:
-    data = GatedOpens()
-    sessions, messages, *_ = real_services(data)
-    gate = data.gates.setdefault("busysession01", threading.Event())
-
-    async def go() -> list[int]:
-        try:
-            sid = (await sessions.create(AGENT, "busysession01")).sid
-            sends = [asyncio.ensure_future(messages.send(sid, f"m{i}")) for i in range(4)]
-            await _opened(data, sid)
+    async def go() -> tuple[list[int], GatedOpens]:
+        async with gated("busysession01") as (data, _, messages, gate):
+            sends = [
+                asyncio.ensure_future(messages.send("busysession01", f"m{i}")) for i in range(4)
+            ]
+            await _opened(data, "busysession01")
             await asyncio.sleep(0.05)  # the other three reach the open meanwhile
             gate.set()
             async with asyncio.timeout(WAIT):
-                return sorted([(await s).seq for s in sends])
-        finally:
-            gate.set()
-            await sessions.close()
+                return sorted([(await s).seq for s in sends]), data
 
-    assert asyncio.run(go()) == [1, 2, 3, 4]
+    seqs, data = asyncio.run(go())
+    assert seqs == [1, 2, 3, 4]
     assert data.opens == {"busysession01": 1}
 
 
 def test_a_removed_session_leaves_no_writer_even_when_removed_while_it_opened() -> None:
-    data = GatedOpens()
-    sessions, messages, *_ = real_services(data)
-    gate = data.gates.setdefault("gonesession01", threading.Event())
-
     async def go() -> None:
-        try:
-            sid = (await sessions.create(AGENT, "gonesession01")).sid
-            sending = asyncio.ensure_future(messages.send(sid, "last words"))
-            await _opened(data, sid)
+        async with gated("gonesession01") as (data, _, messages, gate):
+            sending = asyncio.ensure_future(messages.send("gonesession01", "last words"))
+            await _opened(data, "gonesession01")
             # forget waits on the loop for the open under way (as it waited before, for any
             # session's): the gate opens from another thread.
             threading.Timer(0.05, gate.set).start()
-            messages.forget(sid)
+            messages.forget("gonesession01")
             await asyncio.wait_for(sending, WAIT)
-            assert data.inbound_queues[sid].closed  # the writer that open made was closed
-        finally:
-            gate.set()
-            await sessions.close()
+            # The writer that open made was closed.
+            assert data.inbound_queues["gonesession01"].closed
 
     asyncio.run(go())
