@@ -168,7 +168,6 @@ def test_a_tmpfs_an_older_version_mounted_on_the_host_moves_into_the_namespace(
         cp -a {saved}/. {outdir}/
         rm -rf {saved}
         findmnt -rn -o FSTYPE {outdir}
-        systemctl reset-failed ironclawd 2>/dev/null || true
         systemctl start ironclawd
     """
     proc = sh(daemon, script, timeout=180)
