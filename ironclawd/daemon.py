@@ -183,10 +183,18 @@ class Daemon:
     async def _hand_over(control: ControlServer, fdstore: SystemdFdStore) -> None:
         """Store the sessions' control sockets with systemd for the next start, and wait until
         it holds them: this process closes its copies next, and exits soon after."""
-        handed = await control.hand_over()
-        # One bundle, not a descriptor per name (host/fdstore.py): one by one, handing 1000
-        # over took 0.5-0.6 s at 500 sessions.
-        if handed and not (fdstore.put_all(handed) and fdstore.barrier(FD_STORE_BARRIER_SECONDS)):
+        try:
+            handed = await control.hand_over()
+            # One bundle, not a descriptor per name (host/fdstore.py): one by one, handing 1000
+            # over took 0.5-0.6 s at 500 sessions.
+            stored = not handed or (
+                fdstore.put_all(handed) and fdstore.barrier(FD_STORE_BARRIER_SECONDS)
+            )
+        except Exception as exc:  # the rest of the stop (audit log, state, key) must still run
+            log.error("handing the control sockets to the fd store failed: %r; agents reconnect "
+                      "after the restart", exc)  # fmt: skip
+            return
+        if not stored:
             log.warning("the fd store did not take the %d control socket(s): agents reconnect "
                         "after the restart", len(handed))  # fmt: skip
         elif handed:

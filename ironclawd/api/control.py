@@ -356,10 +356,14 @@ class ControlServer:
             if len(listener) == 1:
                 handed.append((_listener_name(sid), [listener[0].fileno()]))
         for sid, writer in kept:
-            channel = self._channels[sid]
-            resync = writer in channel.acting or _buffered(channel.readers.get(writer))
+            open_channel = self._channels.get(sid)
+            hello = open_channel.hellos.get(writer) if open_channel is not None else None
+            if open_channel is None or hello is None or writer.is_closing():
+                continue  # it ended during those turns (its task let go of it): nothing to keep
+            acting, readers = open_channel.acting, open_channel.readers
+            resync = writer in acting or _buffered(readers.get(writer))
             sock: socket.socket = writer.get_extra_info("socket")
-            entry = _Kept(sock, channel.hellos[writer], resync)
+            entry = _Kept(sock, hello, resync)
             handed.append((entry.name(sid), [sock.fileno()]))
         # Taken back at start but not yet opened (a stop while adopting): handed on as they are.
         for sid, restored in self._restored.items():
@@ -519,6 +523,10 @@ class ControlServer:
 
     async def close(self, sid: str) -> None:
         await self.close_listener(sid)
+        # What the fd store gave back for it and ``open`` has not taken (a session settled while
+        # the start adopts the others): the listener's file is removed below, so a later
+        # ``open`` must bind a new one, not take this (its name still reads as the path).
+        self._restored.pop(sid, Restored()).close()
         directory = self._session_dir(sid)
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(directory):
@@ -584,10 +592,32 @@ def _parse_store_name(name: str) -> tuple[str, AgentHello | None, bool] | None:
     return None
 
 
+# The most digits each number of the box's lines may have: a pid or uid is a 32-bit number, a
+# seq a 63-bit one. The pid and uid name the connection in the fd store (``_Kept.name``, at most
+# 255 characters): a hello of 240 digits made a name systemd cannot take, and the hand-over of
+# every session failed with it.
+ID_DIGITS = 10
+SEQ_DIGITS = 19
+
+
+def _number(word: str, digits: int) -> bool:
+    """Plain ASCII digits, at most ``digits`` of them (``int`` would also take a sign, '_' and
+    surrounding space)."""
+    return 0 < len(word) <= digits and word.isascii() and word.isdigit()
+
+
 def _parse_hello(line: bytes) -> AgentHello:
     words = line.decode("ascii", "strict").split()
-    if len(words) not in (3, 4) or words[0] != "hello":
-        raise ValueError(f"expected 'hello <pid> <uid> [<outbound seq>]', got {line[:60]!r}")
+    if (
+        len(words) not in (3, 4)
+        or words[0] != "hello"
+        or not all(_number(w, ID_DIGITS) for w in words[1:3])
+        or (len(words) == 4 and not _number(words[3], SEQ_DIGITS))
+    ):
+        raise ValueError(
+            f"expected 'hello <pid> <uid> [<outbound seq>]' (pid and uid of at most "
+            f"{ID_DIGITS} digits, seq of at most {SEQ_DIGITS}), got {line[:60]!r}"
+        )
     outbound = int(words[3]) if len(words) == 4 else 0
     return AgentHello(pid=int(words[1]), uid=int(words[2]), outbound_seq=outbound)
 
@@ -597,8 +627,9 @@ AGENT_EVENTS = frozenset({"outbound"})
 
 def _parse_event(line: bytes) -> tuple[str, int]:
     words = line.decode("ascii", "strict").split()
-    if len(words) != 2 or words[0] not in AGENT_EVENTS or not words[1].isdigit():
-        raise ValueError(f"expected 'outbound <seq>', got {line[:60]!r}")
+    if len(words) != 2 or words[0] not in AGENT_EVENTS or not _number(words[1], SEQ_DIGITS):
+        raise ValueError(f"expected 'outbound <seq>' (at most {SEQ_DIGITS} digits), "
+                         f"got {line[:60]!r}")  # fmt: skip
     return words[0], int(words[1])
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from ironclawd.api import control
 from ironclawd.api.control import ControlServer
+from ironclawd.host import fdstore
 from ironclawd.ports import RESYNC
 
 SID = "keep0001"
@@ -229,5 +230,115 @@ def test_a_restored_connection_from_outside_the_unit_is_refused(
             await asyncio.wait_for(server.wait_hello(SID), 0.05)
         theirs.close()
         await server.close_all_listeners()
+
+    run(body, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"hello " + b"9" * 240 + b" 0\n",  # under MAX_LINE, but no fd store name could hold it
+        b"hello 7 " + b"1" * 11 + b"\n",
+        b"hello 7 1000 " + b"1" * 20 + b"\n",
+        b"hello -5 1000\n",
+        b"hello +5 1000\n",
+        b"hello 1_0 1000\n",
+        b"hello 7 1000 -1\n",
+    ],
+)
+def test_a_hello_whose_numbers_are_not_plain_and_bounded_is_refused(line: bytes) -> None:
+    with pytest.raises(ValueError, match="expected 'hello <pid> <uid>"):
+        control._parse_hello(line)
+
+
+def test_an_outbound_seq_that_is_not_plain_and_bounded_is_refused() -> None:
+    assert control._parse_event(b"outbound " + b"9" * 19 + b"\n") == ("outbound", int("9" * 19))
+    for line in (b"outbound " + b"9" * 20 + b"\n", b"outbound 1_0\n", b"outbound +1\n"):
+        with pytest.raises(ValueError, match="expected 'outbound <seq>'"):
+            control._parse_event(line)
+
+
+def test_a_box_cannot_make_a_name_the_fd_store_refuses(tmp_path: Path) -> None:
+    """A hello of 240 digits once named its connection past the store's 255 characters, and
+    ``put_all`` refused the whole hand-over: every session's agent lost its connection."""
+
+    async def body(root: Path) -> None:
+        server = ControlServer(root)
+        for sid in (SID, "keep0002"):
+            await server.open(sid)
+        good = await agent_connect(root / "keep0002" / control.CONTROL_SOCKET, b"hello 7 1000\n")
+        big = b"hello " + b"9" * 240 + b" 0\n"
+        assert len(big) < control.MAX_LINE
+        bad = await agent_connect(root / SID / control.CONTROL_SOCKET, big)
+        await server.wait_hello("keep0002")
+        handed = await server.hand_over()
+        assert sorted(name for name, _ in handed) == [
+            f"control.{SID}",
+            "control.keep0002",
+            "control.keep0002.7.1000",
+        ]
+        for name, _ in handed:
+            fdstore.check_name(name)
+        assert not still_open(bad)  # refused at its hello
+        good.close()
+        bad.close()
+        await server.close_all_listeners()
+
+    run(body, tmp_path)
+
+
+def test_a_connection_that_ends_while_the_hand_over_waits_is_left_out(tmp_path: Path) -> None:
+    """``hand_over`` lets lines in hand finish over two turns of the loop; a connection whose
+    task ends meanwhile (its agent closed it) is not handed over, and the rest are."""
+
+    async def body(root: Path) -> None:
+        gate, entered = asyncio.Event(), asyncio.Event()
+
+        async def acting(sid: str, event: str, value: int) -> None:
+            entered.set()
+            await gate.wait()
+
+        server = ControlServer(root)
+        server.set_listener(acting)
+        path = await server.open(SID) / control.CONTROL_SOCKET
+        agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        agent.connect(str(path))
+        agent.sendall(b"hello 7 1000 5\n")  # outbound 5: the daemon acts on it at once
+        await asyncio.wait_for(entered.wait(), 5)
+        agent.shutdown(socket.SHUT_WR)  # then the agent ends its side
+        await asyncio.sleep(0.05)  # the end is read into the connection's reader
+        task = asyncio.create_task(server.hand_over())
+        await asyncio.sleep(0)  # hand_over took the connection and waits its two turns
+        gate.set()  # the action finishes within them, and the task lets go of the connection
+        handed = await asyncio.wait_for(task, 5)
+        assert [name for name, _ in handed] == [f"control.{SID}"]
+        agent.close()
+        await server.close_all_listeners()
+
+    run(body, tmp_path)
+
+
+def test_a_session_settled_while_others_are_adopted_gets_a_new_listener(tmp_path: Path) -> None:
+    """What the fd store gave back for a session goes with it when it is torn down (its
+    sandbox died while the daemon was down): started again before the adoption of the others
+    is over, it listens on a new socket at the path, not on the old one whose file is gone."""
+
+    async def body(root: Path) -> None:
+        old = ControlServer(root)
+        await old.open(SID)
+        taken = store_copy(await old.hand_over())
+        await old.close_all_listeners()
+
+        new = ControlServer(root)
+        new.restore(taken)
+        await new.close(SID)  # teardown of the settled session
+        assert not (root / SID).exists()
+        for socks in taken.values():
+            assert all(sock.fileno() == -1 for sock in socks)
+        path = await new.open(SID) / control.CONTROL_SOCKET  # started again
+        agent = await agent_connect(path, b"hello 7 1000\n")
+        assert (await asyncio.wait_for(new.wait_hello(SID), 5)).pid == 7
+        agent.close()
+        await new.close_all_listeners()
 
     run(body, tmp_path)
