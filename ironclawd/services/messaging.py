@@ -28,7 +28,7 @@ from ironclawd.domain.messages import (
     check_client_id,
 )
 from ironclawd.domain.session import State
-from ironclawd.errors import DiskFull, IronclawError
+from ironclawd.errors import DiskFull, IronclawError, NotFound
 from ironclawd.ports import (
     RESYNC,
     AuditSink,
@@ -99,7 +99,13 @@ class MessageService:
         self._gid = agent_gid
         self._inbound: dict[str, InboundQueue] = {}
         self._tails: dict[str, ReplyTail] = {}
-        self._forgotten = 0  # sessions forgotten so far (a tail read meanwhile is not kept)
+        # Each session's life here: a token made at its first use and dropped at its removal.
+        # A handle (writer, reader), tail or reply made for a life that has ended is not kept,
+        # so nothing of a removed session reaches a later session of the same id; and while a
+        # removal is under way (``_removing``) no new life starts.
+        self._lives: dict[str, object] = {}
+        self._removing: set[str] = set()
+        self._recording: dict[str, asyncio.Lock] = {}  # held over add_replies and its check
         self._readers: dict[str, OutboundRows] = {}  # used only in the session's lane
         self._writers_lock = threading.Lock()  # guards the two dicts, never held for an open
         self._opening: dict[str, threading.Lock] = {}  # a writer being opened, per session
@@ -117,7 +123,19 @@ class MessageService:
         self._refusals = Throttled(audit, clock)
         control.set_listener(self._on_event)
         hooks.on_sandbox_exit(self.resume_unanswered)
-        hooks.on_remove(self.forget)
+        hooks.on_removing(self.settle_removal)
+        hooks.on_gone(self.gone)
+
+    def _life(self, sid: str) -> object | None:
+        """The token of ``sid``'s life here (made at its first use); None while it is being
+        removed. Taken on the loop when a send, ingest, watch or check starts."""
+        with self._writers_lock:
+            if sid in self._removing:
+                return None
+            return self._lives.setdefault(sid, object())
+
+    def _alive(self, sid: str, life: object) -> bool:
+        return self._lives.get(sid) is life
 
     async def send(self, sid: str, body: str, client_id: str = "") -> Sent:
         check_body(body)
@@ -127,27 +145,36 @@ class MessageService:
             await asyncio.to_thread(self._data.check_space, f"sending to session {sid}")
             # An idle-stopped session starts again on the next message (docs/architecture.md §3).
             session = await self._sessions.start(sid)
-        replies_before = (await self._tail(sid)).last
+        life = self._life(sid)
+        if life is None:
+            raise NotFound(f"session {sid} is being removed")
+        replies_before = (await self._tail(sid, life)).last
         seq, new = await asyncio.to_thread(
-            self._append, sid, body, self._clock.time(), client_id or None
+            self._append, sid, body, self._clock.time(), client_id or None, life
         )
         self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
             log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
         return Sent(seq, new, replies_before)
 
-    def _append(self, sid: str, body: str, now: float, client_id: str | None) -> tuple[int, bool]:
+    def _append(
+        self, sid: str, body: str, now: float, client_id: str | None, life: object
+    ) -> tuple[int, bool]:
         """In a worker thread: the free-space check and the append in one hop off the loop
         (each hop is a wake-up of a thread and of the loop again, on the path of every send)."""
         self._data.check_space(f"sending to session {sid}")
-        return self._writer(sid).append(body, now, client_id)
+        return self._writer(sid, life).append(body, now, client_id)
 
-    def _writer(self, sid: str) -> InboundQueue:
+    def _writer(self, sid: str, life: object) -> InboundQueue:
         """The session's inbound writer, opened at its first send. Runs in worker threads: two
         first sends to one session must not open two writers for one file, and an open (file,
         key, schema: several ms on disk) holds up only that session's sends, not every other's
-        (after a restart each session's first send opens one)."""
+        (after a restart each session's first send opens one). NotFound if ``life`` has ended
+        (the session was removed): a writer opened meanwhile is closed, not kept for a later
+        session of the same id."""
         with self._writers_lock:
+            if not self._alive(sid, life):
+                raise NotFound(f"session {sid} was removed")
             writer = self._inbound.get(sid)
             if writer is not None:
                 return writer
@@ -158,18 +185,26 @@ class MessageService:
             if writer is None:
                 writer = self._data.inbound(sid, self._gid)
                 with self._writers_lock:
-                    self._inbound[sid] = writer
-                    # Whoever waits on this lock now finds the writer. (After a failed open it
-                    # stays, so that the next tries still take turns; forget drops it.)
-                    self._opening.pop(sid, None)
+                    ended = not self._alive(sid, life)
+                    if not ended:
+                        self._inbound[sid] = writer
+                        # Whoever waits on this lock now finds the writer. (After a failed open
+                        # it stays, so that the next tries still take turns; forget drops it.)
+                        self._opening.pop(sid, None)
+                if ended:
+                    writer.close()
+                    raise NotFound(f"session {sid} was removed")
             return writer
 
     async def resume_unanswered(self, sid: str) -> None:
         """Start a failed session again if it has messages its agent has not answered: an
         accepted message is answered even when no further send comes to restart the sandbox
         (its agent resumes after the last message it answered)."""
+        life = self._life(sid)
+        if life is None:
+            return
         try:
-            if not await asyncio.to_thread(self._has_unanswered, sid):
+            if not await asyncio.to_thread(self._has_unanswered, sid, life):
                 return
         except IronclawError as exc:
             log.warning("session %s: checking for unanswered messages: %s", sid, exc)
@@ -195,15 +230,18 @@ class MessageService:
         for sid in sids:
             await self.resume_unanswered(sid)
 
-    def _has_unanswered(self, sid: str) -> bool:
-        newest = self._writer(sid).last_seq()
+    def _has_unanswered(self, sid: str, life: object) -> bool:
+        newest = self._writer(sid, life).last_seq()
         last, _chain = self.store.last_reply(sid)
         answered = self.store.replies_after(sid, last - 1, limit=1) if last else []
         return newest > (answered[0].in_reply_to if answered else 0)
 
     def forget(self, sid: str) -> None:
-        """The session is being removed: close its queue handles."""
+        """The session is being removed: end its life here (nothing new is made for it until
+        ``gone``) and close its queue handles."""
         with self._writers_lock:
+            self._removing.add(sid)
+            self._lives.pop(sid, None)
             opening = self._opening.get(sid)
         if opening is not None:
             with opening:  # an open under way ends first, and its writer is closed below
@@ -215,12 +253,30 @@ class MessageService:
             writer.close()
         self._tails.pop(sid, None)
         self._pruned.pop(sid, None)
-        self._forgotten += 1
         self._lanes.close(sid, then=lambda: self._drop_reader(sid))
         self._full.discard(sid)
         retry = self._retries.pop(sid, None)
         if retry is not None:
             retry.cancel()
+
+    async def settle_removal(self, sid: str) -> None:
+        """``forget``, then wait for replies being recorded for the session (the state DB is
+        written in a thread): the removal destroys its data next, and nothing recorded after
+        that may outlive it. Watchers of the session are woken to end."""
+        self.forget(sid)
+        async with self._recording.setdefault(sid, asyncio.Lock()):
+            pass
+        condition = self._changed.get(sid)
+        if condition is not None:
+            async with condition:
+                condition.notify_all()
+
+    def gone(self, sid: str) -> None:
+        """The removed session's data and record are gone: its id may name a new session."""
+        with self._writers_lock:
+            self._removing.discard(sid)
+        for per_session in (self._ingest_locks, self._recording, self._changed, self._restarts):
+            per_session.pop(sid, None)
 
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
@@ -235,9 +291,12 @@ class MessageService:
         whole at each ingest, so it must not grow with the session's age. The seq is recorded
         first: ``verify`` takes a row missing at or below it for pruned, not deleted."""
         every = self._limits.prune_after_rows
-        if every <= 0:
+        life = self._life(sid)
+        if every <= 0 or life is None:
             return
-        last = (await self._tail(sid)).last
+        last = (await self._tail(sid, life)).last
+        if not self._alive(sid, life):
+            return
         told = self._pruned.get(sid)
         if told is None:
             told = await asyncio.to_thread(self.store.pruned, sid)
@@ -259,50 +318,74 @@ class MessageService:
         (audited), and a file that cannot be read is complained about at a bounded rate."""
         lock = self._ingest_locks.setdefault(sid, asyncio.Lock())
         async with lock:
-            tail = await self._tail(sid)
+            life = self._life(sid)
+            if life is None:
+                return 0
+            tail = await self._tail(sid, life)
             total = 0
-            while True:
-                last, chain = tail.last, tail.chain
-                if up_to is not None and up_to <= last:
-                    return total
-                room = self._limits.max_rows - last
-                if room <= 0:
-                    self._refused(sid, f"reply quota of {self._limits.max_rows} rows reached")
-                    return total
-                batch = min(room, self._limits.rows_per_read)
+            while batch := self._next_batch(sid, life, tail, up_to):
+                last = tail.last
                 try:
                     rows = await self._lanes.run(sid, self._read_batch, sid, last, batch)
                 except (IronclawError, OSError) as exc:
                     self._refused(sid, str(exc))
                     return total
-                replies: list[Reply] = []
-                for raw in rows:
-                    if raw[0] != last + 1 + len(replies):
-                        self._refused(sid, f"a gap after seq {last + len(replies)}")
-                        break
-                    row, problem = accept_row(*raw, self._limits.max_reply_bytes)
-                    if problem:
-                        self._refusals.record(
-                            sid, "reply.refused", f"session:{sid}", sid=sid, reply_seq=row[0],
-                            reason=problem,
-                        )  # fmt: skip
-                    chain = chain_link(chain, *row)
-                    replies.append(Reply(*row, chain))
-                if replies:
-                    try:
-                        await asyncio.to_thread(self.store.add_replies, sid, replies)
-                    except DiskFull as exc:
-                        self._retry_ingest(sid, exc)
-                        return total
-                    tail.add(replies)
-                    self._touch(sid)
-                    self._sessions.answered(sid)
-                    condition = self._condition(sid)
-                    async with condition:
-                        condition.notify_all()
-                    total += len(replies)
+                replies = self._accepted(sid, rows, last, tail.chain)
+                if replies and not await self._record(sid, life, tail, replies):
+                    return total
+                total += len(replies)
                 if len(replies) < batch:
                     return total
+            return total
+
+    def _next_batch(self, sid: str, life: object, tail: ReplyTail, up_to: int | None) -> int:
+        """How many rows to read next; 0 when done: the session was removed (its lane is
+        closed, its data going), ``up_to`` is reached, or its reply quota is."""
+        if not self._alive(sid, life) or (up_to is not None and up_to <= tail.last):
+            return 0
+        room = self._limits.max_rows - tail.last
+        if room <= 0:
+            self._refused(sid, f"reply quota of {self._limits.max_rows} rows reached")
+            return 0
+        return min(room, self._limits.rows_per_read)
+
+    def _accepted(self, sid: str, rows: list[RawRow], last: int, chain: bytes) -> list[Reply]:
+        """The rows that follow seq ``last`` without a gap, as replies chained on from
+        ``chain``; a row that cannot be taken as it is becomes a placeholder (audited)."""
+        replies: list[Reply] = []
+        for raw in rows:
+            if raw[0] != last + 1 + len(replies):
+                self._refused(sid, f"a gap after seq {last + len(replies)}")
+                break
+            row, problem = accept_row(*raw, self._limits.max_reply_bytes)
+            if problem:
+                self._refusals.record(
+                    sid, "reply.refused", f"session:{sid}", sid=sid, reply_seq=row[0],
+                    reason=problem,
+                )  # fmt: skip
+            chain = chain_link(chain, *row)
+            replies.append(Reply(*row, chain))
+        return replies
+
+    async def _record(self, sid: str, life: object, tail: ReplyTail, replies: list[Reply]) -> bool:
+        """Store ``replies`` in the state DB, then in the tail, and wake the watchers; False if
+        they were not stored (the session was removed during the read, or the disk is full:
+        then they are tried again until the state DB takes them)."""
+        async with self._recording.setdefault(sid, asyncio.Lock()):
+            if not self._alive(sid, life):  # its removal waits for this lock: nothing after it
+                return False
+            try:
+                await asyncio.to_thread(self.store.add_replies, sid, replies)
+            except DiskFull as exc:
+                self._retry_ingest(sid, exc)
+                return False
+        tail.add(replies)
+        self._touch(sid)
+        self._sessions.answered(sid)
+        condition = self._condition(sid)
+        async with condition:
+            condition.notify_all()
+        return True
 
     def _touch(self, sid: str) -> None:
         """Note activity; on a full disk the persisted time waits for the next touch (what was
@@ -366,13 +449,12 @@ class MessageService:
         if reader is not None:
             reader.close()
 
-    async def _tail(self, sid: str) -> ReplyTail:
+    async def _tail(self, sid: str, life: object) -> ReplyTail:
         """The session's newest reply and recent ones, from the state DB once."""
         tail = self._tails.get(sid)
         if tail is None:
-            forgotten = self._forgotten
             tail = ReplyTail(*await asyncio.to_thread(self.store.last_reply, sid))
-            if forgotten == self._forgotten:  # else it may be a removed session's: not kept
+            if self._alive(sid, life):  # else it is a removed session's: not kept
                 # Another caller may have made it meanwhile and ingested since: keep that one.
                 tail = self._tails.setdefault(sid, tail)
         return tail
@@ -391,9 +473,14 @@ class MessageService:
     async def watch(self, sid: str, after: int, follow: bool) -> AsyncIterator[Reply]:
         """Replies with seq > after, in order; with ``follow``, keep waiting for new ones."""
         self._sessions.get(sid)  # NotFound for an unknown session
-        tail = await self._tail(sid)
+        life = self._life(sid)
+        if life is None:
+            raise NotFound(f"session {sid} is being removed")
+        tail = await self._tail(sid, life)
         condition = self._condition(sid)
         while True:
+            if not self._alive(sid, life):
+                return  # removed: nothing more will come
             batch = tail.after(after, WATCH_BATCH)
             from_db = batch is None
             if batch is None:
@@ -409,7 +496,7 @@ class MessageService:
                 # Ingestion changes the tail and notifies under this lock: nothing is missed
                 # between the check and the wait. (A tail ahead of an empty answer from the
                 # DB waits for the next reply rather than asking again at once.)
-                if tail.last <= after or from_db:
+                if (tail.last <= after or from_db) and self._alive(sid, life):
                     await condition.wait()
 
     async def verify(self, sid: str) -> ChainReport:
@@ -418,6 +505,9 @@ class MessageService:
         the agent was told it may drop ("ingested <seq>", ``_offer_pruning``) may be missing;
         if it is there, it is compared like the rest."""
         self._sessions.get(sid)
+        life = self._life(sid)
+        if life is None:
+            raise NotFound(f"session {sid} is being removed")
         max_body = self._limits.max_reply_bytes
         pruned_to = await asyncio.to_thread(self.store.pruned, sid)
         checked, pruned, after = 0, 0, 0
@@ -425,6 +515,8 @@ class MessageService:
             record = await asyncio.to_thread(self.store.replies_after, sid, after, 1000)
             if not record:
                 return ChainReport(checked, True, pruned=pruned)
+            if not self._alive(sid, life):
+                raise NotFound(f"session {sid} was removed")
             try:
                 now = await self._lanes.run(
                     sid, self._read_range, sid, record[0].seq, record[-1].seq, max_body

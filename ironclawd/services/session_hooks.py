@@ -21,6 +21,8 @@ class SessionHooks:
         self._close: list[SidHook] = []
         self._exit: list[SidHook] = []
         self._remove: list[Callable[[str], None]] = []
+        self._removing: list[SidHook] = []
+        self._gone: list[Callable[[str], None]] = []
 
     def on_sockets(self, open_: SidHook, close: SidHook) -> None:
         """Serve a session's sockets (``open_``) while its sandbox runs, until ``close``."""
@@ -36,6 +38,16 @@ class SessionHooks:
         """Call ``hook(sid)`` when a session is removed, before its data is destroyed."""
         self._remove.append(hook)
 
+    def on_removing(self, hook: SidHook) -> None:
+        """Await ``hook(sid)`` when a session is removed, after the ``on_remove`` hooks and
+        before its data is destroyed: for work on the data already under way to end first."""
+        self._removing.append(hook)
+
+    def on_gone(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(sid)`` once a removed session's data and record are gone: from then on
+        its id may name a new session."""
+        self._gone.append(hook)
+
     async def open(self, sid: str) -> None:
         for hook in self._open:
             await hook(sid)
@@ -48,6 +60,12 @@ class SessionHooks:
     def exit_hooks(self) -> tuple[SidHook, ...]:
         return tuple(self._exit)
 
-    def removed(self, sid: str) -> None:
+    async def removed(self, sid: str) -> None:
         for hook in self._remove:
+            hook(sid)
+        for removing in self._removing:
+            await removing(sid)
+
+    def gone(self, sid: str) -> None:
+        for hook in self._gone:
             hook(sid)

@@ -156,7 +156,9 @@ class SandboxLifecycle:
         try:
             unit = self._unit_spec(session, agent, netns, granted, argv=argv, stdin=stdin,
                                    pooled=pooled)  # fmt: skip
-            await asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+            await _finished_even_if_cancelled(
+                asyncio.to_thread(self.units.start_transient, unit, self.layout.start_timeout)
+            )
         finally:
             if stdin is not None:  # systemd holds a duplicate of its own
                 os.close(stdin)
@@ -367,6 +369,21 @@ class SandboxLifecycle:
             writable_paths=(*self.runtime.writable_paths(), *writable),
             stdin_fd=stdin,
         )  # fmt: skip
+
+
+async def _finished_even_if_cancelled(work: Awaitable[object]) -> None:
+    """Await ``work``; if the caller is cancelled meanwhile (a stop while a sandbox starts),
+    wait for it still, then raise the cancellation. A unit's start in a worker thread goes on
+    when its awaiter is cancelled: the undo that follows must not stop the unit before systemd
+    has it (the start would come after, with no record), nor the descriptor it is handed be
+    closed, and its number reused, while the thread still sends it."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 async def quietly(what: str, fn: Callable[..., Awaitable[object]], *args: object) -> None:

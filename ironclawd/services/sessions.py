@@ -165,12 +165,13 @@ class SessionService:
                     sid, "removing", self.stop_locked(session, State.STOPPED)
                 )
             await self.lifecycle.teardown(session)  # idempotent: nothing may outlive its record
-            self._hooks.removed(sid)
+            await self._hooks.removed(sid)
             # The key goes first: from then on the queue files are unreadable, even copies.
             await asyncio.to_thread(self.data.destroy, sid)
             self._store.delete(sid)
             self._last_active.pop(sid, None)
             self._persisted_active.pop(sid, None)
+            self._hooks.gone(sid)
             self.audit_event(session, "removed")
         self._locks.pop(sid, None)
 

@@ -11,6 +11,9 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
+from ironclawd.errors import NotFound
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.sessions import SessionService
 from tests.contract.test_inbox_ports import AGENT, real_services
@@ -106,8 +109,10 @@ def test_a_removed_session_leaves_no_writer_even_when_removed_while_it_opened() 
             # session's): the gate opens from another thread.
             threading.Timer(0.05, gate.set).start()
             messages.forget("gonesession01")
-            await asyncio.wait_for(sending, WAIT)
-            # The writer that open made was closed.
+            # The send fails (its message would be destroyed with the session anyway), and the
+            # writer that open made was closed, not kept for a later session of that id.
+            with pytest.raises(NotFound, match="session gonesession01 was removed"):
+                await asyncio.wait_for(sending, WAIT)
             assert data.inbound_queues["gonesession01"].closed
 
     asyncio.run(go())

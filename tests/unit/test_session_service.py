@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,40 @@ def test_activity_keeps_an_idle_timer_from_stopping_a_session() -> None:
 
     _run(world, go())
     assert world.store.get(SID).state is State.RUNNING
+
+
+def test_a_start_cancelled_while_systemd_starts_the_unit_is_undone_after_that_start() -> None:
+    """A stop of the daemon cancels a start in flight; the unit's start goes on in its worker
+    thread. The undo waits for it, so the unit is stopped after systemd has it (not before, to
+    start with no record afterwards) and what was handed to the start is not closed under it."""
+
+    class SlowStart(FakeUnits):
+        def __init__(self, log: list[tuple[Any, ...]]) -> None:
+            super().__init__(log)
+            self.entered, self.gate = threading.Event(), threading.Event()
+
+        def start_transient(self, spec: UnitSpec, timeout: float) -> Any:
+            self.entered.set()
+            assert self.gate.wait(5)
+            return super().start_transient(spec, timeout)
+
+    world = World()
+    units = world.units = world.service.lifecycle.units = SlowStart(world.log)
+    session = Session(SID, "demo", State.STARTING, 0.0, 0.0, 0.0)
+
+    async def go() -> None:
+        starting = asyncio.ensure_future(world.service.lifecycle.bring_up(session, world.agent))
+        assert await asyncio.to_thread(units.entered.wait, 5)
+        starting.cancel()
+        await asyncio.sleep(0.05)
+        assert not starting.done()  # it waits for the unit's start
+        units.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+
+    asyncio.run(go())
+    effects = world.effects()
+    assert effects.index("units.start") < effects.index("units.stop")
+    assert f"ironclaw-sbx-{SID}.service" not in world.units.units or (
+        world.units.units[f"ironclaw-sbx-{SID}.service"].active_state == "inactive"
+    )
