@@ -136,7 +136,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 "Kinds whose approver must differ from the submitter (no kind can skip "
                 "the human decision itself).",
             ),
-            "submissions_per_hour": _Key(_int(1, 10_000), "Change submissions per submitter."),
+            "submissions_per_hour": _Key(
+                _int(1, 10_000),
+                "Change submissions per submitter and hour; a session's attempts count, refused "
+                "ones too.",
+            ),
             "mount_allowlist": _Key(
                 _mount_allowlist,
                 "Host directories below which a `mounts` change may grant an agent a directory "

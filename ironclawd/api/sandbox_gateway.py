@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from ironclawd.errors import NotFound
+from ironclawd.errors import NotFound, RateLimited
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.sessions import SessionService
 
@@ -17,12 +19,19 @@ if TYPE_CHECKING:
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
+# Threads that check the sessions' submissions, apart from the loop's default executor (which
+# also serves every session's messages, egress lookups and starts): resolving packages runs apt
+# for seconds, and a box looping on submissions must not hold the threads others need.
+SUBMIT_THREADS = 2
+
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, gateway: Gateway, sessions: SessionService, current_sid: Any) -> None:
         self._gateway = gateway
         self._sessions = sessions
         self._sid = current_sid  # callable: the session of the socket this call came in on
+        self._executor = ThreadPoolExecutor(SUBMIT_THREADS, thread_name_prefix="gateway-submit")
+        self._submitting: set[str] = set()  # sessions with a submission being checked
 
     async def SubmitChange(
         self, request: gateway_pb2.SubmitChangeRequest, context: Context
@@ -34,13 +43,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         # Kinds other than those creating an agent target the session's own agent; the gateway
         # refuses (and audits) any other.
         only = None if creates_agent(request.kind) else own
-        # In a thread: resolving packages asks apt for seconds.
-        change = await asyncio.to_thread(
-            self._gateway.submit,
-            request.kind, request.agent or own, request.payload_json, request.reason,
-            f"session:{sid}", only_agent=only,
+        # One at a time per session: the hourly limit counts an attempt when its check begins,
+        # and a session's concurrent calls would each hold a thread meanwhile.
+        if sid in self._submitting:
+            raise RateLimited(
+                f"session:{sid}: one change submission at a time; wait for the one under way"
+            )
+        # In a thread of the gateway's own: resolving packages asks apt for seconds. The
+        # session's turn ends when that work does, not when its caller gives up on it.
+        checking = asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            functools.partial(
+                self._gateway.submit,
+                request.kind, request.agent or own, request.payload_json, request.reason,
+                f"session:{sid}", only_agent=only,
+            ),
         )  # fmt: skip
+        self._submitting.add(sid)
+        checking.add_done_callback(lambda done: self._finished(sid, done))
+        change = await asyncio.shield(checking)
         return gateway_pb2.SubmitChangeResponse(change=_status(change))
+
+    def _finished(self, sid: str, done: asyncio.Future[Change]) -> None:
+        self._submitting.discard(sid)
+        if not done.cancelled():
+            done.exception()  # its caller may have gone: the error is not "never retrieved"
 
     async def GetChange(
         self, request: gateway_pb2.GetChangeRequest, context: Context

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
+from collections import deque
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +53,12 @@ if TYPE_CHECKING:
     from ironclawd.domain.changes import Change, ParsedChange
 
 log = logging.getLogger("ironclawd.gateway")
+
+SESSION_SUBMITTER = "session:"
+RATE_WINDOW_SECONDS = 3600.0
+# Submitters whose attempts are remembered before the oldest windows are swept (a removed
+# session's stay until then).
+MAX_TRACKED_SUBMITTERS = 4096
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,10 @@ class Gateway:
         self._work: set[asyncio.Task[Change]] = set()
         # An agent can be refused in a loop (over its rate, say): recorded, but not without end.
         self._refusals = Throttled(audit, clock)
+        # Each session's submission attempts in the last hour, refused ones included
+        # (``_check_rate``); submit runs in worker threads.
+        self._attempts: dict[str, deque[float]] = {}
+        self._attempts_lock = threading.Lock()
 
     # -- submit ---------------------------------------------------------------------------
 
@@ -185,12 +197,39 @@ class Gateway:
         return parsed, before, after
 
     def _check_rate(self, submitter: str, now: float) -> None:
-        recent = self._store.count_changes_since(submitter, now - 3600)
-        if recent >= self._policy.submissions_per_hour:
-            raise RateLimited(
-                f"{submitter}: at most {self._policy.submissions_per_hour} change submissions "
-                "per hour; wait before submitting more"
+        """At most ``submissions_per_hour`` per submitter. A session's attempts count, refused
+        ones too, and one is counted before it is checked: checking may cost real work
+        (resolving packages runs apt for seconds) and a refused change is not stored, so
+        counting stored changes alone let a box run the resolver without end, and let
+        concurrent submissions all pass one count. An operator's stored changes count."""
+        limit = self._policy.submissions_per_hour
+        since = now - RATE_WINDOW_SECONDS
+        with self._attempts_lock:
+            attempts = (
+                self._recent_attempts(submitter, since)
+                if submitter.startswith(SESSION_SUBMITTER)
+                else None
             )
+            stored = self._store.count_changes_since(submitter, since)
+            if max(stored, len(attempts) if attempts is not None else 0) >= limit:
+                raise RateLimited(
+                    f"{submitter}: at most {limit} change submissions per hour; wait before "
+                    "submitting more"
+                )
+            if attempts is not None:
+                attempts.append(now)
+
+    def _recent_attempts(self, submitter: str, since: float) -> deque[float]:
+        """``submitter``'s attempts since ``since`` (under ``_attempts_lock``)."""
+        window = self._attempts.get(submitter)
+        if window is None:
+            if len(self._attempts) >= MAX_TRACKED_SUBMITTERS:
+                for key in [k for k, w in self._attempts.items() if not w or w[-1] <= since]:
+                    del self._attempts[key]
+            window = self._attempts[submitter] = deque()
+        while window and window[0] <= since:
+            window.popleft()
+        return window
 
     # -- queries --------------------------------------------------------------------------
 
