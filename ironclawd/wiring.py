@@ -392,7 +392,8 @@ def _egress(
         clock=clock,
         record=lambda d: audit.record_soon(
             "egress.decision", f"session:{d.sid}",
-            **{k: v for k, v in dataclasses.asdict(d).items() if k != "sid"},
+            **{k: v for k, v in dataclasses.asdict(d).items()
+               if k != "sid" and (v or k != "unrecorded_before")},
         ),
     )  # fmt: skip
 

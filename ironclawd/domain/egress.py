@@ -372,3 +372,6 @@ class EgressDecision:
     bytes_in: int = 0
     bytes_out: int = 0
     duration_ms: float = 0.0
+    # Denied decisions of the session left out of the audit log just before this one (a box
+    # decides how many it causes: at most 20 a minute are recorded).
+    unrecorded_before: int = 0

@@ -108,6 +108,31 @@ class Audit:
         return self._log.append_only
 
 
+class RateWindow:
+    """At most ``per_minute`` records a minute per key; counts what it left out."""
+
+    def __init__(self, clock: Clock, per_minute: int = 20) -> None:
+        self._per_minute = per_minute
+        self._clock = clock
+        self._window: dict[str, tuple[float, int, int]] = {}  # key: (start, recorded, dropped)
+
+    def admit(self, key: str) -> int | None:
+        """None if ``key`` is over its rate (the record is left out, and counted); else how
+        many of its records were left out before this one (0 if none)."""
+        now = self._clock.monotonic()
+        start, recorded, dropped = self._window.get(key, (now, 0, 0))
+        if now - start >= 60:
+            start, recorded = now, 0
+        if recorded >= self._per_minute:
+            self._window[key] = (start, recorded, dropped + 1)
+            return None
+        self._window[key] = (start, recorded + 1, 0)
+        return dropped
+
+    def forget(self, key: str) -> None:
+        self._window.pop(key, None)
+
+
 class Throttled:
     """Records an untrusted party can cause at will (its refused requests): at most
     ``per_minute`` a minute per key, so a looping agent cannot fill the disk through the audit
@@ -121,20 +146,13 @@ class Throttled:
         per_minute: int = 20,
     ) -> None:
         self._audit = audit
-        self._per_minute = per_minute
-        self._clock = clock
-        self._window: dict[str, tuple[float, int, int]] = {}  # key: (start, recorded, dropped)
+        self._rate = RateWindow(clock, per_minute)
 
     def record(self, key: str, event: str, actor: str, **fields: Any) -> bool:
         """Record unless ``key`` is over its rate; whether it was recorded."""
-        now = self._clock.monotonic()
-        start, recorded, dropped = self._window.get(key, (now, 0, 0))
-        if now - start >= 60:
-            start, recorded = now, 0
-        if recorded >= self._per_minute:
-            self._window[key] = (start, recorded, dropped + 1)
+        dropped = self._rate.admit(key)
+        if dropped is None:
             return False
-        self._window[key] = (start, recorded + 1, 0)
         if dropped:
             fields["unrecorded_before"] = dropped
         self._audit.record(event, actor, **fields)

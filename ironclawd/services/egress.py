@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -59,6 +60,7 @@ from ironclawd.ports import (
     UpstreamRequest,
     UpstreamResponse,
 )
+from ironclawd.services.audit import RateWindow
 from ironclawd.services.egress_budget import EgressBudget
 
 log = logging.getLogger("ironclawd.egress")
@@ -106,6 +108,9 @@ class EgressBroker:
         self._record = record
         self._clock = clock
         self._budget = EgressBudget(limits, clock)
+        # A denied request is refused before the session's request budget is charged: its
+        # records are metered here instead (the others are bounded by that budget).
+        self._denials = RateWindow(clock)
 
     @property
     def timeout_seconds(self) -> float:
@@ -123,6 +128,7 @@ class EgressBroker:
 
     def forget(self, sid: str) -> None:
         self._budget.forget(sid)
+        self._denials.forget(sid)
 
     async def fetch(
         self,
@@ -312,6 +318,12 @@ class EgressBroker:
                    "IRONCLAW_DURATION_MS": round(decision.duration_ms, 1),
                    **(_DENIED if decision.verdict == "denied" else {})},
         )  # fmt: skip
+        if decision.verdict == "denied":
+            dropped = self._denials.admit(decision.sid)
+            if dropped is None:
+                return
+            if dropped:
+                decision = dataclasses.replace(decision, unrecorded_before=dropped)
         try:
             self._record(decision)
         except Exception as exc:  # the audit sink must not turn a decision into a crash

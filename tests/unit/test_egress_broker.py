@@ -24,9 +24,9 @@ from ironclawd.errors import (
     UpstreamFailed,
 )
 from ironclawd.host.clock import SystemClock
-from ironclawd.ports import UpstreamRequest
+from ironclawd.ports import Clock, UpstreamRequest
 from ironclawd.services.egress import EgressBroker, End, Head
-from tests.fakes import FakeCredentials, StaticSessions
+from tests.fakes import FakeClock, FakeCredentials, StaticSessions
 
 SECRET = "s3cr3t-host-held-token"
 PUBLIC = "93.184.215.14"  # never contacted: the upstream here is a fake
@@ -83,6 +83,7 @@ RULES = (
 def make(
     upstream: RecordingUpstream | None = None,
     resolver: HostileResolver | None = None,
+    clock: Clock | None = None,
     **limits: Any,
 ) -> tuple[EgressBroker, RecordingUpstream, HostileResolver, list[EgressDecision]]:
     upstream = upstream or RecordingUpstream()
@@ -95,7 +96,7 @@ def make(
         upstream=upstream,
         credentials=FakeCredentials(**{"api-token": SECRET}),
         limits=EgressLimits(**limits),
-        clock=SystemClock(),
+        clock=clock or SystemClock(),
         record=decisions.append,
     )
     return broker, upstream, resolver, decisions
@@ -267,7 +268,7 @@ def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A box decides how many requests it makes; its lines share one throttle per session and
-    # verdict, while every decision is still recorded for the audit log.
+    # verdict, and its denied decisions reach the audit log at most 20 a minute.
     ratelog.AGENT_LOG.configure(per_window=5, window_seconds=3600)
     try:
         broker, upstream, _, decisions = make()
@@ -276,8 +277,34 @@ def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
                 with pytest.raises(PolicyDenied):
                     run(broker, "https://evil.example.net/", sid="flood0001")
         lines = [r for r in caplog.records if r.name == "ironclawd.egress"]
-        assert len(decisions) == 200
+        assert len(decisions) == 20
         assert not upstream.sent
         assert 1 <= len(lines) <= 5, len(lines)
     finally:
         ratelog.AGENT_LOG.configure(ratelog.DEFAULT_PER_WINDOW, ratelog.DEFAULT_WINDOW_SECONDS)
+
+
+def test_denied_requests_cost_the_audit_log_a_bounded_number_of_records() -> None:
+    """A denied request is refused before the session's request budget is charged, so a loop
+    of them (each ~1 KB of host, path and reason) filled the append-only audit log at will
+    (stop 47's review). At most 20 a minute per session are recorded now; the next record
+    after that says how many were left out. Allowed requests are all recorded."""
+    clock = FakeClock()
+    resolver = HostileResolver({"api.example.com": [[PUBLIC]]})
+    broker, _, _, decisions = make(resolver=resolver, clock=clock, requests_per_minute=1000)
+    host = ".".join(["a" * 63] * 3) + ".example"
+    for _ in range(500):
+        with pytest.raises(PolicyDenied):
+            run(broker, f"https://{host}/" + "p" * 500, sid="flood0001")
+    with pytest.raises(PolicyDenied):
+        run(broker, "https://evil.example.net/", sid="other0001")  # another session's own
+    assert [d.sid for d in decisions].count("flood0001") == 20
+    assert decisions[-1].sid == "other0001"
+    for _ in range(30):
+        run(broker, "https://api.example.com/v1/x", sid="flood0001")
+    assert [d.verdict for d in decisions].count("allowed") == 30
+    clock.advance(60)
+    with pytest.raises(PolicyDenied):
+        run(broker, "https://evil.example.net/", sid="flood0001")
+    assert decisions[-1].verdict == "denied"
+    assert decisions[-1].unrecorded_before == 480
