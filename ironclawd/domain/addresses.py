@@ -3,8 +3,9 @@
 Two tiers of refusal:
 - **never**: unspecified, loopback, link-local (which holds the cloud metadata service),
   multicast, the metadata addresses themselves, and IPv6 forms that embed an IPv4 address
-  (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4
-  ``2002::/16``, Teredo ``2001::/32``) — a v4 wall is not to be walked around in v6 clothing.
+  (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-translated ``::ffff:0:a.b.c.d`` (SIIT), IPv4-compatible
+  ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``, Teredo ``2001::/32``) — a v4 wall
+  is not to be walked around in v6 clothing.
   No configuration opens these.
 - **not public**: everything else that is not globally routable (RFC 1918, unique-local
   ``fc00::/7``, CGNAT ``100.64.0.0/10``, documentation, benchmarking, reserved, broadcast...).
@@ -30,13 +31,14 @@ THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # RFC 1122 "this network"
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
 NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215
 IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
 # Ranges that internal_cidrs may never overlap (config validation uses this).
 NEVER_NETWORKS: tuple[IPNetwork, ...] = tuple(
     ipaddress.ip_network(n)
     for n in (
         "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "255.255.255.255/32",
-        "::/96", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32",
-        "fe80::/10", "ff00::/8", "fd00:ec2::254/128",
+        "::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48",
+        "2002::/16", "2001::/32", "fe80::/10", "ff00::/8", "fd00:ec2::254/128",
     )
 )  # fmt: skip
 
@@ -50,6 +52,8 @@ def never_reason(addr: IPAddress) -> str | None:  # noqa: PLR0911, PLR0912
             return "IPv4-mapped IPv6 address"
         if addr in IPV4_COMPATIBLE and not addr.is_unspecified and not addr.is_loopback:
             return "IPv4-compatible IPv6 address"
+        if addr in IPV4_TRANSLATED:
+            return "IPv4-translated IPv6 address (SIIT, embeds IPv4)"
         if addr in NAT64 or addr in NAT64_LOCAL:
             return "NAT64 address (embeds IPv4)"
         if addr.sixtofour is not None:

@@ -309,6 +309,12 @@ def prepare_headers(
             raise InvalidArgument(f"header name {name!r}: expected an RFC 9110 token")
         if any(c in value for c in "\r\n\0"):
             raise PolicyDenied(f"header {name}: CR, LF and NUL are refused in header values")
+        if not all(c == "\t" or " " <= c <= "~" for c in value):
+            # httpx sends values as ASCII: anything else failed there, as an internal error.
+            raise InvalidArgument(
+                f"header {name}: expected visible ASCII, spaces and tabs in its value "
+                "(encode anything else, e.g. as RFC 8187 or percent-encoding)"
+            )
         lower = name.lower()
         seen[lower] = seen.get(lower, 0) + 1
         if injected is not None and lower.replace("_", "-") == injected[0].lower().replace(

@@ -212,8 +212,19 @@ class McpGateway:
                 f"MCP server {server.name}: no answer within {limit:g} s"
             ) from None
         except (McpServerFailed, InvalidArgument) as exc:
-            # The adapter's message may quote what the server printed: masked and clipped.
-            raise type(exc)(_clip(self._redactor().scrub(str(exc)))) from None
+            # The adapter's message may quote what the server printed (its stderr's last lines).
+            raise type(exc)(self._error_text(name, str(exc))) from None
+
+    def _error_text(self, name: str, text: str) -> str:
+        """An error's text for the agent: host secrets masked, then clipped; withheld if one
+        is still there in an encoded form, as a result is (``_checked``): a server failing
+        while it logs a request header may print ``Basic <base64 of user:key>``."""
+        secrets = self._credentials.all_values()
+        masked = Redactor(secrets).scrub(text)
+        found = SecretDetector(secrets).find(masked.encode("utf-8", "backslashreplace"))
+        if found is not None:
+            return f"{name} failed; its error text withheld: it carries a host secret ({found})"
+        return _clip(masked)
 
     def _redactor(self) -> Redactor:
         return Redactor(self._credentials.all_values())

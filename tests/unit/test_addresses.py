@@ -27,6 +27,7 @@ DOCS = ipaddress.ip_network("198.51.100.0/24")
         ("255.255.255.255", "broadcast"),
         ("::ffff:127.0.0.1", "IPv4-mapped"), ("::ffff:8.8.8.8", "IPv4-mapped"),
         ("::127.0.0.1", "IPv4-compatible"), ("64:ff9b::7f00:1", "NAT64"),
+        ("::ffff:0:7f00:1", "IPv4-translated"), ("::ffff:0:808:808", "IPv4-translated"),
         ("2002:7f00:1::1", "6to4"), ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
         ("198.51.100.7", "private"), ("240.0.0.1", "private"),
         ("0.1.2.3", "this network"),

@@ -208,6 +208,15 @@ def test_bad_header_names_are_refused(name: str) -> None:
         _headers((name, "v"))
 
 
+@pytest.mark.parametrize("value", ["café", "a\x01b", "a\x7fb", "\u2028"])
+def test_header_values_that_are_not_visible_ascii_are_refused(value: str) -> None:
+    """httpx sends values as ASCII: "café" failed there, as an internal error with a traceback
+    in the journal (stop 47's review). Tabs and spaces stay allowed."""
+    with pytest.raises(InvalidArgument, match="expected visible ASCII"):
+        _headers(("X-Note", value))
+    assert ("X-Note", "a\tb c~") in _headers(("X-Note", "a\tb c~"))
+
+
 def test_body_methods_carry_content_length() -> None:
     assert ("Content-Length", "0") in _headers(method="POST")
     assert ("Content-Length", "3") in _headers(method="PUT", body=3)

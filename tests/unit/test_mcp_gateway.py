@@ -262,6 +262,25 @@ def test_a_result_carrying_a_secret_in_an_encoded_form_is_withheld(encoded: str)
     assert world.records()[-1]["outcome"] == "secret-withheld"
 
 
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        base64.b64encode(f"user:{SECRET}".encode()).decode(),  # a Basic header it logged
+        SECRET.upper(),
+        "".join(f"%{b:02x}" for b in SECRET.encode()),
+    ],
+)
+def test_a_failure_text_carrying_a_secret_in_an_encoded_form_is_withheld(encoded: str) -> None:
+    """A server's failure reaches the agent with the last lines it printed; the literal secret
+    was masked there, but an encoded one came through (stop 47's review)."""
+    world = World()
+    world.mcp.error = McpServerFailed(f"MCP server time: crashed: Authorization: Basic {encoded}")
+    message = world.refused(McpServerFailed)
+    assert encoded not in message
+    assert "its error text withheld: it carries a host secret" in message
+    assert world.records()[-1]["outcome"] == "server-failed"
+
+
 def test_a_secret_cut_in_half_by_the_adapters_cap_does_not_come_through() -> None:
     world = World()
     half = SECRET[: len(SECRET) // 2 + 2]
