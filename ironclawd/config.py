@@ -185,7 +185,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 _float(0.1, 3600.0), "Longest deadline a call may run; longer ones are cut."
             ),
             "max_concurrent_streams": _Key(_int(1, 1024), "HTTP/2 streams per connection."),
-            "max_connections": _Key(_int(1, 4096), "Admin connections open at once."),
+            "max_connections": _Key(
+                _int(1, 4096),
+                "Admin connections open at once (a user other than root holds at most a quarter; "
+                "an eighth is kept for root).",
+            ),
         },
     ),
     "sandbox": (

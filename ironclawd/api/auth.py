@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ironclawd import ratelog
 from ironclawd.api.boundary import admit_request, lenient, refuse
-from ironclawd.api.peer import Caller, PeerRegistry
+from ironclawd.api.peer import Caller, PeerRegistry, Shares
 from ironclawd.domain.message_ids import MessageId, message_id
 
 log = logging.getLogger("ironclawd.admin")
@@ -36,10 +37,15 @@ else:  # grpc's runtime class is not subscriptable; only grpc-stubs makes it gen
 class CallerInterceptor(_Interceptor):
     """Resolves the caller from the connection, refuses non-members, caps the run time."""
 
-    def __init__(self, registry: PeerRegistry, group: str, max_seconds: float) -> None:
+    def __init__(
+        self, registry: PeerRegistry, group: str, max_seconds: float, max_calls: int
+    ) -> None:
         self._registry = registry
         self._group = group
         self._max_seconds = max_seconds
+        # Calls in flight per caller, within the server's own limit (``max_calls``), which
+        # refuses a call before any interceptor sees it: one user's streams must leave room.
+        self.calls = Shares(max_calls)
 
     async def intercept_service(
         self,
@@ -96,6 +102,15 @@ class CallerInterceptor(_Interceptor):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{caller.describe()} is not a member of group '{self._group}'",
             )
+        why = self.calls.take(caller)
+        if why is not None:
+            ratelog.warning(log, f"uid{caller.uid}", "admin calls",
+                            "admin call %s by %s refused: calls in flight: %s", method,
+                            caller.describe(), why)  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many admin calls in flight ({why}); retry when some have ended",
+            )
         log.info("admin call %s by %s", method, caller.describe(), extra=fields)
         _CALLER.set(caller)
         return caller
@@ -104,10 +119,10 @@ class CallerInterceptor(_Interceptor):
         self, method: str, behavior: Callable[..., Any]
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await self._admit(method, context)
-            await admit_request(request, context)
+            caller = await self._admit(method, context)
             started = time.monotonic()
             try:
+                await admit_request(request, context)
                 async with asyncio.timeout(self._max_seconds):
                     return await behavior(request, context)
             except TimeoutError:
@@ -118,6 +133,7 @@ class CallerInterceptor(_Interceptor):
             except Exception as exc:
                 await refuse(exc, method, context)
             finally:
+                self.calls.give(caller)
                 log.debug("%s took %.1f ms", method, (time.monotonic() - started) * 1e3)
 
         return wrapped
@@ -136,9 +152,9 @@ class CallerInterceptor(_Interceptor):
             async def wrapped_gen(
                 request: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> AsyncIterator[Any]:
-                await self._admit(method, context)
-                await admit_request(request, context)
+                caller = await self._admit(method, context)
                 try:
+                    await admit_request(request, context)
                     async with asyncio.timeout(limit):
                         async for item in behavior(request, context):
                             yield item
@@ -146,19 +162,23 @@ class CallerInterceptor(_Interceptor):
                     await too_long(context)
                 except Exception as exc:
                     await refuse(exc, method, context)
+                finally:
+                    self.calls.give(caller)
 
             return wrapped_gen
 
         # Handlers that stream with ``await context.write(...)`` (grpc_health's Watch).
         async def wrapped_writer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            await self._admit(method, context)
-            await admit_request(request, context)
+            caller = await self._admit(method, context)
             try:
+                await admit_request(request, context)
                 async with asyncio.timeout(limit):
                     await behavior(request, context)
             except TimeoutError:
                 await too_long(context)
             except Exception as exc:
                 await refuse(exc, method, context)
+            finally:
+                self.calls.give(caller)
 
         return wrapped_writer

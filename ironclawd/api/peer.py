@@ -5,15 +5,16 @@ for each accepted connection it reads SO_PEERCRED and SO_PEERGROUPS (socket(7)),
 :class:`Caller` under a fresh random nonce, and splices the bytes to the real gRPC server, which
 listens in a root-only directory. The splice's client end is bound to the abstract address
 ``ironclaw-peer/<nonce>``; grpcio reports that address as the call's ``peer()``, and the
-interceptor (``api/auth.py``) maps it back to the Caller. A client cannot choose or forge the
-nonce: it never sees it, and only root can connect to the internal socket. See
-docs/admin-identity.md.
+interceptor (``api/auth.py``) maps it back to the Caller. A client cannot use a nonce: the names
+are not secret (``/proc/net/unix`` lists them), but only root can connect to the internal
+socket. See docs/admin-identity.md.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import collections
 import contextlib
 import functools
 import grp
@@ -25,6 +26,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ironclawd import ratelog
 from ironclawd.api.sockets import serve_unix
 from ironclawd.api.splice import splice_to
 
@@ -90,6 +92,45 @@ def _peer_groups(sock: socket.socket) -> tuple[int, ...]:
     return ()
 
 
+class Shares:
+    """How much of a limited thing (admin connections, calls in flight) each caller holds. A
+    user other than root holds at most a quarter of ``limit``, and all of them together leave
+    an eighth to root: one member of the admin group (or a few) cannot lock the others, or root,
+    out of the admin API. A caller outside the group holds at most one: it is answered
+    PERMISSION_DENIED, and needs no more to read that."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.per_user = max(1, limit // 4)
+        self.for_root = limit // 8
+        self._held: collections.Counter[int] = collections.Counter()
+        self._total = 0
+
+    def take(self, caller: Caller) -> str | None:
+        """Take one for ``caller``; or why not (nothing is taken then)."""
+        if caller.uid == 0:
+            if self._total >= self.limit:
+                return f"all {self.limit} in use"
+        else:
+            mine = self._held[caller.uid]
+            if mine >= (self.per_user if caller.authorized else 1):
+                return f"uid {caller.uid} holds {mine}, its most"
+            if self._total >= self.limit - self.for_root:
+                return f"{self._total} of {self.limit} in use; the rest is kept for root"
+        self._held[caller.uid] += 1
+        self._total += 1
+        return None
+
+    def give(self, caller: Caller) -> None:
+        self._held[caller.uid] -= 1
+        if self._held[caller.uid] <= 0:
+            del self._held[caller.uid]
+        self._total -= 1
+
+    def held(self, uid: int) -> int:
+        return self._held[uid]
+
+
 class PeerRegistry:
     """Maps the nonce of each spliced connection to the Caller read when it was accepted."""
 
@@ -130,7 +171,7 @@ class PeerFront:
         self._internal = internal_socket
         self._registry = registry
         self._admin_gid = admin_gid
-        self._slots = asyncio.Semaphore(max_connections)
+        self.shares = Shares(max_connections)
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -143,18 +184,22 @@ class PeerFront:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._slots.locked():
-            log.warning("admin connection refused: too many connections open")
+        sock: socket.socket = writer.get_extra_info("socket")
+        try:
+            caller = read_peer(sock, self._admin_gid)
+        except OSError as exc:
+            log.warning("admin connection dropped: reading peer credentials: %s", exc)
             writer.close()
             return
-        async with self._slots:
-            sock: socket.socket = writer.get_extra_info("socket")
-            try:
-                caller = read_peer(sock, self._admin_gid)
-            except OSError as exc:
-                log.warning("admin connection dropped: reading peer credentials: %s", exc)
-                writer.close()
-                return
+        why = self.shares.take(caller)
+        if why is not None:
+            # Each user decides how often it is refused: its lines go through the throttle.
+            ratelog.warning(log, f"uid{caller.uid}", "admin connections",
+                            "admin connection of %s refused: %s", caller.describe(),
+                            why)  # fmt: skip
+            writer.close()
+            return
+        try:
             # Even an unauthorized caller is spliced through: the interceptor answers it with a
             # clear PERMISSION_DENIED instead of a bare connection reset.
             nonce = self._registry.register(caller)
@@ -162,3 +207,5 @@ class PeerFront:
                 await splice_to(self._internal, _ABSTRACT_PREFIX + nonce, reader, writer)
             finally:
                 self._registry.forget(nonce)
+        finally:
+            self.shares.give(caller)

@@ -66,15 +66,18 @@ async def start_admin_server(config: AdminConfig, servicer: AdminServicer) -> Ad
 
     registry = PeerRegistry()
     limit = config.max_message_bytes
+    max_calls = config.max_concurrent_streams * 4
     server = grpc.aio.server(
-        interceptors=[CallerInterceptor(registry, config.group, config.max_deadline_seconds)],
+        interceptors=[
+            CallerInterceptor(registry, config.group, config.max_deadline_seconds, max_calls)
+        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.max_concurrent_streams", config.max_concurrent_streams),
             ("grpc.so_reuseport", 0),
         ],
-        maximum_concurrent_rpcs=config.max_concurrent_streams * 4,
+        maximum_concurrent_rpcs=max_calls,
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
