@@ -112,8 +112,16 @@ def _endpoints(v: Any) -> tuple[WebhookEndpoint, ...]:
             raise ValueError(f"{expected} (an endpoint name is [a-z0-9][a-z0-9_-], <= 64)")
         if any(e.name == name for e in out):
             raise ValueError(f"{expected} (endpoint {name!r} twice)")
-        out.append(WebhookEndpoint(name, _credential(item["secret_credential"])))
+        credential = _credential(item["secret_credential"])
+        if any(e.secret_credential == credential for e in out):
+            raise ValueError(f"{expected} (credential {credential!r} twice: {_ONE_KEY_EACH})")
+        out.append(WebhookEndpoint(name, credential))
     return tuple(out)
+
+
+# A signature covers the timestamp and the body, not the endpoint: a request signed for one
+# endpoint would be taken by another with the same key (and its sender taken for the other's).
+_ONE_KEY_EACH = "each endpoint needs a key of its own"
 
 
 COMMON_KEYS: Mapping[str, _Key] = {
@@ -171,7 +179,16 @@ def parse_channels(body: Any, source: str) -> tuple[ChannelConfig, ...]:
         missing = [k for k in REQUIRED[kind] if k not in values]
         if missing:
             raise ConfigError(f"{source}: {where}: a {kind} channel needs {', '.join(missing)}")
-        channels.append(ChannelConfig(**values))
+        config = ChannelConfig(**values)
+        for endpoint in config.endpoints:
+            shared = next((c.name for c in channels for e in c.endpoints
+                           if e.secret_credential == endpoint.secret_credential), None)  # fmt: skip
+            if shared is not None:
+                raise ConfigError(
+                    f"{source}: {where}.endpoints: credential {endpoint.secret_credential!r} is "
+                    f"also an endpoint's key on channel '{shared}': {_ONE_KEY_EACH}"
+                )
+        channels.append(config)
     return tuple(channels)
 
 

@@ -92,11 +92,16 @@ def joined_by(events: Sequence[Mapping[str, object]], user_id: str) -> int | Non
 
 
 def _id(value: object) -> str | None:
-    return (
-        value
-        if isinstance(value, str) and 0 < len(value.encode("utf-8", "replace")) <= MAX_ID
-        else None
-    )
+    """An id of 1-MAX_ID bytes of UTF-8; None for anything else, a lone surrogate included
+    (JSON can carry one; the state DB could not store it, and the channel's sync retried the
+    batch holding it for ever)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+    return value if 0 < size <= MAX_ID else None
 
 
 def _envelope(source: Mapping[str, object], me: str) -> tuple[str, str, dict[str, object]] | str:

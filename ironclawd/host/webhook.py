@@ -290,9 +290,13 @@ class WebhookChannel:
         if size > self._config.max_message_bytes:
             raise _Refused(413, f"text is {size} bytes of UTF-8",
                            f"at most {self._config.max_message_bytes}")  # fmt: skip
-        return InboundEvent(channel=self.name, event_id=envelope.event_id, sender=endpoint.name,
-                            where=endpoint.name, text=envelope.text, thread=envelope.thread,
-                            received_at=self._clock.time())  # fmt: skip
+        # The sender's event id names its event among its own: kept under its endpoint's name,
+        # so that two endpoints (two senders) using the same id are two events, not one taken
+        # for a duplicate of the other and never queued.
+        return InboundEvent(channel=self.name, event_id=endpoint_event_id(endpoint.name,
+                                                                          envelope.event_id),
+                            sender=endpoint.name, where=endpoint.name, text=envelope.text,
+                            thread=envelope.thread, received_at=self._clock.time())  # fmt: skip
 
     async def _receive(self, event: InboundEvent) -> Receipt:
         assert self._sink is not None
@@ -325,8 +329,9 @@ class WebhookChannel:
             raise ChannelFailed(f"webhook {self.name}: no endpoint {reply.where!r} to sign with",
                                 retryable=False)  # fmt: skip
         body = json.dumps({"delivery_id": reply.delivery_id,
-                           "in_reply_to_event": reply.in_reply_to_event, "thread": reply.thread,
-                           "text": reply.text}).encode()  # fmt: skip
+                           "in_reply_to_event": sender_event_id(reply.where,
+                                                                reply.in_reply_to_event),
+                           "thread": reply.thread, "text": reply.text}).encode()  # fmt: skip
         try:
             await self._sender.post(channel=self.name, url=reply.reply_url, body=body,
                                     secret=self._key(endpoint),
@@ -359,3 +364,16 @@ class WebhookChannel:
 
     def _error(self, text: str) -> None:
         self._last_error, self._last_error_at = text, self._clock.time()
+
+
+def endpoint_event_id(endpoint: str, event_id: str) -> str:
+    """The inbox's id of an endpoint's event: ``<endpoint>/<its event id>`` (an endpoint's name
+    has no '/')."""
+    return f"{endpoint}/{event_id}"
+
+
+def sender_event_id(endpoint: str, stored: str) -> str:
+    """The id its sender gave an event, from the inbox's (``endpoint_event_id``); an id stored
+    before endpoints named theirs is the sender's already."""
+    prefix = f"{endpoint}/"
+    return stored[len(prefix) :] if stored.startswith(prefix) else stored

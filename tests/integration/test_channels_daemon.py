@@ -44,7 +44,9 @@ pytestmark = pytest.mark.integration
 ADMIN_SOCKET = "/run/ironclaw/admin.sock"
 CONFIG = "/etc/ironclaw/ironclawd.toml"
 SECRET = "s3cret-" + "x" * 40  # the endpoints' HMAC key (>= 32 bytes)
-CREDENTIAL = "hook-test"
+# Each endpoint's key credential (a name may key one endpoint only); the same bytes in all,
+# so that one sender signs for any of them (channels_world.WebhookSender).
+CREDENTIALS = {"ci": "hook-test", "stranger": "hook-test-stranger", "idle": "hook-test-idle"}
 MOCK = "mock: "  # the mock model answers "mock: <text>"
 READY_BOUND = 60
 
@@ -112,9 +114,9 @@ listen = "127.0.0.1:{port}"
 sender_messages_per_minute = 10000
 channel_messages_per_minute = 10000
 endpoints = [
-  {{name = "ci", secret_credential = "{CREDENTIAL}"}},
-  {{name = "stranger", secret_credential = "{CREDENTIAL}"}},
-  {{name = "idle", secret_credential = "{CREDENTIAL}"}},
+  {{name = "ci", secret_credential = "{CREDENTIALS["ci"]}"}},
+  {{name = "stranger", secret_credential = "{CREDENTIALS["stranger"]}"}},
+  {{name = "idle", secret_credential = "{CREDENTIALS["idle"]}"}},
 ]
 """
 
@@ -124,10 +126,12 @@ def world(daemon: SystemdHarness) -> Iterator[World]:
     port = free_port()
     setup = f"""
         mkdir -p /etc/ironclaw/credentials
-        (umask 077; printf %s '{SECRET}' > /etc/ironclaw/credentials/{CREDENTIAL})
+        for name in {" ".join(CREDENTIALS.values())}; do
+            (umask 077; printf %s '{SECRET}' > /etc/ironclaw/credentials/$name)
+        done
     """
     teardown = f"""
-        rm -f /etc/ironclaw/credentials/{CREDENTIAL} {CONFIG}
+        (cd /etc/ironclaw/credentials && rm -f {" ".join(CREDENTIALS.values())}); rm -f {CONFIG}
         systemctl reset-failed ironclawd; systemctl restart ironclawd
     """
     with receiver_netns(daemon) as rx:

@@ -60,6 +60,12 @@ def test_listen_forms(listen: str) -> None:
         (WEBHOOK.replace('name = "github"', 'name = "../x"'), ["channels.hooks.endpoints"]),
         (WEBHOOK.replace("}]", '}, {name = "github", secret_credential = "b"}]'),
          ["channels.hooks.endpoints", "'github' twice"]),
+        # A signature does not cover the endpoint: one key each (stop 47's review).
+        (WEBHOOK.replace("}]", '}, {name = "gitlab", secret_credential = "hook-github"}]'),
+         ["channels.hooks.endpoints", "'hook-github' twice", "a key of its own"]),
+        (WEBHOOK + WEBHOOK.replace('"hooks"', '"more"').replace("8787", "8788"),
+         ["channels.more.endpoints", "'hook-github' is also an endpoint's key on channel "
+          "'hooks'"]),
         (WEBHOOK.replace("hook-github", "../etc/shadow"), ["channels.hooks.endpoints",
                                                            "credential"]),
         (WEBHOOK.replace("endpoints = [", "x = 1\nendpoints = ["), ["'channels.hooks.x'"]),

@@ -51,6 +51,15 @@ def test_the_size_cap_counts_bytes_and_lone_surrogates_do_not_raise() -> None:
     assert lone.text == "\ud800"  # the inbox's checks judge it
 
 
+def test_ids_with_a_lone_surrogate_are_malformed() -> None:
+    """The state DB cannot store a lone surrogate: a thread, sender or event id holding one
+    made the channel's sync retry that batch for ever (stop 47's review)."""
+    thread = {"m.relates_to": {"rel_type": "m.thread", "event_id": "$\ud800"}}
+    assert READER.read("!r", message(content=thread), 0) == ev.MALFORMED
+    assert READER.read("!r", message(sender="@\udfff:x"), 0) == ev.MALFORMED
+    assert READER.read("!r", {**message(), "event_id": "$\ud800"}, 0) == ev.MALFORMED
+
+
 def test_threads_and_mentions() -> None:
     threaded = READER.read(
         "!r", message(content={"m.relates_to": {"rel_type": "m.thread", "event_id": "$root"}}), 0
