@@ -116,6 +116,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     # Subscribed to by messaging, the broker and the sandbox API, all built after the service.
     hooks = SessionHooks()
     lifecycle = _lifecycle(config, netns, control, data, hooks, images=images)
+    lifecycle.agents = registry
     pool = WarmPool(
         lifecycle=lifecycle, agents=registry, records=store, config=config.pool,
         available_bytes=mem_available_bytes, clock=clock,

@@ -7,7 +7,7 @@ comes from the configuration or from an approved ``create_agent`` change, held i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ironclawd import lazy_re
@@ -107,3 +107,29 @@ def effective_mcp_grants(spec: AgentSpec) -> tuple[McpGrant, ...]:
     return tuple(
         dict.fromkeys([*spec.mcp_grants, *(g for s in spec.skills for g in s.grants.mcp_tools)])
     )
+
+
+def grant_overlap(
+    agent: str, mounts: Iterable[AgentMount], agents: Mapping[str, AgentSpec]
+) -> str | None:
+    """Why ``agent``'s ``mounts`` may not be granted beside the other agents' grants, or None:
+    a source strictly below a directory another agent may write, or a read-write source
+    strictly above another agent's grant. The agent that can write the directory above can put
+    a symlink in place of the one below between the check of its source (at every start) and
+    runsc's mount of it, and so have the other agent's sandbox mount any host directory."""
+    others = [(name, g) for name, spec in agents.items() if name != agent for g in spec.mounts]
+    for mount in mounts:
+        for name, granted in others:
+            if not granted.read_only and mount.source.startswith(granted.source + "/"):
+                return (
+                    f"mount source {mount.source}: below {granted.source}, which agent "
+                    f"'{name}' may write (it could put a symlink in its place); grant a "
+                    "directory no agent may write above"
+                )
+            if not mount.read_only and granted.source.startswith(mount.source + "/"):
+                return (
+                    f"mount source {mount.source}: read-write above {granted.source}, granted "
+                    f"to agent '{name}' (a symlink could be put in that one's place); grant it "
+                    "read-only, or a directory beside it"
+                )
+    return None

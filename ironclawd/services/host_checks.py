@@ -6,7 +6,7 @@ from __future__ import annotations
 import grp
 from collections.abc import Mapping, Sequence
 
-from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.agents import AgentMount, AgentSpec, grant_overlap
 from ironclawd.domain.channels import ChannelConfig
 from ironclawd.domain.packages import AgentPackage
 from ironclawd.errors import InvalidArgument, PolicyDenied
@@ -34,6 +34,11 @@ class GatewayHostChecks:
     def mount_source(self, source: str) -> None:
         """Mount allowlist: the source a real directory below an allowlisted one."""
         self._mounts.resolve(source, self._mount_allowlist)
+
+    def mount_overlap(self, agent: str, mounts: tuple[AgentMount, ...]) -> None:
+        why = grant_overlap(agent, mounts, self._agents)
+        if why is not None:
+            raise PolicyDenied(why)
 
     def skill_signature(self, name: str, manifest: bytes, signature: str) -> str:
         """Skill signature: by a key in the trusted directory (none given: no key is trusted)."""

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -16,10 +16,10 @@ from ironclawd import paths
 from ironclawd.bundle.grants import frame_dir, granted_mounts
 from ironclawd.bundle.skills import skill_sets_dir, skills_mount
 from ironclawd.bundle.spec import SOCKETS_DIR, build_spec, session_mounts
-from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.agents import AgentSpec, grant_overlap
 from ironclawd.domain.policy import Mount, SandboxPolicy
 from ironclawd.domain.session import Session
-from ironclawd.errors import IronclawError, SandboxError
+from ironclawd.errors import IronclawError, PolicyDenied, SandboxError
 from ironclawd.ports import (
     AgentHello,
     Bundles,
@@ -77,6 +77,7 @@ class SandboxLifecycle:
         sockets: SandboxSockets,
         images: PackageImages | None = None,
         journal: JournalReader | None = None,
+        agents: Mapping[str, AgentSpec] | None = None,
     ) -> None:
         self.units = units
         self.netns = netns
@@ -89,6 +90,7 @@ class SandboxLifecycle:
         self.sockets = sockets
         self.images = images
         self.journal = journal
+        self.agents = agents  # every agent's grants, checked against each other at a start
 
     @property
     def platform(self) -> str:
@@ -293,6 +295,11 @@ class SandboxLifecycle:
         its installed skills written (once per distinct set) and bound read-only at /skills."""
         for grant in agent.mounts:
             self.mounts.resolve(grant.source, self.layout.mount_allowlist)
+        if agent.mounts and self.agents is not None:
+            # Approved apart, two agents' grants may nest (one approved before the other).
+            why = grant_overlap(agent.name, agent.mounts, self.agents)
+            if why is not None:
+                raise PolicyDenied(f"agent '{agent.name}': {why}")
         skills: tuple[Mount, ...] = ()
         if agent.skills:  # before the frame: a refused set leaves nothing to undo
             root = skill_sets_dir(self.layout.state_dir)

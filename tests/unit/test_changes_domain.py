@@ -491,6 +491,28 @@ def test_mount_sources_must_be_real_directories_below_the_allowlist(
     assert w.restarted == ["demo"]
 
 
+def test_a_grant_below_another_agents_writable_grant_is_refused(allowed: Path) -> None:
+    """An agent that may write a directory can put a symlink in place of a subdirectory
+    between the check of a grant below it and the sandbox's mount (stop 47's review): grants of
+    two agents may not nest where either could write above the other."""
+    for directory in ("data/sub", "proj/x", "other"):
+        (allowed / directory).mkdir(parents=True, exist_ok=True)
+    w = World(GatewayPolicy(mount_allowlist=(str(allowed),)))
+    w.registry.put(AgentSpec("writer", mounts=(AgentMount("d", str(allowed / "data"), False),)))
+    w.registry.put(AgentSpec("reader", mounts=(AgentMount("x", str(allowed / "proj/x")),)))
+
+    def submit(source: str, read_only: bool) -> Change:
+        mounts = _mounts({"source": str(allowed / source), "name": "m", "read_only": read_only})
+        return w.gateway.submit("mounts", "demo", mounts, "", ROOT)
+
+    with pytest.raises(PolicyDenied, match=r"below .*/data, which agent 'writer' may write"):
+        submit("data/sub", read_only=True)
+    with pytest.raises(PolicyDenied, match=r"read-write above .*/proj/x, granted to agent 'rea"):
+        submit("proj", read_only=False)
+    assert submit("proj", read_only=True).state is ChangeState.PENDING  # read-only above: fine
+    assert submit("other", read_only=False).state is ChangeState.PENDING  # beside: fine
+
+
 def test_no_mount_can_be_granted_with_an_empty_allowlist(allowed: Path) -> None:
     w = World()
     with pytest.raises(PolicyDenied, match="mount_allowlist is empty"):

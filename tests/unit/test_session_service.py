@@ -6,6 +6,7 @@ recorded failed; an idle session stops by itself."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import threading
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.session import Session, State
 from ironclawd.domain.skills import AgentSkill, SkillFile
 from ironclawd.errors import HostError, SandboxError
@@ -363,3 +364,20 @@ def test_a_start_cancelled_while_systemd_starts_the_unit_is_undone_after_that_st
     assert f"ironclaw-sbx-{SID}.service" not in world.units.units or (
         world.units.units[f"ironclaw-sbx-{SID}.service"].active_state == "inactive"
     )
+
+
+def test_a_start_refuses_a_grant_below_another_agents_writable_grant() -> None:
+    """Approved apart (the writer's grant after this one's), two agents' grants may nest: the
+    start of the one below refuses, naming why, and makes nothing (stop 47's review: the
+    writer could put a symlink in place of the directory below between check and mount)."""
+    world = World(agent=AgentSpec("demo", mounts=(AgentMount("s", "/srv/grants/a/sub"),)))
+    world.mounts.existing.add("/srv/grants/a/sub")
+    world.service.lifecycle.layout = dataclasses.replace(
+        world.service.lifecycle.layout, mount_allowlist=("/srv/grants",)
+    )
+    writer = AgentSpec("writer", mounts=(AgentMount("a", "/srv/grants/a", read_only=False),))
+    world.service.lifecycle.agents = {"demo": world.agent, "writer": writer}
+    with pytest.raises(SandboxError, match="below /srv/grants/a, which agent 'writer' may write"):
+        _run(world, world.service.create("demo", SID))
+    assert "units.start" not in world.effects()
+    assert not world.netns.names

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from ironclawd.domain.agents import AgentSpec
+from ironclawd.domain.agents import AgentMount, AgentSpec
 from ironclawd.domain.packages import AgentPackage
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import InvalidArgument
@@ -26,6 +26,10 @@ class HostChecks(Protocol):
 
     def mount_source(self, source: str) -> None:
         """PolicyDenied unless ``source`` is a real directory below the operator's allowlist."""
+
+    def mount_overlap(self, agent: str, mounts: tuple[AgentMount, ...]) -> None:
+        """PolicyDenied if ``mounts`` given to ``agent`` would nest with another agent's
+        grants where either could write above the other (``domain.agents.grant_overlap``)."""
 
     def skill_signature(self, name: str, manifest: bytes, signature: str) -> str:
         """The signer's key id if ``signature`` (minisign, prehashed) over the skill's

@@ -58,6 +58,10 @@ class MountsKind(ChangeKind[Mounts]):
         for mount in payload.mounts:
             host.mount_source(mount.source)
 
+    def host_check_for(self, agent: str, payload: Mounts, host: HostChecks) -> None:
+        self.host_check(payload, host)
+        host.mount_overlap(agent, payload.mounts)
+
 
 def _mount(index: int, raw: object) -> AgentMount:
     where = f"payload.mounts[{index}]"
