@@ -10,6 +10,7 @@ import grpc
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.admin_changes import operator
+from ironclawd.domain.channels import sender_event_id
 from ironclawd.errors import InvalidArgument
 from ironclawd.ports.channel_records import HeldMessage
 from ironclawd.services.audit import Audit
@@ -67,7 +68,8 @@ class ChannelsMixin:
         held = self._inbox.drop_held(held_id)
         self._audit_trail.record(
             "channel.dropped", operator(), held=held_id, channel=held.channel,
-            sender=f"{held.channel}:{held.sender}", event_id=held.event_id,
+            sender=f"{held.channel}:{held.sender}",
+            event_id=sender_event_id(held.where, held.event_id),
         )  # fmt: skip
         return admin_pb2.DropHeldResponse()
 
@@ -116,6 +118,7 @@ def channel_to_proto(report: ChannelReport) -> admin_pb2.Channel:
 def held_to_proto(h: HeldMessage) -> admin_pb2.HeldMessage:
     return admin_pb2.HeldMessage(
         id=str(h.id), channel=h.channel, where=h.where, sender=f"{h.channel}:{h.sender}",
-        event_id=h.event_id, thread=h.thread, text=h.text, mentioned=h.mentioned,
+        event_id=sender_event_id(h.where, h.event_id), thread=h.thread, text=h.text,
+        mentioned=h.mentioned,
         received_at=h.received_at,
     )  # fmt: skip

@@ -368,3 +368,16 @@ def _shown(raw: object) -> str:
     """A hostile value shown bounded and escaped."""
     text = repr(raw)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def endpoint_event_id(endpoint: str, event_id: str) -> str:
+    """The inbox's id of a webhook endpoint's event: ``<endpoint>/<its event id>`` (an endpoint
+    name has no '/'): two endpoints (two senders) may use the same ids."""
+    return f"{endpoint}/{event_id}"
+
+
+def sender_event_id(where: str, stored: str) -> str:
+    """The id its sender gave an event, from the inbox's (``endpoint_event_id``); any other id
+    (a Matrix event's, or a webhook event's stored before endpoints named theirs) as it is."""
+    prefix = f"{where}/"
+    return stored[len(prefix) :] if stored.startswith(prefix) else stored

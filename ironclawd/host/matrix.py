@@ -301,6 +301,9 @@ class MatrixChannel:
             got = self._reader.read(room.room_id, source, self._clock.time())
             if isinstance(got, str):
                 self._counters[got] += 1
+            elif (refused := sink.screen(self.name, got.where, got.sender)) is not None:
+                # Before the meters: a stranger's event spends no one's rate.
+                self._counters[refused.value] += 1
             elif not self._allowed(got.event_id, got.sender):
                 self._counters["rate_limited"] += 1
             else:

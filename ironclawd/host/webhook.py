@@ -30,7 +30,12 @@ from typing import Any
 from aiohttp import web
 
 from ironclawd import ratelog
-from ironclawd.domain.channels import ChannelConfig, WebhookEndpoint
+from ironclawd.domain.channels import (
+    ChannelConfig,
+    WebhookEndpoint,
+    endpoint_event_id,
+    sender_event_id,
+)
 from ironclawd.domain.webhook_inbound import (
     ENVELOPE,
     Listen,
@@ -364,16 +369,3 @@ class WebhookChannel:
 
     def _error(self, text: str) -> None:
         self._last_error, self._last_error_at = text, self._clock.time()
-
-
-def endpoint_event_id(endpoint: str, event_id: str) -> str:
-    """The inbox's id of an endpoint's event: ``<endpoint>/<its event id>`` (an endpoint's name
-    has no '/')."""
-    return f"{endpoint}/{event_id}"
-
-
-def sender_event_id(endpoint: str, stored: str) -> str:
-    """The id its sender gave an event, from the inbox's (``endpoint_event_id``); an id stored
-    before endpoints named theirs is the sender's already."""
-    prefix = f"{endpoint}/"
-    return stored[len(prefix) :] if stored.startswith(prefix) else stored

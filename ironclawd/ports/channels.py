@@ -62,6 +62,12 @@ class InboxSink(Protocol):
         """The rooms or endpoints of ``channel`` some agent is wired to now."""
         ...
 
+    def screen(self, channel: str, where: str, sender: str) -> Admission | None:
+        """Before an adapter spends its rate meters on a sender's event: NOT_WIRED or DROPPED
+        if ``receive`` would refuse it for where it came from or who sent it (strangers must
+        not use up the rate of the senders an agent admits); None if it may go on."""
+        ...
+
     async def cursor(self, channel: str) -> str | None:
         """The channel's saved position (a Matrix sync token), None before the first save."""
         ...

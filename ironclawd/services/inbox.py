@@ -120,6 +120,14 @@ class Inbox:
             return Receipt(Admission.NOT_ENGAGED)
         return await self._queue(event, spec, route)
 
+    def screen(self, channel: str, where: str, sender: str) -> Admission | None:
+        found = self.route(channel, where)
+        if found is None:
+            return Admission.NOT_WIRED
+        if admission(found[0].permissions, f"{channel}:{sender}") == "drop":
+            return Admission.DROPPED
+        return None
+
     def wired(self, channel: str) -> frozenset[str]:
         return frozenset(
             r.where for spec in self._agents.values() for r in spec.wiring if r.channel == channel

@@ -63,6 +63,9 @@ class RecordingSink:
     def wired(self, channel: str) -> frozenset[str]:
         return self.wired_where
 
+    def screen(self, channel: str, where: str, sender: str) -> Admission | None:
+        return None
+
     async def cursor(self, channel: str) -> str | None:
         return self.cursors.get(channel)
 

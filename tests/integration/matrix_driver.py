@@ -69,6 +69,9 @@ class RecordingSink:
         assert channel == "chat"
         return frozenset(self.rooms)
 
+    def screen(self, channel: str, where: str, sender: str) -> Admission | None:
+        return None
+
     async def cursor(self, channel: str) -> str | None:
         return self.saved
 
@@ -168,6 +171,9 @@ class AckedSink:
 
     def wired(self, channel: str) -> frozenset[str]:
         return self._inner.wired(channel)
+
+    def screen(self, channel: str, where: str, sender: str) -> Admission | None:
+        return self._inner.screen(channel, where, sender)
 
     async def cursor(self, channel: str) -> str | None:
         return await self._inner.cursor(channel)

@@ -49,6 +49,9 @@ class RecordingSink:
     def wired(self, channel: str) -> frozenset[str]:
         return frozenset({"github", "ci"})
 
+    def screen(self, channel: str, where: str, sender: str) -> Admission | None:
+        return None
+
     async def cursor(self, channel: str) -> str | None:
         return None
 

@@ -14,9 +14,16 @@ from typing import Any
 import aiohttp
 
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.channels import ChannelConfig, Permissions, Route, WebhookEndpoint
+from ironclawd.domain.channels import (
+    ChannelConfig,
+    Permissions,
+    Route,
+    WebhookEndpoint,
+    endpoint_event_id,
+    sender_event_id,
+)
 from ironclawd.formats.webhook_sig import HEADER, sign
-from ironclawd.host.webhook import WebhookChannel, endpoint_event_id, sender_event_id
+from ironclawd.host.webhook import WebhookChannel
 from ironclawd.ports.channels import OutboundReply
 from ironclawd.services.inbox import Inbox
 from ironclawd.store.channel_state import ChannelState
