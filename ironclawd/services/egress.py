@@ -45,6 +45,7 @@ from ironclawd.domain.egress_secrets import (
 )
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import (
+    BudgetExceeded,
     InvalidArgument,
     IronclawError,
     PolicyDenied,
@@ -108,9 +109,9 @@ class EgressBroker:
         self._record = record
         self._clock = clock
         self._budget = EgressBudget(limits, clock)
-        # A denied request is refused before the session's request budget is charged: its
-        # records are metered here instead (the others are bounded by that budget).
-        self._denials = RateWindow(clock)
+        # Requests refused for the session's rate are the one decision a box can cause without
+        # bound: their records are metered here (every other decision is within that rate).
+        self._over_rate = RateWindow(clock)
 
     @property
     def timeout_seconds(self) -> float:
@@ -128,7 +129,7 @@ class EgressBroker:
 
     def forget(self, sid: str) -> None:
         self._budget.forget(sid)
-        self._denials.forget(sid)
+        self._over_rate.forget(sid)
 
     async def fetch(
         self,
@@ -156,6 +157,7 @@ class EgressBroker:
             raise
         except (PolicyDenied, InvalidArgument) as exc:
             audit.verdict, audit.reason = "denied", str(exc)
+            audit.over_rate = isinstance(exc, BudgetExceeded)
             raise
         except (UpstreamFailed, TimeoutError) as exc:
             audit.verdict = "failed"
@@ -175,7 +177,7 @@ class EgressBroker:
             raise
         finally:
             audit.duration_ms = (self._clock.monotonic() - started) * 1e3
-            self._audit(audit.decision())
+            self._audit(audit.decision(), over_rate=audit.over_rate)
 
     async def _admit(
         self,
@@ -187,6 +189,9 @@ class EgressBroker:
         body: bytes,
         audit: _Audit,
     ) -> tuple[UpstreamRequest, SecretDetector]:
+        # Every request counts against the session's rate, a denied one too: each is a record in
+        # the audit log, and a box probing hosts and paths through the broker is slowed as any.
+        self._budget.admit_request(sid)
         method = check_method(method)
         audit.method = method
         target = parse_url(url)
@@ -198,7 +203,6 @@ class EgressBroker:
                 f"egress: request body of {len(body)} bytes exceeds the cap of "
                 f"{self._limits.max_request_bytes}"
             )
-        self._budget.admit_request(sid)
         injected = None
         detector = SecretDetector(())
         if rule.credential:
@@ -293,7 +297,7 @@ class EgressBroker:
             raise TimeoutError
         return remaining
 
-    def _audit(self, decision: EgressDecision) -> None:
+    def _audit(self, decision: EgressDecision, *, over_rate: bool = False) -> None:
         level = logging.INFO if decision.verdict == "allowed" else logging.WARNING
         # A box decides how many requests it makes: its lines go through the shared throttle
         # (per session and verdict); every decision still reaches the audit log below.
@@ -318,8 +322,8 @@ class EgressBroker:
                    "IRONCLAW_DURATION_MS": round(decision.duration_ms, 1),
                    **(_DENIED if decision.verdict == "denied" else {})},
         )  # fmt: skip
-        if decision.verdict == "denied":
-            dropped = self._denials.admit(decision.sid)
+        if over_rate:
+            dropped = self._over_rate.admit(decision.sid)
             if dropped is None:
                 return
             if dropped:
@@ -371,6 +375,7 @@ class _Audit:
         self.bytes_in = 0
         self.bytes_out = 0
         self.duration_ms = 0.0
+        self.over_rate = False  # refused for the session's rate (its record is metered)
 
     def target(self, target: Target) -> None:
         # The path, never the query: queries carry tokens often enough.

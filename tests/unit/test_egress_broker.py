@@ -210,12 +210,12 @@ def test_slow_upstream_hits_the_deadline_and_is_closed() -> None:
 
 def test_request_body_cap_and_rate_limit() -> None:
     resolver = HostileResolver({"api.example.com": [[PUBLIC]]})
-    broker, upstream, _, _ = make(max_request_bytes=10, requests_per_minute=2, resolver=resolver)
+    broker, upstream, _, _ = make(max_request_bytes=10, requests_per_minute=3, resolver=resolver)
     with pytest.raises(PolicyDenied, match="exceeds the cap"):
-        run(broker, "https://api.example.com/v1/", "POST", body=b"x" * 11)
+        run(broker, "https://api.example.com/v1/", "POST", body=b"x" * 11)  # counts too
     run(broker, "https://api.example.com/v1/")
     run(broker, "https://api.example.com/v1/")
-    with pytest.raises(BudgetExceeded, match="2 requests per minute"):
+    with pytest.raises(BudgetExceeded, match="3 requests per minute"):
         run(broker, "https://api.example.com/v1/")
     assert len(upstream.sent) == 2
     run(broker, "https://api.example.com/v1/", sid="sess0002")  # another session has its own budget
@@ -268,7 +268,7 @@ def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A box decides how many requests it makes; its lines share one throttle per session and
-    # verdict, and its denied decisions reach the audit log at most 20 a minute.
+    # verdict, and past its rate its refusals reach the audit log at most 20 a minute.
     ratelog.AGENT_LOG.configure(per_window=5, window_seconds=3600)
     try:
         broker, upstream, _, decisions = make()
@@ -277,34 +277,35 @@ def test_a_loop_of_denied_requests_costs_the_journal_a_bounded_number_of_lines(
                 with pytest.raises(PolicyDenied):
                     run(broker, "https://evil.example.net/", sid="flood0001")
         lines = [r for r in caplog.records if r.name == "ironclawd.egress"]
-        assert len(decisions) == 20
+        assert len(decisions) == 60 + 20  # the session's rate, then 20 refusals for it
         assert not upstream.sent
         assert 1 <= len(lines) <= 5, len(lines)
     finally:
         ratelog.AGENT_LOG.configure(ratelog.DEFAULT_PER_WINDOW, ratelog.DEFAULT_WINDOW_SECONDS)
 
 
-def test_denied_requests_cost_the_audit_log_a_bounded_number_of_records() -> None:
-    """A denied request is refused before the session's request budget is charged, so a loop
-    of them (each ~1 KB of host, path and reason) filled the append-only audit log at will
-    (stop 47's review). At most 20 a minute per session are recorded now; the next record
-    after that says how many were left out. Allowed requests are all recorded."""
+def test_denied_requests_count_against_the_rate_and_over_it_cost_a_bounded_record() -> None:
+    """A denied request was refused before the session's rate was charged, so a loop of them
+    (each ~1 KB of host, path and reason in the append-only audit log) filled the disk at will
+    (stop 47's review). Every request counts now, and every decision within the rate is
+    recorded; refusals for the rate itself are recorded at most 20 a minute, the next one
+    saying how many were left out."""
     clock = FakeClock()
-    resolver = HostileResolver({"api.example.com": [[PUBLIC]]})
-    broker, _, _, decisions = make(resolver=resolver, clock=clock, requests_per_minute=1000)
+    broker, _, _, decisions = make(clock=clock, requests_per_minute=30)
     host = ".".join(["a" * 63] * 3) + ".example"
     for _ in range(500):
         with pytest.raises(PolicyDenied):
             run(broker, f"https://{host}/" + "p" * 500, sid="flood0001")
-    with pytest.raises(PolicyDenied):
-        run(broker, "https://evil.example.net/", sid="other0001")  # another session's own
-    assert [d.sid for d in decisions].count("flood0001") == 20
-    assert decisions[-1].sid == "other0001"
-    for _ in range(30):
-        run(broker, "https://api.example.com/v1/x", sid="flood0001")
-    assert [d.verdict for d in decisions].count("allowed") == 30
+    with pytest.raises(PolicyDenied, match="no rule for host"):
+        run(broker, "https://evil.example.net/", sid="other0001")  # another session's own rate
+    flood = [d for d in decisions if d.sid == "flood0001"]
+    assert len(flood) == 30 + 20
+    assert all("no rule for host" in d.reason for d in flood[:30])
+    assert all("rate limit of 30 requests per minute" in d.reason for d in flood[30:])
     clock.advance(60)
-    with pytest.raises(PolicyDenied):
-        run(broker, "https://evil.example.net/", sid="flood0001")
-    assert decisions[-1].verdict == "denied"
-    assert decisions[-1].unrecorded_before == 480
+    for _ in range(31):
+        with pytest.raises(PolicyDenied):
+            run(broker, "https://evil.example.net/", sid="flood0001")
+    assert "no rule for host" in decisions[-2].reason
+    assert "rate limit" in decisions[-1].reason
+    assert decisions[-1].unrecorded_before == 450
