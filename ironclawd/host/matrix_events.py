@@ -78,14 +78,19 @@ def page_events(response: Any) -> tuple[tuple[Mapping[str, object], ...], str]:
 
 
 def joined_by(events: Sequence[Mapping[str, object]], user_id: str) -> int | None:
-    """The index of ``user_id``'s own join in ``events`` (the room was joined in this batch)."""
+    """The index of ``user_id``'s own join in ``events`` (the room was joined in this batch).
+    A member event of one already joined (a new display name or avatar) says "join" too: it
+    is not a join, and the messages before it are not dropped for one."""
     for i, ev in enumerate(events):
         content = ev.get("content")
+        unsigned = ev.get("unsigned")
+        before = unsigned.get("prev_content") if isinstance(unsigned, dict) else None
         if (
             ev.get("type") == "m.room.member"
             and ev.get("state_key") == user_id
             and isinstance(content, dict)
             and content.get("membership") == "join"
+            and not (isinstance(before, dict) and before.get("membership") == "join")
         ):
             return i
     return None

@@ -84,6 +84,12 @@ def test_the_bots_own_join_is_found() -> None:
     other = {**join, "state_key": "@alice:x"}
     assert ev.joined_by([message(), other, join, message()], BOT) == 2
     assert ev.joined_by([message(), other], BOT) is None
+    # The bot's new display name: a member event saying "join" after a join (stop 47's review:
+    # the messages before it in that batch were dropped as if the room had just been joined).
+    renamed = {**join, "unsigned": {"prev_content": {"membership": "join"}}}
+    assert ev.joined_by([message(), renamed, message()], BOT) is None
+    invited = {**join, "unsigned": {"prev_content": {"membership": "invite"}}}
+    assert ev.joined_by([message(), invited, message()], BOT) == 1
 
 
 JSON = st.recursive(
