@@ -79,6 +79,9 @@ class ChannelRecords(Protocol):
 
     def channel_session(self, channel: str, where: str, key: str) -> str | None: ...
     def set_channel_session(self, channel: str, where: str, key: str, sid: str) -> None: ...
+    def channel_sessions(self, channel: str, where: str) -> list[str]:
+        """The sessions recorded for (channel, where), one per key."""
+        ...
 
     def begin_receive(self, receiving: Receiving) -> Receiving:
         """Keep it unless one for (channel, event_id) is kept already; return the kept one."""

@@ -45,6 +45,9 @@ from ironclawd.services.inbox_delivery import Deliverer, MessagePort
 log = logging.getLogger("ironclawd.inbox")
 
 RECENT_FAILURES = 5
+# Sessions of one room (a per-room route: the room's, and one per thread) at most; the threads
+# past it share the room's session.
+MAX_ROOM_SESSIONS = 32
 
 
 class SessionPort(Protocol):
@@ -158,6 +161,12 @@ class Inbox:
         )  # fmt: skip
         if kept is None:
             key = session_key(route, f"{event.channel}:{event.sender}", event.where, event.thread)
+            if (
+                route.sessions == "per_room"
+                and event.thread
+                and self._threads_full(event.channel, event.where, key, spec.name)
+            ):
+                key = session_key(route, "", event.where, "")  # the room's own session
             sid = await self._session_for(event.channel, event.where, key, spec.name)
             kept = self._records.begin_receive(
                 Receiving(
@@ -177,6 +186,16 @@ class Inbox:
             self._records.set_channel_session(channel, where, key, session.sid)
             log.info("channel %s: session %s of agent %s for %r", channel, session.sid, agent, key)
             return session.sid
+
+    def _threads_full(self, channel: str, where: str, key: str, agent: str) -> bool:
+        """Whether a new thread of (channel, where) must share the room's session: the room
+        has ``MAX_ROOM_SESSIONS`` of the agent's already. A sender names threads at will, and
+        each session is a sandbox (stop 47's review: one per message)."""
+        sid = self._records.channel_session(channel, where, key)
+        if sid is not None and self._usable(sid, agent):
+            return False
+        live = sum(self._usable(s, agent) for s in self._records.channel_sessions(channel, where))
+        return live >= MAX_ROOM_SESSIONS
 
     def _usable(self, sid: str, agent: str) -> bool:
         try:

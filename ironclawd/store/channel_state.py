@@ -73,6 +73,14 @@ class ChannelState:
         )
         return str(row[0]) if row else None
 
+    def channel_sessions(self, channel: str, where: str) -> list[str]:
+        with self._state.shared(f"reading the sessions of channel {channel}") as db:
+            rows = db.execute(
+                "SELECT sid FROM channel_sessions WHERE channel = ? AND where_ = ? ORDER BY key",
+                (channel, where),
+            ).fetchall()
+        return [str(row[0]) for row in rows]
+
     def set_channel_session(self, channel: str, where: str, key: str, sid: str) -> None:
         with self._state.shared(f"storing a session of channel {channel}") as db:
             db.execute(

@@ -76,6 +76,9 @@ def test_cursors_and_sessions(records: ChannelRecords) -> None:
     records.set_channel_session("chat", "!r", "chat:@a", "sid2")
     assert records.channel_session("chat", "!r", "chat:@a") == "sid2"
     assert records.channel_session("chat", "!other", "chat:@a") is None
+    records.set_channel_session("chat", "!r", "!r/$t1", "sid3")
+    assert records.channel_sessions("chat", "!r") == ["sid3", "sid2"]  # by key
+    assert records.channel_sessions("chat", "!none") == []
 
 
 def test_receiving_is_kept_once_and_completed_into_a_message(records: ChannelRecords) -> None:

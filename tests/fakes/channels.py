@@ -111,6 +111,11 @@ class MemoryChannelRecords:
     def set_channel_session(self, channel: str, where: str, key: str, sid: str) -> None:
         self.sessions[(channel, where, key)] = sid
 
+    def channel_sessions(self, channel: str, where: str) -> list[str]:
+        return [
+            sid for (c, w, _k), sid in sorted(self.sessions.items()) if (c, w) == (channel, where)
+        ]
+
     def begin_receive(self, receiving: Receiving) -> Receiving:
         self._maybe_crash("begin_receive")
         return self.receiving_rows.setdefault((receiving.channel, receiving.event_id), receiving)

@@ -26,6 +26,7 @@ CALLS: dict[str, Callable[[ChannelState], Any]] = {
     "save_cursor": lambda c: c.save_cursor("chat", "s1"),
     "channel_session": lambda c: c.channel_session("chat", "!r", "k"),
     "set_channel_session": lambda c: c.set_channel_session("chat", "!r", "k", "sid1"),
+    "channel_sessions": lambda c: c.channel_sessions("chat", "!r"),
     "begin_receive": lambda c: c.begin_receive(RECEIVING),
     "receiving": lambda c: c.receiving(),
     "has_receiving": lambda c: c.has_receiving("sid1"),

@@ -14,6 +14,7 @@ from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import Permissions, Route
 from ironclawd.errors import ChannelFailed, HostError, NotFound
 from ironclawd.ports.channels import Admission
+from ironclawd.services import inbox as inbox_module
 from ironclawd.services.inbox import Inbox, client_id
 from ironclawd.services.inbox_delivery import Deliverer
 from tests.fakes import FakeClock
@@ -208,6 +209,28 @@ def test_session_keys(sessions: str, distinct: int) -> None:
         assert {s.agent for s in w.sessions.sessions.values()} == {"helper"}
 
     run(test, spec)
+
+
+def test_threads_past_a_rooms_cap_share_the_rooms_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A per-room route makes a session per thread, and a sender names threads at will: each
+    was a sandbox (stop 47's review). Past ``MAX_ROOM_SESSIONS`` live ones, a new thread goes
+    to the room's own session; a thread that has a session keeps it."""
+    monkeypatch.setattr(inbox_module, "MAX_ROOM_SESSIONS", 3)
+
+    async def test(w: World) -> None:
+        sids = []
+        for n in range(6):
+            await w.adapter.inject(f"m{n}", sender=ALICE, where=ROOM, thread=f"$t{n}")
+            sids.append(w.adapter.last_receipt.sid)
+        await w.adapter.inject("again", sender=ALICE, where=ROOM, thread="$t1")
+        assert w.adapter.last_receipt.sid == sids[1]
+        assert len(set(sids[:3])) == 3
+        assert sids[3] == sids[4] == sids[5] not in sids[:3]  # the room's session
+        assert len(w.sessions.sessions) == 4
+
+    run(test, agent(sessions="per_room"))
 
 
 def test_a_gone_session_is_replaced() -> None:
