@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -75,8 +76,11 @@ def watchdog_usec(environ: Mapping[str, str] = os.environ, pid: int | None = Non
 
 def harden_process() -> None:
     """Keep key material out of core dumps and away from ptrace by other uids (prctl(2):
-    PR_SET_DUMPABLE 0 also makes /proc/<pid>/mem and ptrace root-only)."""
+    PR_SET_DUMPABLE 0 also makes /proc/<pid>/mem and ptrace root-only). A non-dumpable process
+    is still dumped, readable by root, where fs.suid_dumpable is 2: no core at all either
+    (the unit's LimitCORE=0 too)."""
     prctl.set_dumpable(False)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 class Daemon:

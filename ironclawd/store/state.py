@@ -373,9 +373,15 @@ class StateStore:
         return int(row[0])
 
     def set_audit_head(self, seq: int, mac: str) -> None:
+        """Remember the audit log's newest record; never an older one. Two threads save heads
+        (the batch writer and a durable record), each after its append: saved in the other
+        order, an older head let a cut of the newest records go unnoticed."""
         with self._op("storing the audit head"):
             self._db.execute(
-                "INSERT OR REPLACE INTO audit_head (id, seq, mac) VALUES (1, ?, ?)", (seq, mac)
+                "INSERT INTO audit_head (id, seq, mac) VALUES (1, ?, ?) ON CONFLICT (id) "
+                "DO UPDATE SET seq = excluded.seq, mac = excluded.mac "
+                "WHERE excluded.seq > audit_head.seq",
+                (seq, mac),
             )
 
     def audit_head(self) -> tuple[int, str] | None:

@@ -171,7 +171,8 @@ class MemoryAuditHead:
 
     def set_audit_head(self, seq: int, mac: str) -> None:
         self.calls.append((seq, mac))
-        self.head = (seq, mac)
+        if self.head is None or seq > self.head[0]:  # never an older one, as the real store
+            self.head = (seq, mac)
 
     def audit_head(self) -> tuple[int, str] | None:
         return self.head

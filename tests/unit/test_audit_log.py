@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from ironclawd.domain.audit import RESERVED
 from ironclawd.services.audit import Audit
 from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import GENESIS, AuditLog, canonical
+from ironclawd.store.state import StateStore
 from tests.fakes import MemoryAuditHead, MemoryAuditLog
 
 KEY = b"k" * 32
@@ -291,3 +293,41 @@ def test_the_group_writer_outlives_a_failed_sync_and_says_so(
     audit.close()
     assert [r["n"] for r in log.read()] == [1, 2]
     assert "AUDIT RECORDS NOT SYNCED (up to record 1): EIO on fsync" in caplog.text
+
+
+def test_a_head_saved_late_by_another_thread_does_not_move_back(tmp_path: Path) -> None:
+    """``Audit.record`` appends under the log's lock and saves the head after it; the batch
+    writer does the same from its thread. Saved in the other order, the state DB held record
+    1 as the head while the file held 2, and a cut of record 2 verified clean (stop 47's
+    review). The real state store and log, the first save held until the second is done."""
+    store = StateStore(tmp_path / "state.db", bytes(32))
+
+    class SlowFirst:
+        def __init__(self) -> None:
+            self.second_saved = threading.Event()
+
+        def audit_head(self) -> tuple[int, str] | None:
+            return store.audit_head()
+
+        def set_audit_head(self, seq: int, mac: str) -> None:
+            if seq == 1:
+                assert self.second_saved.wait(5)
+            store.set_audit_head(seq, mac)
+            if seq == 2:
+                self.second_saved.set()
+
+    log = AuditLog(tmp_path / "audit.log", b"k" * 32)
+    audit = Audit(log, SlowFirst())
+    first = threading.Thread(target=audit.record, args=("session.created", "root"))
+    first.start()
+    deadline = time.monotonic() + 5
+    while log.head[0] < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    audit.record("session.removed", "root")
+    first.join(5)
+    head = store.audit_head()
+    assert head is not None
+    assert head[0] == 2  # before: 1
+    audit.close()
+    log.close()
+    store.close()
