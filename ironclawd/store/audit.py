@@ -157,9 +157,16 @@ class AuditLog:
                 "refusing to append after it"
             )
         try:
+            # Where this record starts: the file's size, not the bytes this process wrote.
+            # Bytes appended by someone else (the append-only flag still lets root append)
+            # must not make a failed write cut into the daemon's own last record.
+            before = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise HostError(f"appending to audit log {self._path}: {exc.strerror}") from exc
+        try:
             written = self._write(self._fd, line)
         except OSError as exc:
-            self._cut(self._size, f"a failed write ({exc.strerror})")
+            self._cut(before, f"a failed write ({exc.strerror})")
             if is_disk_full(exc):
                 raise DiskFull(
                     f"appending to audit log {self._path}: {exc.strerror}; the record was not "
@@ -167,12 +174,12 @@ class AuditLog:
                 ) from exc
             raise HostError(f"appending to audit log {self._path}: {exc.strerror}") from exc
         if written != len(line):
-            self._cut(self._size, f"a short write ({written} of {len(line)} bytes)")
+            self._cut(before, f"a short write ({written} of {len(line)} bytes)")
             raise DiskFull(
                 f"appending to audit log {self._path}: short write ({written} of {len(line)} "
                 "bytes, the filesystem is full); the record was not written"
             )
-        self._size += len(line)
+        self._size = before + len(line)
         self._seq, self._prev = record["seq"], record["mac"]
         return record
 

@@ -9,6 +9,7 @@ flag not set (a tmpfs has none anyway); one test shows what the flag itself refu
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import itertools
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from ironclawd.domain.audit import RESERVED
+from ironclawd.errors import DiskFull
 from ironclawd.services.audit import Audit
 from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import GENESIS, AuditLog, canonical
@@ -331,3 +333,35 @@ def test_a_head_saved_late_by_another_thread_does_not_move_back(tmp_path: Path) 
     audit.close()
     log.close()
     store.close()
+
+
+def test_bytes_someone_else_appended_are_never_a_reason_to_cut_a_record_of_ours(
+    tmp_path: Path,
+) -> None:
+    """The append-only flag still lets root append. Bytes appended between two records moved
+    the file's end past what this process counted, and a later failed write (a full disk) was
+    cut back to that count: into the daemon's own last record, already synced (stop 47's
+    review). A failed write is now cut back to the file's size before it."""
+    path = tmp_path / "audit.log"
+    full = False
+
+    def write(fd: int, data: bytes) -> int:
+        if full:
+            os.write(fd, data[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+    log = AuditLog(path, b"k" * 32, write=write)
+    log.append("session.created", "root", sid="aaaaaaaa")
+    with open(path, "ab") as appended:
+        appended.write(b"X" * 20)
+    second = log.append("session.removed", "root", sid="aaaaaaaa")
+    full = True
+    with pytest.raises(DiskFull):
+        log.append("session.created", "root", sid="bbbbbbbb")
+    data = path.read_bytes()
+    assert data.endswith(b"\n")  # before: record 2's end was cut off
+    assert data.splitlines()[-1].endswith(canonical(second))
+    result = log.verify((2, str(second["mac"])))
+    assert result.ok, result
+    log.close()
