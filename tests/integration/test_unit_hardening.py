@@ -170,7 +170,7 @@ def test_daemon_settings_are_in_force(daemon: SystemdHarness, scores: dict[str, 
     # In force, not only configured (systemd clamps it to its own hard limit: 20000 here).
     assert int(nofile[0]) >= 16 * 1024, limits
     # No core file, whatever fs.suid_dumpable says: it would hold the master key (stop 47).
-    (core,) = [ln.split()[3:5] for ln in limits.splitlines() if ln.startswith("Max core file")]
+    (core,) = [ln.split()[4:6] for ln in limits.splitlines() if ln.startswith("Max core file")]
     assert core == ["0", "0"], limits
 
 
