@@ -70,6 +70,16 @@ async def _waited(event: threading.Event) -> None:
     assert await asyncio.to_thread(event.wait, WAIT)
 
 
+def _following(messages: MessageService, sid: str, seen: list[str]) -> asyncio.Future[None]:
+    """A watcher following ``sid``'s replies into ``seen``, until it ends or is cancelled."""
+
+    async def follow() -> None:
+        async for reply in messages.watch(sid, 0, True):
+            seen.append(reply.body)
+
+    return asyncio.ensure_future(follow())
+
+
 def test_another_sessions_removal_during_a_first_load_leaves_the_watcher_hearing() -> None:
     async def go() -> list[str]:
         sessions, messages, data, *_ = real_services()
@@ -77,12 +87,7 @@ def test_another_sessions_removal_during_a_first_load_leaves_the_watcher_hearing
         await sessions.create(AGENT, "watchedsess01")
         await sessions.create(AGENT, "removedsess01")
         seen: list[str] = []
-
-        async def follow() -> None:
-            async for reply in messages.watch("watchedsess01", 0, True):
-                seen.append(reply.body)
-
-        watcher = asyncio.ensure_future(follow())
+        watcher = _following(messages, "watchedsess01", seen)
         await _waited(store.entered)
         await sessions.remove("removedsess01", force=True)  # any other session, meanwhile
         store.gate.set()
@@ -196,12 +201,7 @@ def test_a_watcher_of_a_removed_session_ends() -> None:
         sessions, messages, *_ = real_services()
         await sessions.create(AGENT, "watchgone0001")
         seen: list[str] = []
-
-        async def follow() -> None:
-            async for reply in messages.watch("watchgone0001", 0, True):
-                seen.append(reply.body)
-
-        watcher = asyncio.ensure_future(follow())
+        watcher = _following(messages, "watchgone0001", seen)
         await asyncio.sleep(0.05)
         await sessions.remove("watchgone0001", force=True)
         await asyncio.wait_for(watcher, WAIT)  # before: it waited for ever
