@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from ironclawd.domain.channels import endpoint_event_id
 from ironclawd.domain.egress import EgressLimits
 from ironclawd.errors import ChannelFailed
 from ironclawd.formats.webhook_sig import DELIVERY_HEADER, HEADER, sign, verify
@@ -133,6 +134,8 @@ class WebhookPeer:
         self._sent = 0
 
     async def send(self, text: str) -> str:
+        """Send ``text``; the id the channel names the event by (its endpoint's: another
+        endpoint may send the same ids)."""
         self._sent += 1
         event_id = f"ev-{self._sent}"
         body = json.dumps({"event_id": event_id, "text": text}).encode()
@@ -142,7 +145,7 @@ class WebhookPeer:
             for _ in range(5):
                 async with session.post(url, data=body, headers=headers) as response:
                     if response.status == 200:
-                        return event_id
+                        return endpoint_event_id(self.where, event_id)
                     assert response.status == 503, await response.text()
         raise AssertionError(f"{event_id} was not acknowledged in 5 tries")
 
