@@ -15,7 +15,7 @@ from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, IronclawError, NotFound, SandboxError
-from ironclawd.ports import AuditSink, Clock, SessionRecords
+from ironclawd.ports import AgentHello, AuditSink, Clock, SessionRecords
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import (
     SandboxLayout,
@@ -34,6 +34,8 @@ log = logging.getLogger("ironclawd.sessions")
 
 T = TypeVar("T")
 TOUCH_PERSIST_SECONDS = 10.0
+# How many times one start may find its agent's spec replaced under it and start again.
+MAX_RESPECS = 3
 
 
 class SessionService:
@@ -64,6 +66,11 @@ class SessionService:
             lifecycle.control, self.layout.idle_timeout, self._sandbox_exited, self._idle
         )
         self._work = OwnedTasks()  # commands in flight (``_owned``)
+        # Creates in flight per agent, from the moment they read its spec (before their session
+        # is stored): an applied change waits for them (``restart_agent_sessions``).
+        self._creating: dict[str, set[asyncio.Task[Any]]] = {}
+        # The spec each running sandbox was started with (never for an adopted one).
+        self._built: dict[str, AgentSpec] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -90,7 +97,8 @@ class SessionService:
         # started under the id it now gets. Nothing between the claim and the insert awaits
         # but the task's start, and the id stays held until it is stored.
         pooled = self.pool.claim(spec) if self.pool is not None and given is None else None
-        return await self._owned(self._create(spec, pooled.sid if pooled else sid, pooled))
+        work = self._create(spec, pooled.sid if pooled else sid, pooled)
+        return await self._owned(work, creating=spec.name)
 
     async def _create(self, spec: AgentSpec, sid: str, pooled: Session | None = None) -> Session:
         now = self._clock.time()
@@ -176,16 +184,36 @@ class SessionService:
         self._locks.pop(sid, None)
 
     async def restart_agent_sessions(self, agent: str) -> list[str]:
-        """Restart every running session of ``agent`` so it runs with the agent's new spec."""
+        """Restart every running session of ``agent`` so it runs with the agent's new spec (the
+        caller has put it). Starts under way read the old spec before it was put: each checks
+        the spec again once its sandbox is up and starts over with the new one (``_respec``).
+        They are waited for here, creates not yet stored among them, so that when this returns
+        no session of the agent runs, or is about to run, what the old spec granted (a revoked
+        mount). A session already running this very spec (started after it was put) is not
+        restarted again."""
+        creating = set(self._creating.get(agent, ()))
+        starting = [
+            s.sid for s in self.list_sessions()
+            if s.agent == agent and s.state in (State.CREATING, State.STARTING)
+        ]  # fmt: skip
+        if creating:
+            await asyncio.wait(creating)
+        for sid in starting:
+            async with self.lock(sid):
+                pass  # its start has ended, on the spec it found then
+        current = self._agents.get(agent)
         restarted: list[str] = []
         for session in self.list_sessions():
-            if session.agent == agent and session.state is State.RUNNING:
-                try:
-                    await self.stop(session.sid)
-                    await self.start(session.sid)
-                    restarted.append(session.sid)
-                except IronclawError as exc:
-                    log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
+            if session.agent != agent or session.state is not State.RUNNING:
+                continue
+            if current is not None and self._built.get(session.sid) is current:
+                continue  # started with this very spec, after it was put
+            try:
+                await self.stop(session.sid)
+                await self.start(session.sid)
+                restarted.append(session.sid)
+            except IronclawError as exc:
+                log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
         return restarted
 
     def answered(self, sid: str) -> None:
@@ -226,6 +254,7 @@ class SessionService:
 
     async def stop_locked(self, session: Session, final: State, error: str = "") -> Session:
         self._watcher.disarm_idle(session.sid)
+        self._built.pop(session.sid, None)
         if session.state is not State.STOPPING:  # a stop a crash interrupted goes on
             session = self.move(session, State.STOPPING)
         await self.lifecycle.teardown(session)
@@ -267,12 +296,23 @@ class SessionService:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _owned(self, work: Coroutine[Any, Any, T]) -> T:
+    async def _owned(self, work: Coroutine[Any, Any, T], creating: str = "") -> T:
         """Run ``work`` in a task of the service's and wait for it; cancelling the wait (the
-        client left) does not cancel the task."""
+        client left) does not cancel the task. ``creating``: the agent whose new session it
+        creates (``restart_agent_sessions`` waits for it)."""
         task = self._work.spawn(work)
         task.add_done_callback(_owned_done)
+        if creating:
+            tasks = self._creating.setdefault(creating, set())
+            tasks.add(task)
+            task.add_done_callback(lambda done: self._created(creating, done))
         return await asyncio.shield(task)
+
+    def _created(self, agent: str, task: asyncio.Task[Any]) -> None:
+        tasks = self._creating.get(agent, set())
+        tasks.discard(task)
+        if not tasks:
+            self._creating.pop(agent, None)
 
     async def _guarded(self, sid: str, what: str, work: Coroutine[Any, Any, T]) -> T:
         """Await ``work`` (a transition of session ``sid``, under its lock); if it ends any other
@@ -303,17 +343,39 @@ class SessionService:
                 hello = await self.lifecycle.seal(session, agent)
             else:
                 hello = await self.lifecycle.bring_up(session, agent)
+            agent, hello = await self._respec(session, agent, hello)
         except (IronclawError, OSError, TimeoutError) as exc:
             reason = describe(exc, f"starting session {sid}")
             session = self.move(session, State.FAILED, error=reason)
             log.error("%s", reason)
             raise SandboxError(reason) from exc
+        self._built[sid] = agent
         session = self.move(session, State.RUNNING, platform=self.lifecycle.platform)
         log.info("session %s running: agent pid %d uid %d", sid, hello.pid, hello.uid)
         if pooled:
             log.info("session %s running in a pooled sandbox", sid)
         self.watch(sid)
         return session
+
+    async def _respec(
+        self, session: Session, agent: AgentSpec, hello: AgentHello
+    ) -> tuple[AgentSpec, AgentHello]:
+        """The spec ``session``'s sandbox runs with, and its hello: ``agent``'s, or the agent's
+        current one if an approved change put a new spec while the sandbox started. That
+        change's restart of the agent's running sessions could not reach this one (it was not
+        running yet), and it waits for this start to end: the sandbox of the old spec (a mount
+        the change revoked, a skill it removed) is torn down and a new one started."""
+        for _ in range(MAX_RESPECS):
+            current = find_agent(self._agents, session.agent)
+            if current is agent:
+                return agent, hello
+            log.info("session %s: agent %s changed while the session started; starting it "
+                     "again with the new spec", session.sid, session.agent)  # fmt: skip
+            await self.lifecycle.teardown(session)
+            agent = current
+            hello = await self.lifecycle.bring_up(session, agent)
+        raise SandboxError(f"agent {session.agent} changed {MAX_RESPECS} times while session "
+                           f"{session.sid} started; start it again")  # fmt: skip
 
     async def _sandbox_exited(self, sid: str) -> None:
         """The agent's control connection dropped: learn why from the unit. Only a sandbox that
