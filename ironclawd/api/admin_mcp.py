@@ -12,9 +12,10 @@ import grpc
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.admin_changes import operator
+from ironclawd.api.auth import current_caller
 from ironclawd.domain.agents import find_agent
 from ironclawd.domain.mcp import McpServer, McpToolDef
-from ironclawd.errors import InvalidArgument
+from ironclawd.errors import InvalidArgument, PolicyDenied
 from ironclawd.services.audit import Audit
 from ironclawd.services.registry import Registry
 
@@ -36,7 +37,7 @@ class McpMixin:
     ) -> admin_pb2.ProbeMcpServerResponse:
         from ironclawd.domain.kinds.mcp import parse_server  # noqa: PLC0415
 
-        find_agent(self._registry, request.agent)
+        spec = find_agent(self._registry, request.agent)
         try:
             raw = json.loads(request.server_json)
         except ValueError:
@@ -44,9 +45,14 @@ class McpMixin:
         # Whatever tools the request lists are replaced by what the server itself says.
         server = dataclasses.replace(parse_server(raw), tools=())
         who = operator()
-        # The probe runs the command now, before any approval: it is audited like a change.
-        self._audit_trail.record("mcp.probe", who, agent=request.agent, server=server.name,
-                                 command=list(server.command))  # fmt: skip
+        _may_send_credentials(server, spec.mcp_servers, current_caller().uid)
+        # The probe runs the command now, before any approval: it is audited like a change,
+        # with where it goes and the names of the credentials it sends there.
+        self._audit_trail.record(
+            "mcp.probe", who, agent=request.agent, server=server.name,
+            command=list(server.command), url=server.url,
+            credentials=[name for _, name in server.credentials] if server.url else [],
+        )  # fmt: skip
         tools = await self._mcp.probe(request.agent, server)
         return admin_pb2.ProbeMcpServerResponse(
             tools_json=json.dumps([dataclasses.asdict(t) for t in tools], sort_keys=True)
@@ -61,3 +67,23 @@ class McpMixin:
         return admin_pb2.ListMcpServersResponse(
             view_json=json.dumps(KIND.view(spec), sort_keys=True)
         )
+
+
+def _may_send_credentials(server: McpServer, registered: tuple[McpServer, ...], uid: int) -> None:
+    """A probe of a remote server sends the credentials it names, before any approval, to the
+    URL it names. Any member of the admin group may probe, and a member cannot read the host's
+    credentials: an arbitrary URL would hand them any of them. So only root may probe a remote
+    server with credentials that were never approved for it; a member may probe one the agent
+    has registered (approved) with that URL and those credentials, or one without credentials.
+    A stdio server's probe runs without its credentials and without network: no limit here."""
+    if not server.url or not server.credentials or uid == 0:
+        return
+    for known in registered:
+        if known.url == server.url and set(known.credentials) >= set(server.credentials):
+            return
+    names = ", ".join(sorted({name for _, name in server.credentials}))
+    raise PolicyDenied(
+        f"probing {server.url} would send it the host credentials {names} before any approval: "
+        "only root may do that for a server the agent has not registered with that URL and "
+        "those credentials (probe without credentials, or as root)"
+    )
