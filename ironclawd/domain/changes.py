@@ -12,11 +12,17 @@ import difflib
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ironclawd.domain.agents import AGENT_NAME_RE, AgentSpec
+from ironclawd.domain.agents import (
+    AGENT_NAME_RE,
+    AgentSpec,
+    effective_egress,
+    effective_mcp_grants,
+    effective_tools,
+)
 from ironclawd.domain.kinds import KINDS, ChangeKind, HostChecks
 from ironclawd.domain.kinds.egress import MAX_EGRESS_RULES, rule_to_mapping
 from ironclawd.domain.kinds.persona import MAX_PERSONA
@@ -114,6 +120,26 @@ class ParsedChange(Generic[P]):
     def prepare(self, host: HostChecks) -> None:
         """At apply, before the agent changes: the host work the new spec needs."""
         self.kind.prepare(self.payload, host)
+
+
+# What a change of another kind can also grant or take away, and how to see it: a skill brings
+# tools, egress rules and MCP grants; a new agent its tools. The rules keyed by kind (four-eyes,
+# an agent's approver groups) hold for every kind whose effect a change has, not only its own.
+_EFFECTS: dict[str, Callable[[AgentSpec], object]] = {
+    "tools": effective_tools,
+    "egress": effective_egress,
+    "mcp": lambda spec: (effective_mcp_grants(spec), spec.mcp_servers),
+}
+
+
+def effect_kinds(kind: str, before: AgentSpec | None, after: AgentSpec) -> frozenset[str]:
+    """The kinds a change of ``kind`` taking the agent from ``before`` (None: it creates the
+    agent) to ``after`` amounts to: its own, and each kind whose effective grants differ (a
+    skill carrying an egress rule is an egress change too)."""
+    base = before if before is not None else AgentSpec(name=after.name)
+    found = {kind}
+    found.update(name for name, of in _EFFECTS.items() if of(base) != of(after))
+    return frozenset(found)
 
 
 def _kind(name: str) -> ChangeKind[Any]:

@@ -285,13 +285,16 @@ class Gateway:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
-            self._check_approver_group(change, approver, groups, "approve")
+            kinds = self._effect_kinds(change)
+            self._check_approver_group(change, approver, groups, "approve", kinds)
             # Bytes: compare_digest raises TypeError on a str holding non-ASCII characters.
             given = expected_hash.encode("utf-8", "surrogateescape")
             if not given or not secrets.compare_digest(given, change.hash.encode()):
                 self._refuse(change, approver, "the hash given does not match the change")
-            if change.kind in self._policy.four_eyes and _same_person(approver, change.submitter):
-                self._refuse(change, approver, "four-eyes: the submitter cannot approve it")
+            watched = sorted(kinds & self._policy.four_eyes)
+            if watched and _same_person(approver, change.submitter):
+                self._refuse(change, approver, "four-eyes: the submitter cannot approve it "
+                             f"(it is a {' and '.join(watched)} change)")  # fmt: skip
             change = transition(change, ChangeState.APPROVED, decided_by=approver,
                                 decided_at=self._clock.time())  # fmt: skip
             self._store.save_change(change)
@@ -307,7 +310,8 @@ class Gateway:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
-            self._check_approver_group(change, approver, approver_groups, "reject")
+            kinds = self._effect_kinds(change)
+            self._check_approver_group(change, approver, approver_groups, "reject", kinds)
             change = transition(change, ChangeState.REJECTED, decided_by=approver,
                                 decided_at=self._clock.time(), note=note[:2000])  # fmt: skip
             self._store.save_change(change)
@@ -316,21 +320,41 @@ class Gateway:
                      approver, extra=_change_fields(MessageId.CHANGE_REJECTED, change))  # fmt: skip
             return change
 
+    def _effect_kinds(self, change: Change) -> frozenset[str]:
+        """The kinds ``change`` amounts to on the agent as it is now: its own, and those whose
+        grants it also changes (a skill bringing an egress rule is an egress change too), which
+        the rules keyed by kind (four-eyes, approver groups) hold for. A change that no longer
+        applies is its own kind only: applying it fails anyway."""
+        from ironclawd.domain.changes import effect_kinds, parse_change  # noqa: PLC0415
+
+        current = self._registry.get(change.agent)
+        try:
+            after = parse_change(change.kind, change.agent, change.payload).apply(current)
+        except IronclawError:
+            return frozenset({change.kind})
+        return effect_kinds(change.kind, current, after)
+
     def _check_approver_group(
-        self, change: Change, approver: str, groups: Collection[str], verb: str
-    ) -> None:
-        """The agent's permissions may name a host group that alone decides this kind for it
-        (on top of ironclaw-admin): read from the agent as it is now, so a permissions change
-        is decided under the rule it would replace."""
+        self, change: Change, approver: str, groups: Collection[str], verb: str,
+        kinds: Collection[str],
+    ) -> None:  # fmt: skip
+        """The agent's permissions may name a host group that alone decides a kind for it (on
+        top of ironclaw-admin), for each of ``kinds`` the change amounts to: read from the agent
+        as it is now, so a permissions change is decided under the rule it would replace."""
         spec = self._registry.get(change.agent)
-        group = approver_group(spec.permissions, change.kind) if spec is not None else None
-        if group is not None and group not in groups:
-            why = (
-                f"agent '{change.agent}' requires {change.kind} changes to be decided by a member "
-                f"of host group '{group}', and {approver} is not one"
-            )
-            self._audit.record("change.approval_refused", approver, change=change.id, reason=why)
-            raise PolicyDenied(f"cannot {verb} {change.id}: {why}")
+        for kind in sorted(kinds):
+            group = approver_group(spec.permissions, kind) if spec is not None else None
+            if group is not None and group not in groups:
+                why = (
+                    f"agent '{change.agent}' requires {kind} changes to be decided by a member "
+                    f"of host group '{group}', and {approver} is not one"
+                )
+                if kind != change.kind:
+                    why += f" (this {change.kind} change also changes its {kind})"
+                self._audit.record(
+                    "change.approval_refused", approver, change=change.id, reason=why
+                )
+                raise PolicyDenied(f"cannot {verb} {change.id}: {why}")
 
     def _refuse(self, change: Change, approver: str, why: str) -> None:
         self._audit.record("change.approval_refused", approver, change=change.id, reason=why)
