@@ -26,6 +26,10 @@ NEVER_GRANTED = (
     "/proc",
     "/sys",
     "/dev",
+    # Where services keep their sockets (D-Bus, systemd, users' sessions): sandboxes may
+    # connect to host sockets on their mounts (``host.mounts.find_socket``).
+    "/run",
+    "/var/run",
 )
 
 

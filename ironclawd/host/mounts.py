@@ -40,7 +40,63 @@ def resolve_mount_source(source: str, allowlist: Iterable[str]) -> str:
         raise PolicyDenied(f"mount source {source}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(info.st_mode):
         raise PolicyDenied(f"mount source {source}: not a directory")
+    socket = find_socket(real)
+    if socket is not None:
+        raise PolicyDenied(
+            f"mount source {source}: holds the Unix socket {socket}; a sandbox may connect to "
+            "host sockets on its mounts (its own control socket is one), so a directory that "
+            "holds a socket is never granted"
+        )
     return real
+
+
+# How many entries a granted directory may hold: every one is looked at when the grant is
+# submitted and at every session start (~1 s for the most, on these machines).
+MAX_GRANT_ENTRIES = 200_000
+
+
+def find_socket(root: str, limit: int = MAX_GRANT_ENTRIES) -> str | None:
+    """The path of a Unix socket in the tree at ``root`` (symlinks not followed), or None;
+    PolicyDenied if the tree holds more than ``limit`` entries or a directory in it cannot be
+    read. Sandboxes run with runsc's ``--host-uds=open``: the agent reaches its own control
+    socket that way, and the same lets it connect to any host socket on any of its mounts, a
+    read-only grant included, whose mode lets its uid write it. A service's socket in a granted
+    directory would be a way out past the model proxy and the egress broker. Checked when a
+    grant is submitted and at every start; a socket made in a granted directory while a session
+    runs is beyond this (docs/threat-model.md)."""
+    pending = [root]
+    seen = 0
+    while pending:
+        top = pending.pop()
+        try:
+            entries = list(os.scandir(top))
+        except FileNotFoundError:
+            continue  # removed meanwhile: nothing to connect to there
+        except OSError as exc:
+            raise PolicyDenied(
+                f"mount source {root}: cannot look for sockets in {top}: {exc.strerror or exc}"
+            ) from None
+        seen += len(entries)
+        if seen > limit:
+            raise PolicyDenied(
+                f"mount source {root}: holds more than {limit} entries, too many to check for "
+                "Unix sockets at every start; grant a smaller directory"
+            )
+        for entry in entries:
+            # d_type answers without a stat for directories, files and symlinks: only other
+            # kinds (sockets, FIFOs, devices; or a file system that gives no type) are stat'ed.
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            elif entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                continue
+            else:
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISSOCK(mode):
+                    return entry.path
+    return None
 
 
 def make_frame(frame: Path, names: Iterable[str]) -> None:

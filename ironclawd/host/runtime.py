@@ -24,7 +24,8 @@ class RunscRuntime:
 
     def run_argv(self, bundle: Path, container_id: str) -> list[str]:
         # --host-uds=open: the agent connects to its session's sockets; the only host directory
-        # with sockets mounted into the box is that session's own (docs/architecture.md §3).
+        # with sockets mounted into the box is that session's own (docs/architecture.md §3): a
+        # granted directory holding a socket is refused (host.mounts.find_socket).
         return runsc.runsc_argv(
             self._info,
             root=self._root,
