@@ -95,12 +95,16 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def sandbox_properties(writable: Sequence[str]) -> list[Property]:
+def sandbox_properties(writable: Sequence[str], readonly: Sequence[str] = ()) -> list[Property]:
     """The hardening properties of a sandbox unit whose runsc must write only ``writable``
-    (its state root, the session's outbound queue, read-write grants)."""
-    # A grant below /home may be read-write: ProtectHome=yes would hide it (systemd drops
-    # ReadWritePaths= below an inaccessible directory), read-only lets ReadWritePaths= reopen it.
-    home = "read-only" if any(_under(p, paths.HOME_DIRS) for p in writable) else "yes"
+    (its state root, the session's outbound queue, read-write grants) and also reads
+    ``readonly`` (read-only grants)."""
+    # A grant below /home: ProtectHome=yes would hide it from runsc's gofer, which opens the
+    # source in the unit's namespace (and systemd drops ReadWritePaths= below an inaccessible
+    # directory); read-only shows it, and lets ReadWritePaths= reopen a writable one. A
+    # read-only grant there made every start fail (found by a review).
+    seen = (*writable, *readonly)
+    home = "read-only" if any(_under(p, paths.HOME_DIRS) for p in seen) else "yes"
     return [
         ("NoNewPrivileges", "b", True),
         ("CapabilityBoundingSet", "t", capability_mask(SANDBOX_CAPABILITIES)),

@@ -147,7 +147,9 @@ def build_properties(spec: UnitSpec) -> list[Property]:
         # Never the host's network: systemd joins NetworkNamespacePath= when it is set (it is
         # opened before PrivateNetwork= would make a namespace), else makes a fresh one.
         ("PrivateNetwork", "b", True),
-        *hardening.sandbox_properties([str(p) for p in spec.writable_paths]),
+        *hardening.sandbox_properties(
+            [str(p) for p in spec.writable_paths], [str(p) for p in spec.readonly_paths]
+        ),
     ]
     if spec.netns_path is not None:
         # runsc ignores the spec's netns path with --network=none (docs/development.md, runsc):

@@ -281,6 +281,9 @@ class UnitSpec:
     stop_timeout_seconds: float = 10.0  # TimeoutStopUSec: SIGTERM to runsc, then SIGKILL to all
     # The only host paths the unit may write (ProtectSystem=strict + ReadWritePaths=).
     writable_paths: Sequence[Path] = ()
+    # Host directories runsc only reads (read-only grants): one below /home needs the unit's
+    # ProtectHome= to leave home directories visible (read-only), as a writable one does.
+    readonly_paths: Sequence[Path] = ()
     extra_properties: Mapping[str, str] = field(default_factory=dict)
     # Standard input of the unit's process (systemd duplicates it; the caller closes it).
     stdin_fd: int | None = None

@@ -374,6 +374,7 @@ class SandboxLifecycle:
             stop_timeout_seconds=self.layout.stop_timeout,
             collect_mode="inactive",
             writable_paths=(*self.runtime.writable_paths(), *writable),
+            readonly_paths=tuple(Path(m.source) for m in granted if m.read_only),
             stdin_fd=stdin,
         )  # fmt: skip
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
-from ironclawd.errors import Conflict, IronclawError, NotFound, SandboxError
+from ironclawd.errors import Conflict, HostError, IronclawError, NotFound, SandboxError
 from ironclawd.ports import AgentHello, AuditSink, Clock, SessionRecords
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import (
@@ -389,14 +389,23 @@ class SessionService:
                     return  # removed meanwhile: its removal ended the sandbox
                 if session.state is not State.RUNNING:
                     return
-                result = await self.lifecycle.wait_exit(session)
-                reason = f"sandbox exited (unit result: {result})"
-                # A unit the kernel's OOM killer ended has Result "oom-kill"
-                # (org.freedesktop.systemd1(5)); its fix (memory_bytes) differs from others'.
-                oom = message_id(MessageId.SESSION_OOM, IRONCLAW_SID=sid)
-                log.warning(
-                    "session %s: %s", sid, reason, extra=oom if result == "oom-kill" else {}
-                )
+                try:
+                    result = await self.lifecycle.wait_exit(session)
+                except HostError as exc:
+                    # The agent closed its control connection and its sandbox runs on: nothing
+                    # reaches it any more, and nothing would see it die. It is stopped, failed.
+                    reason = (
+                        "the agent closed its control connection and its sandbox kept running "
+                        f"({exc}); stopped"
+                    )
+                    extra: dict[str, object] = {}
+                else:
+                    reason = f"sandbox exited (unit result: {result})"
+                    # A unit the kernel's OOM killer ended has Result "oom-kill"
+                    # (org.freedesktop.systemd1(5)); its fix (memory_bytes) differs from others'.
+                    oom = message_id(MessageId.SESSION_OOM, IRONCLAW_SID=sid)
+                    extra = oom if result == "oom-kill" else {}
+                log.warning("session %s: %s", sid, reason, extra=extra)
                 await self._guarded(
                     sid, "failing", self.stop_locked(session, State.FAILED, error=reason)
                 )

@@ -42,9 +42,11 @@ class FakeUnits(_Recording):
         super().__init__(log)
         self.units: dict[str, UnitState] = {}
         self.dies_at_start: dict[str, str] = {}
+        self.specs: dict[str, UnitSpec] = {}  # the last spec each unit was started with
 
     def start_transient(self, spec: UnitSpec, timeout: float) -> UnitState:
         self._call("units.start", spec.name)
+        self.specs[spec.name] = spec
         state = UnitState(spec.name, "active", "running", 4242, "success")
         self.units[spec.name] = state
         if spec.name in self.dies_at_start:

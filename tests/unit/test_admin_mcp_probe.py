@@ -69,7 +69,7 @@ def _probe(servicer: Servicer, caller: Caller, server: dict[str, Any]) -> None:
 
 def test_a_member_cannot_send_a_credential_to_a_url_never_approved_with_it() -> None:
     servicer = Servicer(AgentSpec("demo"))
-    with pytest.raises(PolicyDenied, match="github-token.*only root"):
+    with pytest.raises(PolicyDenied, match=r"github-token.*only root"):
         _probe(servicer, MEMBER, {"name": "x", "url": "https://attacker.example/mcp",
                                   "credentials": CREDENTIALS})  # fmt: skip
     assert servicer.launcher.opened == []

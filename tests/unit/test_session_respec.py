@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from ironclawd.domain.agents import AgentMount, AgentSpec
@@ -77,6 +78,10 @@ def test_a_revoked_mount_is_gone_from_a_session_that_was_starting_when_it_was_ap
         await _until(lambda: BUNDLE in world.bundles.specs)
         assert world.store.get(SID).state is State.STARTING
         assert _mounted(world) == ["/mnt", "/mnt/s"]
+        # A read-only grant is a path the unit's runsc reads (ProtectHome= looks at it).
+        unit = world.units.specs[world.store.get(SID).unit]
+        assert Path(f"{GRANTS}/data") in unit.readonly_paths
+        assert Path(f"{GRANTS}/data") not in unit.writable_paths
         change = gateway.submit("mounts", "demo", '{"mounts": []}', "revoke", "uid:0(root)")
         approving = asyncio.create_task(gateway.approve(change.id, change.hash, "uid:1000(a)"))
         await asyncio.sleep(0.05)

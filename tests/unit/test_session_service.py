@@ -274,6 +274,33 @@ def test_an_adopted_sandbox_that_dies_is_recorded_failed_and_hooks_run(world: Wo
     assert exited == [SID]
 
 
+def test_an_agent_that_drops_its_connection_and_runs_on_is_stopped_failed(world: World) -> None:
+    """The watch waits for the unit to end once the agent's connection drops. A box that closed
+    its connection and kept running made that wait time out: the error was swallowed, nothing
+    watched the session again, and when the sandbox later died the session stayed running
+    with no unit (found by a review). The session is now stopped and recorded failed."""
+    exited: list[str] = []
+
+    async def on_exit(sid: str) -> None:
+        exited.append(sid)
+
+    world.hooks.on_sandbox_exit(on_exit)
+
+    async def go() -> None:
+        session = await world.service.create("demo", SID)
+        failed = asyncio.ensure_future(world.audit.next("session.failed"))
+        world.control.drop(SID)  # the unit keeps running
+        async with asyncio.timeout(5):
+            await failed
+        assert ("units.stop", session.unit) in world.log
+
+    _run(world, go())
+    dead = world.store.get(SID)
+    assert dead.state is State.FAILED
+    assert "closed its control connection and its sandbox kept running" in dead.error
+    assert exited == [SID]
+
+
 @pytest.mark.parametrize("how", ["stop", "remove"])
 def test_no_exit_hook_runs_for_a_sandbox_the_operator_ended(world: World, how: str) -> None:
     """The agent's connection also drops when a stop or a removal ends its sandbox; that is
