@@ -4,6 +4,7 @@ definition the approver saw."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import agent_view, canonical, check_payload, parse_change
 from ironclawd.domain.kinds.mcp import KIND, tool_def
+from ironclawd.domain.mcp import McpGrant
+from ironclawd.domain.skills import AgentSkill, SkillFile, SkillGrants
 from ironclawd.errors import Conflict, InvalidArgument, PolicyDenied
 
 SCHEMA = {"type": "object", "properties": {"timezone": {"type": "string"}}}
@@ -124,6 +127,18 @@ def test_unregister_drops_the_server_and_its_grants_only() -> None:
     assert [(g.server, g.tool) for g in after.mcp_grants] == [("other", "convert_time")]
     with pytest.raises(Conflict, match="not registered"):
         _apply(after, {"op": "unregister", "server": "time"})
+
+
+def test_a_server_whose_tools_a_skill_grants_is_not_unregistered_under_it() -> None:
+    # The skill's grants outlived the server, unseen, and came back with a server registered
+    # again under the name (found by a review).
+    spec = _apply(AgentSpec("demo"), _register())
+    pin = spec.mcp_servers[0].tools[0]
+    files = (SkillFile("SKILL.md", "0" * 64, "x"),)
+    grants = SkillGrants(mcp_tools=(McpGrant("time", pin.name, pin.digest),))
+    skill = AgentSkill("gh", "1", "d", "0" * 16, "0" * 64, files, grants)
+    with pytest.raises(Conflict, match=r"granted by skill.*gh.*remove them first"):
+        _apply(dataclasses.replace(spec, skills=(skill,)), {"op": "unregister", "server": "time"})
 
 
 def test_an_agent_without_mcp_keeps_the_view_older_changes_recorded() -> None:

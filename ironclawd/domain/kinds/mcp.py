@@ -154,6 +154,15 @@ class McpKind(ChangeKind[McpChange]):
             )
         others = tuple(g for g in spec.mcp_grants if g.server != payload.name)
         if payload.op == "unregister":
+            # A skill's grants of the server's tools would outlive it, unseen, and come back
+            # with a server registered again under the name (found by a review).
+            holding = sorted({s.name for s in spec.skills
+                              for g in s.grants.mcp_tools if g.server == payload.name})  # fmt: skip
+            if holding:
+                raise Conflict(
+                    f"MCP server '{payload.name}' has tools granted by skill(s) "
+                    f"{', '.join(holding)} of agent '{spec.name}': remove them first"
+                )
             del servers[payload.name]
             return dataclasses.replace(spec, mcp_servers=tuple(servers.values()), mcp_grants=others)
         offered = {t.name: t for t in servers[payload.name].tools}
