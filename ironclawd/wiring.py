@@ -172,17 +172,15 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
         audit=audit, clock=clock,
     )  # fmt: skip
     hooks.on_remove(mcp.forget)
+    proxy = _model_proxy(
+        registry=registry, audit=audit, sessions=service, http=http, credentials=credentials,
+        clock=clock,
+    )  # fmt: skip
+    hooks.on_remove(proxy.forget)
     sandbox_api = SandboxApi(
         paths.INTERNAL_DIR / "sandbox-grpc.sock",
         paths.SESSIONS_RUN_DIR,
-        proxy=_model_proxy(
-            registry=registry,
-            audit=audit,
-            sessions=service,
-            http=http,
-            credentials=credentials,
-            clock=clock,
-        ),
+        proxy=proxy,
         gateway=gateway,
         egress=broker,
         mcp=mcp,

@@ -109,6 +109,18 @@ def effective_mcp_grants(spec: AgentSpec) -> tuple[McpGrant, ...]:
     )
 
 
+def own_credentials(spec: AgentSpec) -> frozenset[str]:
+    """The names of the host-held credentials a session of the agent may cause to be used: its
+    model key, those its egress rules inject (its skills' included) and those of its MCP
+    servers. What returns to it is masked for these, and only these: masking every credential
+    on the host told an agent which of its guesses was another agent's credential (its model
+    repeats what it is asked to, and a guess came back ``[REDACTED]``)."""
+    names = {spec.credential, *(rule.credential for rule in effective_egress(spec))}
+    names.update(name for server in spec.mcp_servers for _, name in server.credentials)
+    names.discard("")
+    return frozenset(names)
+
+
 def grant_overlap(
     agent: str, mounts: Iterable[AgentMount], agents: Mapping[str, AgentSpec]
 ) -> str | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ironclawd.errors import BudgetExceeded, InvalidArgument
 
@@ -71,9 +73,62 @@ def check_messages(messages: Iterable[Message]) -> tuple[Message, ...]:
 
 
 def enabled_tools(offered: Iterable[ToolDef], enabled: Iterable[ToolDef]) -> tuple[ToolDef, ...]:
-    """The agent may offer only the tools enabled for it; their definitions are the host's."""
+    """The agent may offer only the tools enabled for it; their definitions are the host's.
+    Each at most once, where the agent first offered it: every copy of a name became a whole
+    host definition, so 10,000 copies of one short name (a 130 KB request) were an 18 times
+    larger body held for the call and sent upstream."""
     allowed = {t.name: t for t in enabled}
-    return tuple(allowed[t.name] for t in offered if t.name in allowed)
+    names = dict.fromkeys(t.name for t in offered if t.name in allowed)
+    return tuple(allowed[name] for name in names)
+
+
+def estimated_input_tokens(completion: Completion) -> int:
+    """A rough count of the tokens ``completion`` sends (a quarter of its characters, rounded
+    up: near what the providers' tokenizers make of English and code), known before the call.
+    The budgets reserve it with the call's ``max_tokens`` while the call runs, and charge it
+    when the provider never says what the call used."""
+    chars = len(completion.system)
+    for message in completion.messages:
+        chars += len(message.text) + len(message.tool_call_id)
+        for call in message.tool_calls:
+            chars += len(call.id) + len(call.name) + len(call.arguments_json)
+    for tool in completion.tools:
+        chars += len(tool.name) + len(tool.description) + len(tool.parameters_json)
+    return math.ceil(chars / 4)
+
+
+# How a model call ended, for what it is charged (tokens_to_charge).
+# "ok": the stream ended; "upstream-error": the provider said no (a ProviderError from upstream);
+# "abandoned": the agent went away, the call ran out of time or the connection failed.
+Ending = Literal["ok", "upstream-error", "abandoned"]
+
+
+def tokens_to_charge(
+    ending: Ending,
+    reported: tuple[int, int] | None,
+    *,
+    input_estimate: int,
+    max_tokens: int,
+    streamed_chars: int,
+) -> int:
+    """The tokens a call is charged to its budgets, from how it ended and the provider's last
+    usage (input, output), None if it reported none.
+
+    An ended call is charged what the provider reported; when an OpenAI-compatible server sends
+    no usage, the input estimate and a quarter of the characters streamed out. A call that did
+    not end may have been billed for a whole answer nobody read: it is charged at least its
+    input (reported, else estimated) and ``max_tokens``, or more if more was reported. Charging
+    it nothing let an agent that drops each call once it has the tool call it wanted (or that
+    lets each run out of time) spend upstream tokens its budget never saw."""
+    if ending == "abandoned":
+        total = sum(reported) if reported is not None else 0
+        known_input = reported[0] if reported is not None and reported[0] else input_estimate
+        return max(total, known_input + max_tokens)
+    if reported is not None:
+        return reported[0] + reported[1]
+    if ending == "ok":
+        return input_estimate + math.ceil(streamed_chars / 4)
+    return 0  # refused upstream, and it said nothing of usage: nothing known to be billed
 
 
 class Redactor:
@@ -132,7 +187,13 @@ class Redactor:
 
 @dataclass
 class Budget:
-    """Requests per minute and tokens per day for one key (a session or an agent)."""
+    """Requests per minute and tokens per day for one key (a session or an agent).
+
+    Tokens are known only when a call ends, so each call in flight holds a reservation (its
+    estimated input and its ``max_tokens``) from its admission to its end, and a call is
+    admitted only while what was spent and what is reserved are under the day's budget: when
+    only what was spent counted, 30 calls started together all passed before any was charged,
+    and spent 15 times a session's budget."""
 
     requests_per_minute: int
     tokens_per_day: int
@@ -141,6 +202,7 @@ class Budget:
     # The sum of ``_tokens``, kept as they come and go: summing a day of records on every call
     # made each call slower the busier the day had been (issue 17).
     _used: int = 0
+    _reserved: int = 0  # held by the calls in flight (reserve/release)
 
     def admit(self, now: float, what: str) -> None:
         """Count one request or raise BudgetExceeded (mapped to RESOURCE_EXHAUSTED)."""
@@ -162,12 +224,28 @@ class Budget:
                 f"{what}: rate limit of {self.requests_per_minute} model requests per minute "
                 "reached; try again in a minute"
             )
-        used = self._used
-        if used >= self.tokens_per_day:
+        # A lone call is admitted while the day is under budget, even if its own reservation
+        # would take it over: a call's max_tokens is a ceiling, not what it will use.
+        used, reserved = self._used, self._reserved
+        if used + reserved >= self.tokens_per_day:
+            held = f"; {reserved} reserved by calls in flight" if reserved else ""
             raise BudgetExceeded(
-                f"{what}: daily budget of {self.tokens_per_day} tokens used up ({used})"
+                f"{what}: daily budget of {self.tokens_per_day} tokens used up ({used}{held})"
             )
+
+    def reserve(self, tokens: int) -> None:
+        """Hold ``tokens`` for a call just admitted, until :meth:`release` at its end."""
+        self._reserved += tokens
+
+    def release(self, tokens: int) -> None:
+        self._reserved = max(0, self._reserved - tokens)
 
     def spend(self, now: float, tokens: int) -> None:
         self._tokens.append((now, tokens))
         self._used += tokens
+
+    def set_limits(self, requests_per_minute: int, tokens_per_day: int) -> None:
+        """The agent's limits as they are now (an approved change may have moved them), the
+        requests and tokens already counted kept."""
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_day = tokens_per_day

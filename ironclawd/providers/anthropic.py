@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
 from ironclawd.errors import ProviderError
-from ironclawd.providers.base import Provider, raise_for_status, sse_events
+from ironclawd.providers.base import Provider, answer_cap, raise_for_status, sse_events
 
 if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
     import httpx
@@ -44,25 +44,31 @@ class AnthropicProvider:
         url = base_url.rstrip("/") + "/v1/messages"
         async with self._client.stream("POST", url, json=body, headers=headers) as response:
             await raise_for_status(response, self.name)
-            tool: dict[str, str] | None = None
+            tool: tuple[str, str] | None = None  # the id and name of the tool call being read
+            args: list[str] = []  # its argument fragments, joined once at its end
             input_tokens = 0
-            async for event in sse_events(response):
+            async for event in sse_events(response, answer_cap(completion.max_tokens)):
                 kind = event.get("type")
                 if kind == "message_start":
                     input_tokens = int(event["message"].get("usage", {}).get("input_tokens", 0))
+                    # Billed from here on: a call abandoned before message_delta is charged
+                    # this input at least (the proxy keeps the latest usage it was given).
+                    yield Chunk(usage=(input_tokens, 0))
                 elif kind == "content_block_start":
                     block = event.get("content_block", {})
                     if block.get("type") == "tool_use":
-                        tool = {"id": block["id"], "name": block["name"], "args": ""}
+                        tool, args = (block["id"], block["name"]), []
                 elif kind == "content_block_delta":
                     delta = event.get("delta", {})
                     if delta.get("type") == "text_delta":
                         yield Chunk(text=str(delta.get("text", "")))
                     elif delta.get("type") == "input_json_delta" and tool is not None:
-                        tool["args"] += str(delta.get("partial_json", ""))
+                        # A list, not ``str +=`` on a dict entry (which copies the whole string
+                        # each time: 2 MiB in 64-byte pieces took 14 s of the event loop).
+                        args.append(str(delta.get("partial_json", "")))
                 elif kind == "content_block_stop" and tool is not None:
-                    yield Chunk(tool_call=ToolCall(tool["id"], tool["name"], tool["args"] or "{}"))
-                    tool = None
+                    yield Chunk(tool_call=ToolCall(tool[0], tool[1], "".join(args) or "{}"))
+                    tool, args = None, []
                 elif kind == "message_delta":
                     output = int(event.get("usage", {}).get("output_tokens", 0))
                     yield Chunk(usage=(input_tokens, output))

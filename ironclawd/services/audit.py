@@ -148,6 +148,10 @@ class Throttled:
         self._audit = audit
         self._rate = RateWindow(clock, per_minute)
 
+    def forget(self, key: str) -> None:
+        """Drop ``key``'s count (its session was removed: the id may name a new one)."""
+        self._rate.forget(key)
+
     def record(self, key: str, event: str, actor: str, **fields: Any) -> bool:
         """Record unless ``key`` is over its rate; whether it was recorded."""
         dropped = self._rate.admit(key)

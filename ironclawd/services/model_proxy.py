@@ -10,18 +10,21 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ironclawd import ratelog
-from ironclawd.domain.agents import AgentSpec, effective_tools, find_agent
+from ironclawd.domain.agents import AgentSpec, effective_tools, find_agent, own_credentials
 from ironclawd.domain.mcp_grants import mcp_tool_defs
 from ironclawd.domain.model import (
     Budget,
     Chunk,
     Completion,
+    Ending,
     Message,
     Redactor,
     ToolCall,
     ToolDef,
     check_messages,
     enabled_tools,
+    estimated_input_tokens,
+    tokens_to_charge,
 )
 from ironclawd.domain.skill_prompt import system_prompt
 from ironclawd.domain.tools import tool_defs
@@ -72,15 +75,35 @@ class ModelProxy:
         return Profile(agent.name, persona, tools, agent.max_tool_rounds)
 
     def _budget(self, key: str, rpm: int, tpd: int) -> Budget:
-        return self._budgets.setdefault(key, Budget(rpm, tpd))
+        budget = self._budgets.get(key)
+        if budget is None:
+            budget = self._budgets[key] = Budget(rpm, tpd)
+        elif (budget.requests_per_minute, budget.tokens_per_day) != (rpm, tpd):
+            # An approved change moved the agent's limits: they hold from its next call on,
+            # what was spent before still counted. (The first limits were kept for ever.)
+            budget.set_limits(rpm, tpd)
+        return budget
 
-    async def complete(
-        self, sid: str, messages: Iterable[Message], tools: Iterable[ToolDef], max_tokens: int
-    ) -> AsyncIterator[Chunk]:
-        agent = self._agent(sid)
-        provider = self._providers.get(agent.provider)
-        if provider is None:
-            raise NotFound(f"agent {agent.name}: unknown model provider '{agent.provider}'")
+    def forget(self, sid: str) -> None:
+        """Drop what is kept for a removed session (its budget, its refusal count): they were
+        kept for the daemon's life, and a new session given the same id took them over."""
+        self._budgets.pop(f"session:{sid}", None)
+        self._refusals.forget(sid)
+
+    def _secrets(self, agent: AgentSpec, key: str) -> list[str]:
+        """The values to mask in what returns: the calling agent's own credentials only (masking
+        every credential on the host told the agent which of its guesses was another's)."""
+        values = [key]
+        for name in sorted(own_credentials(agent) - {agent.credential}):
+            try:
+                values.append(self._credentials.get(name))
+            except IronclawError:
+                continue  # not there (or unreadable): nothing of it can be used, or returned
+        return values
+
+    def _admit(self, sid: str, agent: AgentSpec) -> tuple[Budget, ...]:
+        """The session's and the agent's budgets, one request counted in each; BudgetExceeded
+        (recorded at a bounded rate) if either is spent."""
         now = self._clock.time()
         budgets = (
             self._budget(f"session:{sid}", agent.session_requests_per_minute,
@@ -96,48 +119,106 @@ class ModelProxy:
         except BudgetExceeded:
             # A box can loop on a spent budget: these are recorded and logged at a bounded rate.
             _audit(self._refusals, sid, agent=agent, status="budget-exceeded", tokens=(0, 0),
-                   took=0.0)  # fmt: skip
+                   charged=0, took=0.0)  # fmt: skip
             raise
         for budget in budgets:
             budget.record(now)
+        return budgets
+
+    async def complete(
+        self, sid: str, messages: Iterable[Message], tools: Iterable[ToolDef], max_tokens: int
+    ) -> AsyncIterator[Chunk]:
+        agent = self._agent(sid)
+        provider = self._providers.get(agent.provider)
+        if provider is None:
+            raise NotFound(f"agent {agent.name}: unknown model provider '{agent.provider}'")
+        budgets = self._admit(sid, agent)
         key = self._credentials.get(agent.credential) if agent.credential else ""
-        redactor = Redactor([key, *self._credentials.all_values()])
-        completion = Completion(
-            # The persona and a host-written list of the installed skills (their descriptions
-            # cleaned and quoted: an author's words, never the host's instructions).
-            system=system_prompt(agent.persona, agent.skills),
-            messages=check_messages(messages),
-            tools=enabled_tools(tools, _host_tools(agent)),
-            model=agent.model,
-            max_tokens=min(max_tokens or agent.max_tokens, agent.max_tokens),
-        )
+        redactor = Redactor(self._secrets(agent, key))
+        completion = _completion(agent, messages, tools, max_tokens)
         base_url = agent.base_url or self._base_urls.get(agent.provider, "")
-        tokens = (0, 0)
-        status = "ok"
+        # Reserved from here to the end of the call, and with no await since the check: calls
+        # running together can no longer all pass it before any is charged.
+        call = _Call(budgets, estimated_input_tokens(completion), completion.max_tokens)
+        for budget in budgets:
+            budget.reserve(call.reserved)
+        status = "abandoned"  # until it ends: the agent went away, or the call ran out of time
         started = self._clock.monotonic()
         try:
             async for chunk in _redacted(provider.stream(completion, key, base_url), redactor):
                 if chunk.usage is not None:
-                    tokens = chunk.usage
+                    call.reported = chunk.usage  # the latest replaces any before it
                 else:
+                    call.streamed += _chars(chunk)
                     yield chunk
-            yield Chunk(usage=tokens)
+            # Before the last yield: an agent that leaves now left a call that ended.
+            status = call.ending = "ok"
+            yield Chunk(usage=call.reported or (0, 0))
         except ProviderError as exc:
-            status = "upstream-error"
+            status = call.ending = "upstream-error"
             raise ProviderError(_clip(redactor.scrub(str(exc)))) from None
         except IronclawError:
             status = "error"
             raise
         except Exception as exc:  # httpx transport errors and the like
             status = "transport-error"
+            if _never_connected(exc):
+                call.ending = "upstream-error"  # nothing reached the provider: nothing billed
             detail = redactor.scrub(type(exc).__name__ + ": " + str(exc))
             raise ProviderError(_clip(f"{agent.provider}: {detail}")) from None
         finally:
-            for budget in budgets:
-                budget.spend(self._clock.time(), tokens[0] + tokens[1])
+            charged = call.settle(self._clock.time())
+            tokens = call.reported or (0, 0)
             took = self._clock.monotonic() - started
             _after_answer(lambda: _audit(self._audit, sid, agent=agent, status=status,
-                                         tokens=tokens, took=took))  # fmt: skip
+                                         tokens=tokens, charged=charged, took=took))  # fmt: skip
+
+
+@dataclass
+class _Call:
+    """One admitted call's hold on its budgets, and what is known of its use as it streams."""
+
+    budgets: tuple[Budget, ...]
+    input_estimate: int
+    max_tokens: int
+    reported: tuple[int, int] | None = None  # the provider's latest usage (input, output)
+    streamed: int = 0  # characters of text and tool calls passed on
+    ending: Ending = "abandoned"  # until the stream ends or the provider says no
+
+    @property
+    def reserved(self) -> int:
+        return self.input_estimate + self.max_tokens
+
+    def settle(self, now: float) -> int:
+        """Release the reservation and charge the call; the tokens charged. Runs in the call's
+        ``finally`` and never raises (int arithmetic and deque appends): an exception there
+        would replace the one the call ended with, or break the close of an abandoned stream."""
+        charged = tokens_to_charge(
+            self.ending,
+            self.reported,
+            input_estimate=self.input_estimate,
+            max_tokens=self.max_tokens,
+            streamed_chars=self.streamed,
+        )
+        for budget in self.budgets:
+            budget.release(self.reserved)
+            budget.spend(now, charged)
+        return charged
+
+
+def _completion(
+    agent: AgentSpec, messages: Iterable[Message], tools: Iterable[ToolDef], max_tokens: int
+) -> Completion:
+    """What goes upstream: the agent's messages, the host's persona and tool definitions."""
+    return Completion(
+        # The persona and a host-written list of the installed skills (their descriptions
+        # cleaned and quoted: an author's words, never the host's instructions).
+        system=system_prompt(agent.persona, agent.skills),
+        messages=check_messages(messages),
+        tools=enabled_tools(tools, _host_tools(agent)),
+        model=agent.model,
+        max_tokens=min(max_tokens or agent.max_tokens, agent.max_tokens),
+    )
 
 
 def _after_answer(record: Callable[[], None]) -> None:
@@ -150,6 +231,24 @@ def _after_answer(record: Callable[[], None]) -> None:
         asyncio.get_running_loop().call_soon(record)
     except RuntimeError:
         record()
+
+
+def _never_connected(exc: Exception) -> bool:
+    """Whether ``exc`` is httpx's for a connection to the provider that was never made (the
+    request was not sent, so nothing can have been billed). Other transport errors may come
+    after the request went: those calls are charged as abandoned ones."""
+    import httpx  # noqa: PLC0415 (loaded already: the call went through it)
+
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+def _chars(chunk: Chunk) -> int:
+    """The characters of answer in ``chunk`` (what a call that reports no usage is charged
+    for, a quarter of a token each)."""
+    call = chunk.tool_call
+    if call is None:
+        return len(chunk.text)
+    return len(call.id) + len(call.name) + len(call.arguments_json)
 
 
 def _host_tools(agent: AgentSpec) -> tuple[ToolDef, ...]:
@@ -174,12 +273,15 @@ def _audit(
     agent: AgentSpec,
     status: str,
     tokens: tuple[int, int],
+    charged: int,
     took: float,
 ) -> None:
     """One journal and one audit record per model call, never its content or key; refused
-    calls (``audit`` is then a Throttled) at a bounded rate."""
+    calls (``audit`` is then a Throttled) at a bounded rate. ``tokens`` are what the provider
+    reported; ``charged`` what the budgets were charged (more for an abandoned call)."""
     fields = dict(agent=agent.name, provider=agent.provider, model=agent.model, status=status,
-                  tokens_in=tokens[0], tokens_out=tokens[1], ms=round(took * 1e3, 1))  # fmt: skip
+                  tokens_in=tokens[0], tokens_out=tokens[1], tokens_charged=charged,
+                  ms=round(took * 1e3, 1))  # fmt: skip
     if isinstance(audit, Throttled):
         audit.record(sid, "model.call", f"session:{sid}", **fields)
     else:
@@ -191,7 +293,7 @@ def _audit(
     extra = {"IRONCLAW_SID": sid, "IRONCLAW_AGENT": agent.name,
              "IRONCLAW_PROVIDER": agent.provider, "IRONCLAW_MODEL": agent.model,
              "IRONCLAW_STATUS": status, "IRONCLAW_TOKENS_IN": tokens[0],
-             "IRONCLAW_TOKENS_OUT": tokens[1],
+             "IRONCLAW_TOKENS_OUT": tokens[1], "IRONCLAW_TOKENS_CHARGED": charged,
              "IRONCLAW_DURATION_MS": round(took * 1e3, 1)}  # fmt: skip
     if isinstance(audit, Throttled):
         ratelog.AGENT_LOG.log(log, logging.INFO, sid, f"model {status}", message, *args,

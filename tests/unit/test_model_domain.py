@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ironclawd.domain.model import Budget, Redactor
+from ironclawd.domain.model import Budget, Redactor, ToolDef, enabled_tools
+from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import BudgetExceeded
 
 SECRET = "sk-ant-CANARY-0123456789abcdef"
@@ -187,3 +188,17 @@ def test_tokens_used_is_the_sum_of_the_day_as_it_slides() -> None:
         spent.append((now, n))
         b.check(now, "x")
         assert b._used == sum(k for t, k in spent if t > now - 86400)
+
+
+# -- the tools sent upstream -------------------------------------------------------------------
+
+
+def test_each_enabled_tool_is_sent_once_in_the_order_first_offered() -> None:
+    """10,000 copies of a tool's name (a 130 KB request) were 10,000 host definitions upstream."""
+    host = (CATALOG["read_file"], CATALOG["write_file"], CATALOG["list_files"])
+    offered = [ToolDef("write_file", "", "")] * 10_000 + [
+        ToolDef("read_file", "", ""),
+        ToolDef("http_fetch", "", ""),  # not enabled for it
+        ToolDef("write_file", "", ""),
+    ]
+    assert enabled_tools(offered, host) == (CATALOG["write_file"], CATALOG["read_file"])

@@ -19,7 +19,7 @@ from ironclawd.errors import ProviderError
 from ironclawd.providers.anthropic import AnthropicProvider
 from ironclawd.providers.mock import MockProvider
 from ironclawd.providers.openai import OpenAIProvider
-from tests.harness.fake_providers import Turn, anthropic_events, openai_events
+from tests.harness.fake_providers import Turn, anthropic_events, openai_events, sse
 
 KEY = "sk-test-0123456789"
 PERSONA = "You are the host's persona."
@@ -72,7 +72,8 @@ def test_anthropic_text_stream(cut: int) -> None:
     )
     assert _text(chunks) == text
     assert len([c for c in chunks if c.text]) == len(range(0, len(text), 5))  # one per delta
-    assert [c.usage for c in chunks if c.usage] == [(25, 8)]
+    # The input as soon as message_start says it (a call abandoned after it is charged it).
+    assert [c.usage for c in chunks if c.usage] == [(25, 0), (25, 8)]
     assert [c.stop_reason for c in chunks if c.stop_reason] == ["end_turn"]
     (request,) = seen
     assert str(request.url) == "http://upstream.test/v1/v1/messages"
@@ -135,6 +136,63 @@ def test_anthropic_error_event_and_http_error() -> None:
 def test_malformed_event_is_an_upstream_error() -> None:
     with pytest.raises(ProviderError, match="malformed event"):
         _run(AnthropicProvider, b"data: {not json\n\n", _completion(USER))
+
+
+# -- what an upstream may send back -----------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def _text_event(provider: type[AnthropicProvider] | type[OpenAIProvider], text: str) -> bytes:
+    if provider is AnthropicProvider:
+        return sse({"type": "content_block_delta", "delta": {"type": "text_delta", "text": text}})
+    return sse({"choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+@pytest.mark.parametrize("provider", [AnthropicProvider, OpenAIProvider])
+def test_an_event_line_over_a_mebibyte_is_refused(
+    provider: type[AnthropicProvider] | type[OpenAIProvider],
+) -> None:
+    """httpx's aiter_lines held a line until its newline, however long it grew."""
+    event = _text_event(provider, "A" * MIB)
+    with pytest.raises(ProviderError, match=f"event line over {MIB} bytes"):
+        _run(provider, event, _completion(USER), cut=64 * 1024)
+    # With a newline that never comes, too: refused once the line is past the cap.
+    with pytest.raises(ProviderError, match=f"event line over {MIB} bytes"):
+        _run(provider, event[:-2], _completion(USER), cut=64 * 1024)
+
+
+@pytest.mark.parametrize("provider", [AnthropicProvider, OpenAIProvider])
+def test_an_answer_over_its_calls_cap_is_refused(
+    provider: type[AnthropicProvider] | type[OpenAIProvider],
+) -> None:
+    """At most 1 MiB and 1 KiB a token of max_tokens (512 here: 1.5 MiB) in all."""
+    events = [_text_event(provider, "A" * 32 * 1024) for _ in range(64)]  # 2 MiB of lines
+    with pytest.raises(ProviderError, match=f"more than {MIB + 512 * 1024} bytes for one answer"):
+        _run(provider, iter(events), _completion(USER), cut=64 * 1024)
+    chunks, _ = _run(provider, iter(events[:40]), _completion(USER), cut=64 * 1024)  # 1.25 MiB
+    assert len(_text(chunks)) == 40 * 32 * 1024
+
+
+@pytest.mark.parametrize("provider", [AnthropicProvider, OpenAIProvider])
+def test_tool_arguments_in_thousands_of_fragments_are_joined_whole(
+    provider: type[AnthropicProvider] | type[OpenAIProvider],
+) -> None:
+    args = json.dumps({"path": "a", "content": "x" * 20_000})  # ~2,900 fragments
+    turn = Turn(tool=("call_1", "write_file", args))
+    stream = (anthropic_events if provider is AnthropicProvider else openai_events)(turn, "m")
+    chunks, _ = _run(provider, stream, _completion(USER, tools=TOOLS), cut=64 * 1024)
+    assert [c.tool_call for c in chunks if c.tool_call] == [ToolCall("call_1", "write_file", args)]
+
+
+def test_crlf_lines_a_last_line_without_newline_and_done() -> None:
+    text = _text_event(OpenAIProvider, "one").replace(b"\n", b"\r\n")
+    last = _text_event(OpenAIProvider, " two").rstrip(b"\n")
+    chunks, _ = _run(OpenAIProvider, text + last, _completion(USER), cut=3)
+    assert _text(chunks) == "one two"
+    after_done = b"data: [DONE]\n\n" + _text_event(OpenAIProvider, "never")
+    chunks, _ = _run(OpenAIProvider, text + after_done, _completion(USER), cut=5)
+    assert _text(chunks) == "one"
 
 
 @pytest.mark.parametrize("cut", [1, 4, 9, 100_000])
