@@ -134,9 +134,10 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "four_eyes": _Key(
                 _kinds,
                 "Kinds whose approver must differ from the submitter (no kind can skip "
-                "the human decision itself). A change counts as every kind whose grants it "
-                "changes: a skill bringing tools, egress rules or MCP tools is a tools, egress "
-                "or mcp change too.",
+                "the human decision itself), and, for a change a session submitted, from every "
+                "host user who had sent that session messages. A change counts as every kind "
+                "whose grants it changes: a skill bringing tools, egress rules or MCP tools is "
+                "a tools, egress or mcp change too.",
             ),
             "submissions_per_hour": _Key(
                 _int(1, 10_000),

@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,7 +160,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
 
     gateway = _gateway(
         config, store=store, registry=registry, audit=audit, restart=restart_and_reap, clock=clock,
-        images=images,
+        images=images, drivers=messages.senders,
     )  # fmt: skip
     broker = _egress(
         config, registry=registry, audit=audit, sessions=service, credentials=credentials,
@@ -341,6 +341,7 @@ def _gateway(
     restart: Callable[[str], Coroutine[Any, Any, list[str]]],
     clock: SystemClock,
     images: AptPackageImages,
+    drivers: Callable[[str], Collection[str]],
 ) -> Gateway:
     return Gateway(
         store=store,
@@ -358,6 +359,7 @@ def _gateway(
         skill_keys=TrustedKeyDir(),
         channels=config.channels,
         packages=images,
+        drivers=drivers,
     )
 
 

@@ -12,7 +12,7 @@ import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
-from ironclawd.api.admin_changes import ChangesMixin, operator_groups
+from ironclawd.api.admin_changes import ChangesMixin, operator, operator_groups
 from ironclawd.api.admin_channels import ChannelsMixin
 from ironclawd.api.admin_mcp import McpMixin, McpProber
 from ironclawd.api.auth import current_caller
@@ -172,7 +172,9 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
                 "permissions allow only the host users and groups they name "
                 "(ironctl permissions show " + spec.name + ")"
             )
-        sent = await self._messages.send(request.sid, request.text, request.client_id)
+        sent = await self._messages.send(
+            request.sid, request.text, request.client_id, sender=operator()
+        )
         return admin_pb2.SendMessageResponse(
             seq=sent.seq, duplicate=not sent.new, replies_before=sent.replies_before
         )

@@ -71,6 +71,9 @@ class Change:
     decided_by: str = ""
     decided_at: float = 0.0
     note: str = ""
+    # For a change a session submitted: the host users who had sent that session messages
+    # ("uid:N(name)"). Under four-eyes none of them may approve it: they could have asked for it.
+    drivers: tuple[str, ...] = ()
 
 
 def canonical(value: Any) -> str:

@@ -86,8 +86,12 @@ class Gateway:
         skill_keys: TrustedKeys | None = None,
         packages: PackageImages | None = None,
         channels: Sequence[ChannelConfig] = (),
+        drivers: Callable[[str], Collection[str]] | None = None,
     ) -> None:
         self._store = store
+        # Who has sent a session messages (``MessageService.senders``): under four-eyes none
+        # of them may approve what that session submits.
+        self._drivers = drivers
         self._mounts = mounts
         self._registry = registry
         self._audit = audit
@@ -135,6 +139,8 @@ class Gateway:
             )  # fmt: skip
             raise
         payload_text = canonical(parsed.to_json())
+        sid = submitter.removeprefix("session:") if submitter.startswith("session:") else ""
+        drivers = tuple(sorted(self._drivers(sid))) if sid and self._drivers else ()
         change = Change(
             id=f"chg-{secrets.token_hex(6)}",
             kind=kind,
@@ -147,11 +153,12 @@ class Gateway:
             hash=change_hash(kind, agent, payload_text, before),
             created_at=now,
             expires_at=now + self._policy.expiry_seconds,
+            drivers=drivers,
         )
         self._store.insert_change(change)
         self._audit.record(
             "change.submitted", submitter, change=change.id, kind=kind, agent=agent,
-            hash=change.hash,
+            hash=change.hash, **({"session_senders": list(drivers)} if drivers else {}),
         )  # fmt: skip
         log.info(
             "change %s (%s on %s) submitted by %s: pending",
@@ -295,6 +302,12 @@ class Gateway:
             if watched and _same_person(approver, change.submitter):
                 self._refuse(change, approver, "four-eyes: the submitter cannot approve it "
                              f"(it is a {' and '.join(watched)} change)")  # fmt: skip
+            if watched and any(_same_person(approver, d) for d in change.drivers):
+                # A session does what its senders ask (a mock model even runs "/tool ..."): a
+                # member could have her own change submitted by a session, then approve it.
+                self._refuse(change, approver, f"four-eyes: {approver} sent messages to "
+                             f"{change.submitter}, which submitted it (it is a "
+                             f"{' and '.join(watched)} change)")  # fmt: skip
             change = transition(change, ChangeState.APPROVED, decided_by=approver,
                                 decided_at=self._clock.time())  # fmt: skip
             self._store.save_change(change)

@@ -115,6 +115,9 @@ class MessageService:
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._full: set[str] = set()  # sessions whose replies the state DB refused (full)
         self._pruned: dict[str, int] = {}  # the last "ingested <seq>" told to each agent
+        # The host users who sent each session messages ("uid:N(name)"): four-eyes keeps them
+        # from approving what that session submits (services/gateway.py).
+        self._senders: dict[str, set[str]] = {}
         self._limits = limits or QueueLimits()
         # Each session reads its agent's file in its own lane: one hostile session cannot hold
         # the threads every other session's sends and creates need.
@@ -137,7 +140,10 @@ class MessageService:
     def _alive(self, sid: str, life: object) -> bool:
         return self._lives.get(sid) is life
 
-    async def send(self, sid: str, body: str, client_id: str = "") -> Sent:
+    async def send(self, sid: str, body: str, client_id: str = "", sender: str = "") -> Sent:
+        """Queue ``body`` for ``sid``'s agent (starting the session if it was stopped).
+        ``sender``: the host user sending it ("uid:N(name)"), remembered for the session's life
+        (``senders``); channels' senders are no host users and give none."""
         check_body(body)
         check_client_id(client_id)
         session = self._sessions.get(sid)
@@ -152,6 +158,8 @@ class MessageService:
         seq, new = await asyncio.to_thread(
             self._append, sid, body, self._clock.time(), client_id or None, life
         )
+        if sender and self._alive(sid, life):
+            self._senders.setdefault(sid, set()).add(sender)
         self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
             log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
@@ -236,6 +244,10 @@ class MessageService:
         answered = self.store.replies_after(sid, last - 1, limit=1) if last else []
         return newest > (answered[0].in_reply_to if answered else 0)
 
+    def senders(self, sid: str) -> frozenset[str]:
+        """The host users who have sent ``sid`` messages in its life ("uid:N(name)")."""
+        return frozenset(self._senders.get(sid, ()))
+
     def forget(self, sid: str) -> None:
         """The session is being removed: end its life here (nothing new is made for it until
         ``gone``) and close its queue handles."""
@@ -253,6 +265,7 @@ class MessageService:
             writer.close()
         self._tails.pop(sid, None)
         self._pruned.pop(sid, None)
+        self._senders.pop(sid, None)
         self._lanes.close(sid, then=lambda: self._drop_reader(sid))
         self._full.discard(sid)
         retry = self._retries.pop(sid, None)

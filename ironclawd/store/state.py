@@ -8,6 +8,7 @@ metadata only (ids, states, times); message data lives in the per-session encryp
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from ironclawd.store.translate import translated
 if TYPE_CHECKING:
     from ironclawd.domain.changes import Change
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _MIGRATIONS = {
     1: """
         CREATE TABLE sessions (
@@ -109,10 +110,14 @@ _MIGRATIONS = {
     5: """
         CREATE TABLE outbound_pruned (sid TEXT PRIMARY KEY, seq INTEGER NOT NULL);
     """,
+    # Who had sent a submitting session messages (a JSON list; four-eyes, services/gateway.py).
+    6: """
+        ALTER TABLE changes ADD COLUMN drivers TEXT NOT NULL DEFAULT '[]';
+    """,
 }
 _CHANGE_COLUMNS = (
     "id, kind, agent, payload, reason, submitter, before, after, hash, created_at, expires_at, "
-    "state, decided_by, decided_at, note"
+    "state, decided_by, decided_at, note, drivers"
 )
 # Interpolated into SQL text below: a constant, never input.
 _COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
@@ -329,7 +334,7 @@ class StateStore:
         with self._op(f"inserting change {change.id}"):
             self._db.execute(
                 f"INSERT INTO changes ({_CHANGE_COLUMNS}) VALUES "  # noqa: S608
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _change_row(change),
             )
 
@@ -394,6 +399,7 @@ def _change_row(c: Change) -> tuple[object, ...]:
     return (
         c.id, c.kind, c.agent, c.payload, c.reason, c.submitter, c.before, c.after, c.hash,
         c.created_at, c.expires_at, c.state.value, c.decided_by, c.decided_at, c.note,
+        json.dumps(list(c.drivers)),
     )  # fmt: skip
 
 
@@ -401,11 +407,11 @@ def _change(row: tuple[Any, ...]) -> Change:
     from ironclawd.domain.changes import Change, ChangeState  # noqa: PLC0415
 
     (cid, kind, agent, payload, reason, submitter, before, after, digest, created, expires,
-     state, decided_by, decided_at, note) = row  # fmt: skip
+     state, decided_by, decided_at, note, drivers) = row  # fmt: skip
     return Change(
         str(cid), str(kind), str(agent), str(payload), str(reason), str(submitter), str(before),
         str(after), str(digest), float(created), float(expires), ChangeState(state),
-        str(decided_by), float(decided_at), str(note),
+        str(decided_by), float(decided_at), str(note), tuple(str(d) for d in json.loads(drivers)),
     )  # fmt: skip
 
 

@@ -142,6 +142,15 @@ def test_changes_save_only_the_decision(records: dict[str, Any]) -> None:
         store.get_change("nope")
 
 
+def test_a_changes_session_senders_are_kept_and_not_decided(records: dict[str, Any]) -> None:
+    store = records["changes"]
+    change = replace(_change("c1", 1.0, "session:s1"), drivers=("uid:1000(alice)", "uid:1(b)"))
+    store.insert_change(change)
+    store.save_change(replace(change, state=ChangeState.REJECTED, drivers=()))
+    assert store.get_change("c1").drivers == ("uid:1000(alice)", "uid:1(b)")
+    assert store.list_changes()[0].drivers == ("uid:1000(alice)", "uid:1(b)")
+
+
 def test_audit_head_is_the_newest_set(records: dict[str, Any]) -> None:
     head = records["audit_head"]
     assert head.audit_head() is None
