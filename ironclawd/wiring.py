@@ -360,6 +360,7 @@ def _gateway(
         channels=config.channels,
         packages=images,
         drivers=drivers,
+        resume_pending=True,  # the daemon's start runs resume() (daemon.py)
     )
 
 

@@ -87,8 +87,16 @@ class Gateway:
         packages: PackageImages | None = None,
         channels: Sequence[ChannelConfig] = (),
         drivers: Callable[[str], Collection[str]] | None = None,
+        resume_pending: bool = False,
     ) -> None:
         self._store = store
+        # At a daemon's start (``resume_pending``) approvals wait for ``resume``: a change
+        # approved before it, built on a change whose spec had reached the registry before a
+        # crash, made resume find that change "changed since" and record it failed, while it
+        # was in effect (found by a review).
+        self._resumed = asyncio.Event()
+        if not resume_pending:
+            self._resumed.set()
         # Who has sent a session messages (``MessageService.senders``): under four-eyes none
         # of them may approve what that session submits.
         self._drivers = drivers
@@ -288,6 +296,7 @@ class Gateway:
     ) -> Change:
         from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
 
+        await self._resumed.wait()
         async with self._lock:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
@@ -421,12 +430,17 @@ class Gateway:
         "applied") only needs its sessions restarted; re-applying it would find the agent
         "changed since" and record as failed a change that took effect.
 
-        Under the lock approvals take: READY comes before this runs, so an operator may approve
-        meanwhile. Without it, a change approved then would be applied twice (listed here while
-        its own approval applies it), and two applies could each check the agent against their
-        own "before" and then both write it, the last silently undoing the first."""
-        async with self._lock:
-            await self._resume_approved()
+        READY comes before this runs, so an operator may approve meanwhile: with
+        ``resume_pending`` approvals wait until this has run (a change approved first, built on
+        one whose spec had reached the registry, made this one look "changed since"), and this
+        runs under the lock approvals take (else a change approved then would be applied twice,
+        and two applies could each check the agent against their own "before" and then both
+        write it, the last silently undoing the first)."""
+        try:
+            async with self._lock:
+                await self._resume_approved()
+        finally:
+            self._resumed.set()
 
     async def _resume_approved(self) -> None:
         from ironclawd.domain.changes import ChangeState, agent_view, canonical  # noqa: PLC0415

@@ -171,3 +171,33 @@ def test_an_approval_during_resume_cannot_undo_the_resumed_change(
     assert w.registry["demo"].persona == "New."
     assert w.store.changes[first.id].state is ChangeState.APPLIED
     assert w.store.changes[second.id].state is ChangeState.FAILED
+
+
+def test_an_approval_before_resume_waits_for_it_and_nothing_in_effect_is_recorded_failed() -> None:
+    """A change whose spec reached the registry before a crash, and another built on it
+    approved between READY and resume(): resume found the first "changed since" and recorded
+    it failed (and audited change.failed) while it was in effect (found by a review)."""
+    w, first = _crashed_after_approval(put=True)
+    w.gateway = replace_gateway(w, resume_pending=True)
+    second = w.gateway.submit("tools", "demo", '{"tools": ["read_file"]}', "", ROOT)
+
+    async def go() -> None:
+        approving = asyncio.ensure_future(w.gateway.approve(second.id, second.hash, "uid:1(b)"))
+        await asyncio.sleep(0.01)
+        assert not approving.done()  # waits for resume()
+        await w.gateway.resume()
+        assert (await approving).state is ChangeState.APPLIED
+
+    asyncio.run(go())
+    assert w.store.changes[first.id].state is ChangeState.APPLIED
+    assert w.registry["demo"].persona == "New."
+    assert w.registry["demo"].tools == ("read_file",)
+    assert "change.failed" not in w.audit.events()
+
+
+def replace_gateway(w: World, *, resume_pending: bool) -> Gateway:
+    return Gateway(
+        store=w.store, registry=w.registry, audit=w.audit, policy=GatewayPolicy(),
+        restart_agent_sessions=w._restart, mounts=HostMounts(), clock=w.clock,
+        resume_pending=resume_pending,
+    )  # fmt: skip
