@@ -73,6 +73,50 @@ class _Refused(Exception):
         self.status, self.error, self.expected, self.extra = status, error, expected, extra
 
 
+# A listener holds at most this many connections; one past it is closed at once. Any local user
+# can reach a loopback listener, and each connection held a descriptor of the daemon's for up
+# to an hour: enough of them left admin.sock and every session socket unable to accept
+# (found by a review). With the cap a flood can keep webhooks out, never the daemon's other
+# sockets; put the listener on a Unix socket behind a proxy to keep local users off it.
+MAX_CONNECTIONS = 128
+IDLE_SECONDS = 15.0
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection past the cap: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.abort()
+
+
+class _CappedSite(web.SockSite):
+    """aiohttp's site on a bound socket, with the listener's connections capped: the protocol
+    factory hands a connection past ``MAX_CONNECTIONS`` to ``_Refuse`` (the aiohttp server
+    counts the connections it holds)."""
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, channel: str) -> None:
+        super().__init__(runner, sock)
+        self._channel = channel
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= MAX_CONNECTIONS:
+                ratelog.warning(log, self._channel, "webhook connections full",
+                                "webhook %s: %d connections held: refusing another",
+                                self._channel, MAX_CONNECTIONS)  # fmt: skip
+                return _Refuse()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, sock=self._sock, backlog=self._backlog
+        )
+
+
 class WebhookChannel:
     """``ports.channels.ChannelAdapter`` for one ``[[channels]]`` entry of type webhook."""
 
@@ -116,12 +160,15 @@ class WebhookChannel:
         app.router.add_post("/hooks/{endpoint}", self._handle)
         app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         # shutdown_timeout: stop() waits this long for requests being handed to the sink.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=30.0)
+        # keepalive_timeout: a connection that has not sent a whole request by then, or sits
+        # idle that long after one, is closed (aiohttp's default was an hour).
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=30.0,
+                               keepalive_timeout=IDLE_SECONDS)  # fmt: skip
         await runner.setup()
         sock: socket.socket | None = None
         try:
             sock = self._bind()
-            await web.SockSite(runner, sock).start()
+            await _CappedSite(runner, sock, self.name).start()
         except BaseException:
             if sock is not None:
                 sock.close()
