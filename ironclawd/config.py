@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,9 +376,19 @@ def parse_config(text: str, source: str) -> Config:
 
 
 def load_config(path: Path) -> Config:
-    """Read the config file; a missing file means defaults, an unreadable one is an error."""
+    """Read the config file; a missing file means defaults, an unreadable one is an error, and
+    so is one that anyone but its reader's user or root may write: it names what the daemon
+    runs as root (``sandbox.runsc``), so its writer owns the host (found by a review)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            info = os.fstat(file.fileno())
+            if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+                raise ConfigError(
+                    f"{path}: refusing a config file that others may write (owner uid "
+                    f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}): it names what the "
+                    "daemon runs as root; make it root's, mode 0644 or 0640"
+                )
+            text = file.read().decode("utf-8")
     except FileNotFoundError:
         return Config()
     except (OSError, UnicodeDecodeError) as exc:

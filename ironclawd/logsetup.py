@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -25,6 +26,24 @@ LEVELS = {
 }
 
 
+class _Journal(JournalHandler):  # type: ignore[misc]
+    """systemd-python's handler, but each line's arguments go to the journal only as part of
+    its MESSAGE: the handler also sent ``CODE_ARGS=str(record.args)``, a second, unclipped copy
+    of every argument, which undid the clipping of values a sandbox chose (``%.200r``) and put
+    whole values in a field nobody reads (found by a review)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.args:
+            try:
+                message = record.getMessage()
+            except Exception:  # a bad format: the handler reports it (handleError), as ever
+                message = None
+            if message is not None:
+                record = copy.copy(record)
+                record.msg, record.args = message, None
+        super().emit(record)
+
+
 def setup_logging(level: str) -> None:
     """Send records to the journal (with extra fields such as IRONCLAW_CALLER_UID) when the
     process runs under systemd, else to stderr."""
@@ -33,7 +52,7 @@ def setup_logging(level: str) -> None:
         root.removeHandler(old)
     handler: logging.Handler = logging.StreamHandler(sys.stderr)
     if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
-        handler = JournalHandler(SYSLOG_IDENTIFIER="ironclawd")
+        handler = _Journal(SYSLOG_IDENTIFIER="ironclawd")
     else:
         handler.setFormatter(logging.Formatter("ironclawd: %(levelname)s %(message)s"))
     root.addHandler(handler)

@@ -91,7 +91,13 @@ class CallerInterceptor(_Interceptor):
             "IRONCLAW_CALLER_PID": caller.pid,
         }
         if not caller.authorized:
-            log.warning(
+            # At a bounded rate per uid, as every other refusal: a non-member's one connection
+            # made one line per call, without end (found by a review).
+            ratelog.AGENT_LOG.log(
+                log,
+                logging.WARNING,
+                f"uid{caller.uid}",
+                "admin refused",
                 "admin call %s refused: %s is not in group %s",
                 method,
                 caller.describe(),

@@ -12,7 +12,14 @@ from ironclawd import lazy_re
 from ironclawd.errors import ConfigError, IronclawError, NotFound
 
 NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+# The daemon's own keys, never a credential to inject: the master key, and its encrypted form
+# (``master.key.cred``) that docs/operations.md has operators keep in this directory.
 RESERVED = frozenset({"master.key"})
+RESERVED_PREFIX = "master.key"
+
+
+def reserved(name: str) -> bool:
+    return name in RESERVED or name.startswith(RESERVED_PREFIX)
 
 
 class CredentialStore:
@@ -22,8 +29,11 @@ class CredentialStore:
         self._cache: tuple[tuple[tuple[str, int, int, int], ...], list[str]] | None = None
 
     def get(self, name: str) -> str:
-        if not NAME_RE.fullmatch(name) or name in RESERVED:
-            raise ConfigError(f"credential name {name!r}: expected [a-z0-9][a-z0-9_.-]{{0,63}}")
+        if not NAME_RE.fullmatch(name) or reserved(name):
+            raise ConfigError(
+                f"credential name {name!r}: expected [a-z0-9][a-z0-9_.-]{{0,63}}, not "
+                "master.key* (the daemon's own key)"
+            )
         for directory in self._dirs:
             path = directory / name
             try:
@@ -44,9 +54,15 @@ class CredentialStore:
         raise NotFound(f"credential '{name}' not found (put it in {self._dirs[-1]}/{name}, 0600)")
 
     def _read(self, directory: Path, path: Path) -> str:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO put there would block the open (on the event loop) until a writer
+        # came; anything but a regular file is refused once open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(
+                    f"reading credential '{path.name}' from {path}: not a regular file"
+                )
             if directory == self._dirs[-1] and (st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077):
                 raise ConfigError(f"refusing credential {path}: must be owned by root, mode 0600")
             return os.read(fd, 64 * 1024).decode("utf-8").strip()
@@ -83,7 +99,7 @@ class CredentialStore:
             except OSError:
                 continue
             for name in names:
-                if NAME_RE.fullmatch(name) and name not in RESERVED:
+                if NAME_RE.fullmatch(name) and not reserved(name):
                     try:
                         values.append(self.get(name))
                     except IronclawError:

@@ -18,6 +18,21 @@ def test_missing_file_means_defaults(tmp_path: Path) -> None:
     assert load_config(tmp_path / "absent.toml") == Config()
 
 
+def test_a_config_file_others_may_write_is_refused(tmp_path: Path) -> None:
+    # It names what the daemon runs as root (sandbox.runsc): its writer would own the host.
+    path = tmp_path / "ironclawd.toml"
+    path.write_text('[admin]\ngroup = "x"\n')
+    path.chmod(0o666)
+    with pytest.raises(ConfigError, match=r"others may write .*mode 0666"):
+        load_config(path)
+    path.chmod(0o620)
+    with pytest.raises(ConfigError, match="mode 0620"):
+        load_config(path)
+    path.chmod(0o644)
+    path.write_text('[admin]\ngroup = "ops"\n')
+    assert load_config(path).admin.group == "ops"
+
+
 def test_values_are_applied() -> None:
     config = parse_config(
         '[admin]\nmax_message_bytes = 2048\ngroup = "ops"\n[sandbox]\nplatform = "ptrace"\n',

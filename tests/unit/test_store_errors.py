@@ -155,6 +155,29 @@ def test_a_credential_that_is_not_utf8_names_itself_and_not_its_bytes(
     assert credentials.all_values() == []
 
 
+def test_a_fifo_is_refused_without_waiting_for_a_writer(
+    tmp_path: Path, credentials: CredentialStore
+) -> None:
+    # Opened without O_NONBLOCK, it blocked the caller (the event loop) until a writer came.
+    os.mkfifo(tmp_path / "openai", 0o600)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        credentials.get("openai")
+    assert credentials.all_values() == []
+
+
+def test_the_daemons_own_key_in_any_form_is_never_a_credential(
+    tmp_path: Path, credentials: CredentialStore
+) -> None:
+    # docs/operations.md has operators keep the encrypted master key here: a rule naming it
+    # would have sent it upstream.
+    for name in ("master.key", "master.key.cred"):
+        (tmp_path / name).write_text("sealed key\n")
+        (tmp_path / name).chmod(0o600)
+        with pytest.raises(ConfigError, match=r"master\.key\*"):
+            credentials.get(name)
+    assert credentials.all_values() == []
+
+
 def test_a_credential_that_cannot_be_read_names_itself_and_the_file(
     tmp_path: Path, credentials: CredentialStore
 ) -> None:
