@@ -5,7 +5,8 @@ from those to ``ironctl`` exit codes (docs/style.md §6)::
     ├── ConfigError                     FAILED_PRECONDITION
     ├── HostError                       INTERNAL
     │   ├── DiskFull                    RESOURCE_EXHAUSTED
-    │   └── Changing                    INTERNAL
+    │   ├── Changing                    INTERNAL
+    │   └── Crafted                     INTERNAL
     ├── SandboxError                    ABORTED
     ├── PolicyDenied                    PERMISSION_DENIED
     │   ├── BudgetExceeded              RESOURCE_EXHAUSTED
@@ -58,6 +59,10 @@ class DiskFull(HostError):
 
 class Changing(HostError):
     """The agent was writing its outbound file while it was copied: take it again."""
+
+
+class Crafted(HostError):
+    """An agent's outbound file no SQLite writes: its rows hold more bytes than the file."""
 
 
 class SandboxError(IronclawError):
@@ -156,6 +161,7 @@ GRPC_STATUS: Final[Mapping[type[IronclawError], str]] = MappingProxyType({
     HostError: "INTERNAL",
     DiskFull: "RESOURCE_EXHAUSTED",
     Changing: "INTERNAL",
+    Crafted: "INTERNAL",
     SandboxError: "ABORTED",
     PolicyDenied: "PERMISSION_DENIED",
     BudgetExceeded: "RESOURCE_EXHAUSTED",

@@ -347,7 +347,9 @@ class MessageService:
                 if replies and not await self._record(sid, life, tail, replies):
                     return total
                 total += len(replies)
-                if len(replies) < batch:
+                # Done at the end of the rows, or at a gap. A read may also end short at its
+                # bytes (store/outbound.BATCH_BYTES): then the next batch is read.
+                if not rows or len(replies) < len(rows):
                     return total
             return total
 

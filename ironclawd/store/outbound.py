@@ -31,6 +31,8 @@ size, mtime and ctime did not change meanwhile; otherwise it is taken again (bou
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import secrets
 import stat
@@ -40,7 +42,7 @@ from pathlib import Path
 
 import sqlcipher3
 
-from ironclawd.errors import Changing, HostError
+from ironclawd.errors import Changing, Crafted, HostError
 from ironclawd.store import fdwalk
 from ironclawd.store.translate import translated
 
@@ -52,6 +54,21 @@ OUTBOUND_SCHEMA = (
 )
 READ_ATTEMPTS = 50
 READ_BACKOFF = 0.002
+# Every read of a copy is interrupted once it has used this much of its thread's CPU (SQLite's
+# progress handler): the file is the agent's, and a crafted one (a schema table whose pages all
+# point at one another) kept a core busy for ever, in a thread nothing could stop, charged to
+# the daemon (found by a review). CPU, not wall time: a busy machine must not fail honest reads
+# (one of 1000 rows of a 64 MiB file takes tens of ms). After such a read the reader rests,
+# longer each time (REST_SECONDS doubled, to REST_MAX_SECONDS), and never reads that same file
+# again: a box sending it over and over costs the daemon at most one CPU budget per rest.
+QUERY_CPU_SECONDS = 2.0
+PROGRESS_STEPS = 10_000  # VM steps between two looks at the clock (~1 ms here)
+REST_SECONDS = 2.0
+REST_MAX_SECONDS = 60.0
+RACY_SECONDS = 0.05  # well over a kernel tick: file times this close to a copy may lag a write
+# One read of new rows stops once it holds this many bytes of bodies (at least one row): each
+# read's rows go to the state DB in one transaction, under the lock every write of it takes.
+BATCH_BYTES = 8 * 1024 * 1024
 SETID = stat.S_ISUID | stat.S_ISGID
 
 # A row as read: seq, then in_reply_to, created_at and the body's UTF-8 bytes exactly as SQLite
@@ -72,19 +89,29 @@ def open_outbound_dir(directory: Path, agent_uid: int) -> int:
     return fd
 
 
-def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bool:
-    """Copy outbound.db (see the module doc) over ``dest``; False if there is no file yet."""
+def _private_copy(
+    dir_fd: int, agent_uid: int, max_bytes: int, dest: Path, unchanged: tuple[int, ...] | None
+) -> tuple[tuple[int, ...], bool] | None:
+    """Copy outbound.db (see the module doc) over ``dest``; the fingerprint of the file copied
+    and whether a later read may trust it, or None if there is no file yet. A file whose
+    fingerprint is ``unchanged`` (that of the copy already at ``dest``) is not copied again:
+    an agent announcing rows it never wrote, 50 times a second, cost the daemon a copy of up
+    to 64 MiB each time (found by a review). Where file times move once a tick (kernels before
+    6.13), a write in the tick of the copy keeps them: a copy taken within ``RACY_SECONDS`` of
+    the file's last change is not trusted (as git treats a "racily clean" index)."""
     if _committing(dir_fd):
         raise Changing("the agent is committing (its journal is not empty)")
     try:
         path_fd = os.open(OUTBOUND_FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
-        return False
+        return None
     except OSError as exc:  # ELOOP: a symlink
         raise HostError(f"refusing {OUTBOUND_FILE}: {exc.strerror or exc}") from exc
     try:
         before = os.fstat(path_fd)
         _check_file(before, agent_uid, max_bytes)
+        if unchanged is not None and _fingerprint(before) == unchanged:
+            return unchanged, True  # a write moves mtime and ctime, and ctime cannot be set back
         # Re-opening through the descriptor names this inode, whatever the name now points at.
         src = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     finally:
@@ -112,7 +139,8 @@ def _private_copy(dir_fd: int, agent_uid: int, max_bytes: int, dest: Path) -> bo
         raise Changing("the agent wrote the file while it was copied")
     if _committing(dir_fd):
         raise Changing("the agent began a commit while the file was copied")
-    return True
+    trusted = time.time() - max(before.st_mtime, before.st_ctime) > RACY_SECONDS
+    return _fingerprint(before), trusted
 
 
 def _check_file(st: os.stat_result, agent_uid: int, max_bytes: int) -> None:
@@ -152,28 +180,43 @@ class OutboundReader:
         self._max_bytes = max_bytes
         self._copy_path = scratch / f"outbound-{secrets.token_hex(8)}.db"
         self._conn: sqlcipher3.Connection | None = None
+        self._copied: tuple[int, ...] | None = None  # the fingerprint of the file copied
+        self._trusted = False  # whether that fingerprint may stand for the file next time
+        self._deadline = 0.0  # thread CPU time past which a statement is interrupted
+        self._refused: tuple[int, ...] | None = None  # a file that used up a read's budget
+        # Bytes of bodies read from the current copy over all its reads, each row counted once
+        # (``_counted`` is the highest seq counted): a read again of the same rows (after a
+        # record that failed, or by ``verify``) is not more bytes.
+        self._taken = 0
+        self._counted = 0
+        self._strikes = 0  # such reads in a row
+        self._rest_until = 0.0  # monotonic: no read before
 
     def read_after(self, after: int, limit: int, max_body: int) -> list[RawRow]:
         """Up to ``limit`` rows with seq > after, in seq order, from one consistent copy."""
         with translated(f"reading {self._dir / OUTBOUND_FILE}"):
+            self._check_rest()
             if not self._refresh():
                 return []
-            return self._select(after, 2**62, limit=limit, max_body=max_body)
+            return self._select(after, 2**62, limit=limit, max_body=max_body, batch=BATCH_BYTES)
 
     def read_range(self, first: int, last: int, max_body: int) -> list[RawRow]:
         """Rows first..last as they are in the file now (for verifying ingested history), on a
         fresh connection: SQLite trusts its cache until page 1 changes, and an agent editing
         pages by hand need not change page 1."""
         with translated(f"reading {self._dir / OUTBOUND_FILE}"):
+            self._check_rest()
             if not self._refresh():
                 raise HostError(f"{self._dir / OUTBOUND_FILE} does not exist")
             self._drop_connection()
-            return self._select(first - 1, last, limit=last - first + 1, max_body=max_body)
+            return self._select(first - 1, last, limit=last - first + 1, max_body=max_body,
+                                batch=2**62)  # fmt: skip
 
     def close(self) -> None:
         """Drop the connection and the copy (a later read makes them again). Files SQLite may
         have put beside the copy go too (a file claiming WAL mode makes it open a -shm)."""
         self._drop_connection()
+        self._copied = None
         for suffix in ("", "-journal", "-wal", "-shm"):
             Path(f"{self._copy_path}{suffix}").unlink(missing_ok=True)
 
@@ -186,8 +229,9 @@ class OutboundReader:
             last: Exception | None = None
             for _attempt in range(READ_ATTEMPTS):
                 try:
+                    unchanged = self._copied if self._trusted else None
                     found = _private_copy(dir_fd, self._agent_uid, self._max_bytes,
-                                          self._copy_path)  # fmt: skip
+                                          self._copy_path, unchanged)  # fmt: skip
                 except Changing as exc:
                     last = exc
                     time.sleep(READ_BACKOFF)
@@ -198,9 +242,14 @@ class OutboundReader:
                 except BaseException:
                     self.close()
                     raise
-                if not found:
+                if found is None:
                     self.close()
-                return found
+                    return False
+                fingerprint, self._trusted = found
+                if fingerprint != self._copied:
+                    self._taken = self._counted = 0
+                self._copied = fingerprint
+                return True
             self.close()
             raise HostError(
                 f"reading {self._dir / OUTBOUND_FILE}: no quiet moment in {READ_ATTEMPTS} tries:"
@@ -209,16 +258,70 @@ class OutboundReader:
         finally:
             os.close(dir_fd)
 
-    def _select(self, after: int, up_to: int, *, limit: int, max_body: int) -> list[RawRow]:
+    def _select(
+        self, after: int, up_to: int, *, limit: int, max_body: int, batch: int
+    ) -> list[RawRow]:
         """Rows from the copy. A kept connection that fails is dropped and the read tried once
         on a fresh one: an agent that made its file anew gave it a new salt, which a keyed
         connection does not take up."""
-        if self._conn is not None:
-            try:
-                return _select(self._conn, after, up_to, limit=limit, max_body=max_body)
-            except HostError:
-                self._drop_connection()
-        return _select(self._connect(), after, up_to, limit=limit, max_body=max_body)
+        copied = self._copied
+        assert copied is not None
+        if copied == self._refused:
+            raise HostError(f"refusing {OUTBOUND_FILE}: unchanged since it was refused")
+        # Bodies can never hold more bytes than the file they are stored in, over all the reads
+        # of one copy: rows that do share pages (a crafted file made 1000 rows of 1 MiB out of
+        # 1.5 MB, fed to the state DB), and the file is refused.
+        room = (copied[1] - self._taken, self._counted)
+        started = time.thread_time()
+        self._deadline = started + QUERY_CPU_SECONDS
+        try:
+            if self._conn is not None:
+                try:
+                    return self._selected(_select(self._conn, after, up_to, limit=limit,
+                                                  max_body=max_body, size=room,
+                                                  batch=batch))  # fmt: skip
+                except HostError:
+                    self._drop_connection()
+            return self._selected(_select(self._connect(), after, up_to, limit=limit,
+                                          max_body=max_body, size=room,
+                                          batch=batch))  # fmt: skip
+        except HostError as exc:
+            spent = time.thread_time() - started
+            if isinstance(exc, Crafted) or spent >= QUERY_CPU_SECONDS / 2:
+                self._rest(copied)
+            if spent >= QUERY_CPU_SECONDS and not isinstance(exc, Crafted):
+                raise HostError(
+                    f"reading a copy of {OUTBOUND_FILE}: stopped after {QUERY_CPU_SECONDS:g} s "
+                    f"of CPU, its budget ({exc})"
+                ) from exc
+            raise
+
+    def _selected(self, rows: list[RawRow]) -> list[RawRow]:
+        self._strikes = 0
+        fresh = [(seq, body) for seq, _, _, body in rows if seq > self._counted]
+        self._taken += sum(len(body) for _, body in fresh if isinstance(body, bytes))
+        self._counted = max((seq for seq, _ in fresh), default=self._counted)
+        return rows
+
+    def _rest(self, refused: tuple[int, ...]) -> None:
+        """A read used up its budget (or found rows sharing pages): never read that file again,
+        and read no other for a while, longer each time in a row."""
+        self._refused = refused
+        self._strikes += 1
+        rest = min(REST_MAX_SECONDS, REST_SECONDS * 2 ** (self._strikes - 1))
+        self._rest_until = time.monotonic() + rest
+
+    def _check_rest(self) -> None:
+        left = self._rest_until - time.monotonic()
+        if left > 0:
+            raise HostError(
+                f"refusing {OUTBOUND_FILE} for {left:.0f} s more: a read of it used up its "
+                f"{QUERY_CPU_SECONDS:g} s of CPU or found a crafted file"
+            )
+
+    def _interrupted(self) -> bool:
+        """SQLite's progress handler: a true answer interrupts the statement running."""
+        return time.thread_time() > self._deadline
 
     def _connect(self) -> sqlcipher3.Connection:
         try:
@@ -226,6 +329,9 @@ class OutboundReader:
                                       isolation_level=None, check_same_thread=False)  # fmt: skip
         except sqlcipher3.Error as exc:
             raise HostError(f"opening a copy of {OUTBOUND_FILE}: {exc}") from exc
+        # Before any statement: the first one loads the schema, which the agent wrote.
+        conn.set_progress_handler(self._interrupted, PROGRESS_STEPS)
+        limit_length(conn, self._copy_path, self._max_bytes + LENGTH_SLACK)
         try:
             conn.execute(f"PRAGMA key = \"x'{self._key.hex()}'\"")
             conn.execute("PRAGMA cipher_memory_security = ON")
@@ -248,6 +354,45 @@ class OutboundReader:
             self._conn = None
 
 
+# SQLite's SQLITE_LIMIT_LENGTH (sqlite3.h): the largest string or blob a connection makes.
+_LIMIT_LENGTH = 0
+LENGTH_SLACK = 1024 * 1024
+# Where pysqlite's Connection keeps its ``sqlite3 *`` (the first field after PyObject_HEAD;
+# sqlcipher3 is pysqlite3, whose struct is CPython's _sqlite Connection).
+_DB_OFFSET = 2 * ctypes.sizeof(ctypes.c_void_p)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    from sqlcipher3 import _sqlite3  # noqa: PLC0415
+
+    lib = ctypes.CDLL(_sqlite3.__file__)
+    lib.sqlite3_limit.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+    lib.sqlite3_limit.restype = ctypes.c_int
+    lib.sqlite3_db_filename.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+    lib.sqlite3_db_filename.restype = ctypes.c_char_p
+    return lib
+
+
+def limit_length(conn: sqlcipher3.Connection, path: Path, limit: int) -> None:
+    """Cap the strings and blobs ``conn`` makes at ``limit`` bytes (SQLite allows 1 GB). A
+    crafted file's schema row claimed 900 MB of SQL on an overflow page pointing at itself:
+    SQLite built it in one step, where no progress handler runs (15 s of CPU and 3.4 GiB of
+    the daemon's memory; found by a review). A file of the agent's holds at most its quota, so
+    nothing honest is longer. sqlcipher3 has no ``setlimit``: the library's own
+    ``sqlite3_limit`` is called on the connection's handle, which is checked first to be the
+    handle of the file at ``path`` this connection opened (``sqlite3_db_filename``)."""
+    lib = _library()
+    db = ctypes.c_void_p.from_address(id(conn) + _DB_OFFSET).value
+    named = lib.sqlite3_db_filename(db, b"main") if db else None
+    if named is None or os.fsdecode(named) != os.path.realpath(path):
+        raise HostError(
+            "cannot limit SQLite's string length: the connection's handle is not where "
+            "pysqlite keeps it (a sqlcipher3 other than the pinned one?)"
+        )
+    lib.sqlite3_limit(db, _LIMIT_LENGTH, limit)
+
+
 def ensure_scratch(scratch: Path) -> None:
     """The daemon's root-only directory for private copies (refused if anyone else could
     reach into it)."""
@@ -259,8 +404,18 @@ def ensure_scratch(scratch: Path) -> None:
 
 
 def _select(
-    conn: sqlcipher3.Connection, after: int, up_to: int, *, limit: int, max_body: int
+    conn: sqlcipher3.Connection,
+    after: int,
+    up_to: int,
+    *,
+    limit: int,
+    max_body: int,
+    size: tuple[int, int],
+    batch: int,
 ) -> list[RawRow]:
+    """Up to ``limit`` rows after ``after`` (to ``up_to``), stopping once they hold ``batch``
+    bytes of bodies (at least one row); Crafted if the rows after seq ``size[1]`` would hold
+    more than ``size[0]`` bytes."""
     try:
         # fetchall(): a statement left unfinished would hold its read transaction open.
         schema = conn.execute(
@@ -270,17 +425,40 @@ def _select(
             raise HostError(f"refusing {OUTBOUND_FILE}: unexpected schema {str(schema)[:120]!r}")
         # SQLite types are advisory: wrong types come back as NULL, and a body is fetched
         # only when it is text within the cap (its length is known without converting it).
-        rows = conn.execute(
+        cursor = conn.execute(
             "SELECT seq, CASE typeof(in_reply_to) WHEN 'integer' THEN in_reply_to END, "
             "CASE WHEN typeof(created_at) IN ('real', 'integer') THEN created_at END, "
             "CASE WHEN typeof(body) = 'text' AND octet_length(body) <= ? "
             "THEN CAST(body AS BLOB) END "
             "FROM messages WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
             (max_body, after, up_to, limit),
-        ).fetchall()
+        )
+        try:
+            return _taken(cursor, size, batch)
+        finally:
+            cursor.close()  # ends the statement, and with it the read transaction
     except sqlcipher3.Error as exc:
         raise HostError(f"reading a copy of {OUTBOUND_FILE}: {exc}") from exc
-    return [(int(seq), irt, at, body) for seq, irt, at, body in rows]
+
+
+def _taken(cursor: sqlcipher3.Cursor, size: tuple[int, int], batch: int) -> list[RawRow]:
+    room, counted = size
+    rows: list[RawRow] = []
+    held = new = 0
+    while chunk := cursor.fetchmany(64):
+        for seq, irt, at, body in chunk:
+            length = len(body) if isinstance(body, bytes) else 0
+            held += length
+            new += length if seq > counted else 0
+            if new > room:
+                raise Crafted(
+                    f"refusing {OUTBOUND_FILE}: its rows hold more bytes than the file "
+                    "(rows sharing pages: a crafted file)"
+                )
+            rows.append((int(seq), irt, at, body))
+            if held >= batch:
+                return rows
+    return rows
 
 
 def strip_setid(directory: Path, agent_uid: int, max_entries: int) -> int:
