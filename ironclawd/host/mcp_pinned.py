@@ -74,6 +74,10 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
                 f"{self._endpoint.authority}", request=request,
             )  # fmt: skip
         request.url = url.copy_with(host=str(self._address))
+        # Bodies as sent: the cap counts what reaches the SDK. With gzip it counted the wire,
+        # and 520 KB unpacked to 512 MiB in the daemon, or to a stream of newlines that held
+        # the event loop for seconds (found by a review).
+        request.headers["Accept-Encoding"] = "identity"
         if self._endpoint.address is None:
             request.extensions = {**request.extensions, "sni_hostname": self._endpoint.host}
         try:
@@ -83,6 +87,14 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
             raise
         finally:
             request.url = url
+
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            self.reason = f"the server answered in Content-Encoding {encoding!r}, not as sent"
+            self._audit(method=request.method, status=response.status_code,
+                        refused=self.reason)  # fmt: skip
+            raise httpx2.RemoteProtocolError(f"refused: {self.reason}", request=request)
 
         def done(size: int) -> None:
             self._audit(method=request.method, status=response.status_code, bytes_in=size)

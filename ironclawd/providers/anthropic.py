@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
 from ironclawd.errors import ProviderError
-from ironclawd.providers.base import Provider, answer_cap, raise_for_status, sse_events
+from ironclawd.providers.base import (
+    IDENTITY,
+    Provider,
+    answer_cap,
+    raise_for_status,
+    sse_events,
+)
 
 if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
     import httpx
@@ -40,7 +46,7 @@ class AnthropicProvider:
                  "input_schema": json.loads(t.parameters_json)}
                 for t in completion.tools
             ]  # fmt: skip
-        headers = {"x-api-key": key, "anthropic-version": API_VERSION}
+        headers = {"x-api-key": key, "anthropic-version": API_VERSION, **IDENTITY}
         url = base_url.rstrip("/") + "/v1/messages"
         async with self._client.stream("POST", url, json=body, headers=headers) as response:
             await raise_for_status(response, self.name)

@@ -12,7 +12,7 @@ from ironclawd.ports import Provider
 if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
     import httpx
 
-__all__ = ["Provider", "answer_cap", "raise_for_status", "sse_events"]
+__all__ = ["IDENTITY", "Provider", "answer_cap", "raise_for_status", "sse_events"]
 
 
 # What each adapter module exports as ``build`` (ironclawd/providers/registry.py calls it).
@@ -94,12 +94,25 @@ def _line_too_long() -> ProviderError:
 MAX_ERROR_BODY = 64 * 1024
 
 
+# Every adapter asks for bodies as sent: the caps here count what httpx hands over, and with
+# gzip it unpacked each chunk from the network whole first (a 260 KB error body became 64 MiB;
+# found by a review). An answer in another coding is refused.
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
 async def raise_for_status(response: httpx.Response, provider: str) -> None:
+    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        await response.aclose()
+        raise ProviderError(
+            f"{provider}: upstream answered in Content-Encoding {coding!r}, though the proxy "
+            "asked for identity"
+        )
     if response.status_code >= 400:
         data = b""
         async for part in response.aiter_bytes():
             data += part
             if len(data) >= MAX_ERROR_BODY:
                 break
-        body = data.decode("utf-8", "replace")
+        body = data[:MAX_ERROR_BODY].decode("utf-8", "replace")
         raise ProviderError(f"{provider}: upstream answered HTTP {response.status_code}: {body}")

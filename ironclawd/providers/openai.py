@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ironclawd.domain.model import Chunk, Completion, Message, ToolCall
-from ironclawd.providers.base import Provider, answer_cap, raise_for_status, sse_events
+from ironclawd.providers.base import (
+    IDENTITY,
+    Provider,
+    answer_cap,
+    raise_for_status,
+    sse_events,
+)
 
 if TYPE_CHECKING:  # httpx loads at the first model call (issue 17: not at start)
     import httpx
@@ -42,7 +48,7 @@ class OpenAIProvider:
                     "parameters": json.loads(t.parameters_json)}}
                 for t in completion.tools
             ]  # fmt: skip
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **IDENTITY}
         url = base_url.rstrip("/") + "/chat/completions"
         calls: dict[int, _Call] = {}
         async with self._client.stream("POST", url, json=body, headers=headers) as response:

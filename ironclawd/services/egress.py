@@ -31,6 +31,7 @@ from ironclawd.domain.egress import (
     EgressDecision,
     EgressLimits,
     Target,
+    check_header_size,
     check_method,
     match_rule,
     parse_url,
@@ -203,6 +204,7 @@ class EgressBroker:
                 f"egress: request body of {len(body)} bytes exceeds the cap of "
                 f"{self._limits.max_request_bytes}"
             )
+        check_header_size(headers)  # before any header is looked at
         injected = None
         detector = SecretDetector(())
         if rule.credential:

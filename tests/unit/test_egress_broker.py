@@ -131,6 +131,15 @@ def test_allowed_fetch_streams_head_body_end_and_is_audited() -> None:
     assert d.rule.startswith("GET,POST https://api.example.com:443")
 
 
+def test_a_request_with_more_headers_than_a_request_may_carry_is_refused_unsent() -> None:
+    broker, upstream, _, decisions = make()
+    headers = [(f"X-{n}", "v") for n in range(101)]
+    with pytest.raises(InvalidArgument, match="101 given; expected at most 100"):
+        run(broker, "https://api.example.com/v1/items", headers=headers)
+    assert upstream.sent == []
+    assert [d.verdict for d in decisions] == ["denied"]
+
+
 def test_rebinding_resolver_is_asked_once_and_loopback_never_reached() -> None:
     broker, upstream, resolver, _ = make()
     run(broker, "https://api.example.com/v1/a")

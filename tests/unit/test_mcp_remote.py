@@ -4,9 +4,11 @@ egress broker's SSRF rules applied before any connection (host/mcp_remote.py).""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import ipaddress
 import json
 import ssl
+import zlib
 from typing import Any
 
 import httpx2
@@ -177,3 +179,41 @@ def test_the_transport_refuses_any_request_but_to_the_registered_origin() -> Non
         with pytest.raises(httpx2.ConnectError, match="is not the registered server"):
             asyncio.run(send(url))
     assert [r["refused"] for r in records] == ["not the registered server"] * 4
+
+
+def test_the_transport_asks_for_bodies_as_sent_and_refuses_an_encoded_one() -> None:
+    """The cap counted bytes on the wire and httpx unpacked gzip after it: a 520 KB answer
+    became 512 MiB in the daemon (found by a review). The transport asks for identity and
+    refuses any other Content-Encoding."""
+    records: list[dict[str, Any]] = []
+    transport = PinnedTransport(
+        parse_url("https://mcp.example.com/mcp"), ipaddress.ip_address("192.0.2.7"),
+        ssl.create_default_context(), 1024, lambda **f: records.append(f),
+    )  # fmt: skip
+    asked: list[str] = []
+
+    def upstream(request: httpx2.Request) -> httpx2.Response:
+        asked.append(request.headers.get("Accept-Encoding", ""))
+        encoding = request.url.path.rsplit("/", 1)[-1]
+        if encoding == "plain":
+            return httpx2.Response(200, content=b"{}")
+        packed = gzip.compress(b"{}") if encoding == "gzip" else zlib.compress(b"{}")
+        return httpx2.Response(200, headers={"Content-Encoding": encoding}, content=packed)
+
+    transport._inner = httpx2.MockTransport(upstream)  # type: ignore[assignment]
+
+    async def send(path: str) -> bytes:
+        request = httpx2.Request("POST", f"https://mcp.example.com/{path}",
+                                 headers={"Accept-Encoding": "gzip, deflate"})  # fmt: skip
+        response = await transport.handle_async_request(request)
+        return await response.aread()
+
+    assert asyncio.run(send("plain")) == b"{}"
+    for encoding in ("gzip", "deflate"):
+        with pytest.raises(httpx2.RemoteProtocolError, match=f"Content-Encoding '{encoding}'"):
+            asyncio.run(send(encoding))
+    assert asked == ["identity"] * 3
+    refused = [r["refused"] for r in records if "refused" in r]
+    assert refused == [
+        f"the server answered in Content-Encoding '{e}', not as sent" for e in ("gzip", "deflate")
+    ]

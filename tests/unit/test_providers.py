@@ -7,8 +7,10 @@ checked too: the key in its header, the host's persona as the system prompt, onl
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -131,6 +133,29 @@ def test_anthropic_error_event_and_http_error() -> None:
     # The adapter keeps the body whole: redaction and clipping are the proxy's (a cut here
     # could leave a prefix of the key that no longer matches it).
     assert KEY in str(info.value)
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_an_answer_in_another_coding_than_identity_is_refused_unread(status: int) -> None:
+    """httpx unpacked each gzip chunk from the network whole before any cap here: a 260 KB
+    error body became a 64 MiB message (found by a review). The adapters ask for identity and
+    refuse anything else."""
+    seen: list[httpx.Request] = []
+    packed = gzip.compress(b"x" * (1 << 20))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status, content=packed, headers={"content-encoding": "gzip"})
+
+    async def go(provider_cls: Any) -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            stream = provider_cls(client).stream(_completion(USER), KEY, "http://upstream.test")
+            _ = [c async for c in stream]
+
+    for provider_cls in (AnthropicProvider, OpenAIProvider):
+        with pytest.raises(ProviderError, match="Content-Encoding 'gzip'"):
+            asyncio.run(go(provider_cls))
+    assert [r.headers["accept-encoding"] for r in seen] == ["identity", "identity"]
 
 
 def test_malformed_event_is_an_upstream_error() -> None:
