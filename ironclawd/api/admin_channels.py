@@ -15,6 +15,7 @@ from ironclawd.errors import InvalidArgument
 from ironclawd.ports.channel_records import HeldMessage
 from ironclawd.services.audit import Audit
 from ironclawd.services.inbox import ChannelReport, Inbox
+from ironclawd.services.messaging import MessageService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -22,6 +23,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class ChannelsMixin:
     _inbox: Inbox
     _audit_trail: Audit
+    _messages: MessageService
 
     async def ListChannels(
         self, request: admin_pb2.ListChannelsRequest, context: Context
@@ -52,7 +54,12 @@ class ChannelsMixin:
         self, request: admin_pb2.AdmitHeldRequest, context: Context
     ) -> admin_pb2.AdmitHeldResponse:
         held_id = _held_id(request.id)
-        receipt = await self._inbox.admit(held_id)
+        who = operator()
+        # Under four-eyes, whoever let the message in may not approve what the session then
+        # submits (services/gateway.py): counted before the session has it.
+        receipt = await self._inbox.admit(
+            held_id, sending=lambda sid: self._messages.note_sender(sid, who)
+        )
         self._audit_trail.record(
             "channel.admitted", operator(), held=held_id, sid=receipt.sid, inbound_seq=receipt.seq,
             admission=receipt.admission.value,

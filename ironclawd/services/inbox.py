@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -152,7 +152,15 @@ class Inbox:
                     return spec, route
         return None
 
-    async def _queue(self, event: InboundEvent, spec: AgentSpec, route: Route) -> Receipt:
+    async def _queue(
+        self,
+        event: InboundEvent,
+        spec: AgentSpec,
+        route: Route,
+        sending: Callable[[str], None] | None = None,
+    ) -> Receipt:
+        """Queue ``event`` for its session (made if need be); ``sending(sid)`` is told the
+        session before the message is handed to it."""
         cid = client_id(event.channel, event.event_id)
         kept = next(
             (r for r in self._records.receiving() if r.channel == event.channel
@@ -174,6 +182,8 @@ class Inbox:
                     event.sender, event.text, route.reply_url,
                 )
             )  # fmt: skip
+        if sending is not None:
+            sending(kept.sid)
         return await self._complete(kept)
 
     async def _session_for(self, channel: str, where: str, key: str, agent: str) -> str:
@@ -235,8 +245,9 @@ class Inbox:
     def held(self) -> list[HeldMessage]:
         return self._records.held()
 
-    async def admit(self, held_id: int) -> Receipt:
-        """Queue a held message as if its sender were allowed (the route must still exist)."""
+    async def admit(self, held_id: int, sending: Callable[[str], None] | None = None) -> Receipt:
+        """Queue a held message as if its sender were allowed (the route must still exist);
+        ``sending(sid)`` is told its session before it is handed over."""
         h = self._records.get_held(held_id)
         done = self._records.message_by_event(h.channel, h.event_id)
         if done is None:
@@ -248,7 +259,7 @@ class Inbox:
                 )
             event = InboundEvent(h.channel, h.event_id, h.sender, h.where, h.text, h.thread,
                                  h.mentioned, h.received_at)  # fmt: skip
-            receipt = await self._queue(event, *found)
+            receipt = await self._queue(event, *found, sending=sending)
         else:
             receipt = Receipt(Admission.DUPLICATE, done.seq, done.sid)
         self._records.delete_held(held_id)

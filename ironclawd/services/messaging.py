@@ -244,6 +244,12 @@ class MessageService:
         answered = self.store.replies_after(sid, last - 1, limit=1) if last else []
         return newest > (answered[0].in_reply_to if answered else 0)
 
+    def note_sender(self, sid: str, sender: str) -> None:
+        """Count ``sender`` (a host user, "uid:N(name)") among those who sent ``sid`` messages:
+        an operator admitting a held channel message chose that it reaches the session."""
+        if self._life(sid) is not None:
+            self._senders.setdefault(sid, set()).add(sender)
+
     def senders(self, sid: str) -> frozenset[str]:
         """The host users who have sent ``sid`` messages in its life ("uid:N(name)")."""
         return frozenset(self._senders.get(sid, ()))

@@ -68,6 +68,8 @@ def test_the_message_service_remembers_who_sent_a_session_messages_for_its_life(
         await messages.send(SID, "please ask for egress", sender=ALICE)
         await messages.send(SID, "again", sender=ALICE)
         assert messages.senders(SID) == {ALICE}
+        messages.note_sender(SID, BOB)  # bob admitted a held channel message into it
+        assert messages.senders(SID) == {ALICE, BOB}
         await sessions.remove(SID, force=True)
         assert messages.senders(SID) == frozenset()  # a later session of the id starts clean
         await sessions.close()
