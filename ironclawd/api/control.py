@@ -401,6 +401,10 @@ class ControlServer:
         channel.writers.add(writer)
         channel.hellos[writer] = hello
         channel.readers[writer] = reader
+        if channel.disconnected.is_set() and not channel.closing:
+            # The agent is back (the daemon dropped it for not reading, say): a new wait for
+            # its last connection to end begins.
+            channel.disconnected = asyncio.Event()
         if not channel.hello.done():
             channel.hello.set_result(hello)
         try:
@@ -493,6 +497,10 @@ class ControlServer:
 
     async def wait_disconnect(self, sid: str) -> None:
         await self._require(sid).disconnected.wait()
+
+    def connected(self, sid: str) -> bool:
+        channel = self._channels.get(sid)
+        return channel is not None and not channel.closing and bool(channel.writers)
 
     async def close_listener(self, sid: str) -> None:
         """Stop serving a session's sockets but leave its directory (daemon shutdown)."""

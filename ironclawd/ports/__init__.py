@@ -375,7 +375,12 @@ class ControlPlane(Protocol):
 
     async def wait_disconnect(self, sid: str) -> None:
         """Return when the agent's last connection ends, or the session is closed. HostError
-        if the session's socket is not open."""
+        if the session's socket is not open. A connection that says hello after that starts
+        a new wait."""
+        ...
+
+    def connected(self, sid: str) -> bool:
+        """Whether a connection of the session's agent that said hello is open now."""
         ...
 
     async def close(self, sid: str) -> None:

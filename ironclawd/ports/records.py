@@ -49,6 +49,13 @@ class ReplyRecords(Protocol):
         """Up to which seq the agent may have dropped its rows (0: none)."""
         ...
 
+    def add_sender(self, sid: str, sender: str) -> None:
+        """Record a host user ("uid:N(name)") who sent the session messages (kept for its
+        life, a restart included; four-eyes reads them)."""
+        ...
+
+    def senders(self, sid: str) -> frozenset[str]: ...
+
 
 class SessionKeyRecords(Protocol):
     """Each session's data key, wrapped by the master key."""

@@ -301,6 +301,15 @@ class Gateway:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
+            # One approved before a restart and not applied yet (a resume that failed or was
+            # cut short): a change approved on top would make it look "changed since" when it
+            # is applied at the next start, and it would be recorded failed while in effect.
+            waiting = [c.id for c in self._store.list_changes(ChangeState.APPROVED.value)
+                       if c.agent == change.agent and c.id != change.id]  # fmt: skip
+            if waiting:
+                self._refuse(change, approver, f"change {waiting[0]} of agent '{change.agent}' "
+                             "was approved before a restart and is not applied yet; it is "
+                             "applied again at the next start of ironclawd")  # fmt: skip
             kinds = self._effect_kinds(change)
             self._check_approver_group(change, approver, groups, "approve", kinds)
             # Bytes: compare_digest raises TypeError on a str holding non-ASCII characters.

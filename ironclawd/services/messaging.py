@@ -116,7 +116,9 @@ class MessageService:
         self._full: set[str] = set()  # sessions whose replies the state DB refused (full)
         self._pruned: dict[str, int] = {}  # the last "ingested <seq>" told to each agent
         # The host users who sent each session messages ("uid:N(name)"): four-eyes keeps them
-        # from approving what that session submits (services/gateway.py).
+        # from approving what that session submits (services/gateway.py). Recorded in the
+        # state DB (a restart adopts the session, its queue and what was asked of it); this
+        # is only which of them were recorded already.
         self._senders: dict[str, set[str]] = {}
         self._limits = limits or QueueLimits()
         # Each session reads its agent's file in its own lane: one hostile session cannot hold
@@ -156,22 +158,29 @@ class MessageService:
             raise NotFound(f"session {sid} is being removed")
         replies_before = (await self._tail(sid, life)).last
         seq, new = await asyncio.to_thread(
-            self._append, sid, body, self._clock.time(), client_id or None, life
+            self._append, sid, body, self._clock.time(), client_id or None, life, sender=sender
         )
-        if sender and self._alive(sid, life):
-            self._senders.setdefault(sid, set()).add(sender)
         self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
             log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
         return Sent(seq, new, replies_before)
 
     def _append(
-        self, sid: str, body: str, now: float, client_id: str | None, life: object
+        self, sid: str, body: str, now: float, client_id: str | None, life: object, *, sender: str
     ) -> tuple[int, bool]:
-        """In a worker thread: the free-space check and the append in one hop off the loop
-        (each hop is a wake-up of a thread and of the loop again, on the path of every send)."""
+        """In a worker thread: the free-space check, the sender recorded (before the agent
+        can read what it sent) and the append in one hop off the loop (each hop is a wake-up
+        of a thread and of the loop again, on the path of every send)."""
         self._data.check_space(f"sending to session {sid}")
+        if sender:
+            self._record_sender(sid, sender, life)
         return self._writer(sid, life).append(body, now, client_id)
+
+    def _record_sender(self, sid: str, sender: str, life: object) -> None:
+        known = self._senders.setdefault(sid, set())
+        if sender not in known and self._alive(sid, life):
+            self.store.add_sender(sid, sender)
+            known.add(sender)
 
     def _writer(self, sid: str, life: object) -> InboundQueue:
         """The session's inbound writer, opened at its first send. Runs in worker threads: two
@@ -247,12 +256,14 @@ class MessageService:
     def note_sender(self, sid: str, sender: str) -> None:
         """Count ``sender`` (a host user, "uid:N(name)") among those who sent ``sid`` messages:
         an operator admitting a held channel message chose that it reaches the session."""
-        if self._life(sid) is not None:
-            self._senders.setdefault(sid, set()).add(sender)
+        life = self._life(sid)
+        if life is not None:
+            self._record_sender(sid, sender, life)
 
     def senders(self, sid: str) -> frozenset[str]:
-        """The host users who have sent ``sid`` messages in its life ("uid:N(name)")."""
-        return frozenset(self._senders.get(sid, ()))
+        """The host users who have sent ``sid`` messages in its life ("uid:N(name)"), as the
+        state DB has them (read in the gateway's worker thread at a session's submission)."""
+        return self.store.senders(sid)
 
     def forget(self, sid: str) -> None:
         """The session is being removed: end its life here (nothing new is made for it until

@@ -239,7 +239,9 @@ def _never_connected(exc: Exception) -> bool:
     after the request went: those calls are charged as abandoned ones."""
     import httpx  # noqa: PLC0415 (loaded already: the call went through it)
 
-    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+    never = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout,
+             httpx.UnsupportedProtocol, httpx.InvalidURL)  # fmt: skip
+    return isinstance(exc, never)
 
 
 def _chars(chunk: Chunk) -> int:

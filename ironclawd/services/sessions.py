@@ -392,6 +392,12 @@ class SessionService:
                 try:
                     result = await self.lifecycle.wait_exit(session)
                 except HostError as exc:
+                    if self.lifecycle.control.connected(sid):
+                        # Back (the daemon drops an agent that stops reading its lines, and it
+                        # reconnects): the sandbox lives, and is watched again.
+                        log.info("session %s: its agent connected again; watching it", sid)
+                        self._watcher.watch(sid)
+                        return
                     # The agent closed its control connection and its sandbox runs on: nothing
                     # reaches it any more, and nothing would see it die. It is stopped, failed.
                     reason = (

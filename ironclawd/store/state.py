@@ -110,9 +110,12 @@ _MIGRATIONS = {
     5: """
         CREATE TABLE outbound_pruned (sid TEXT PRIMARY KEY, seq INTEGER NOT NULL);
     """,
-    # Who had sent a submitting session messages (a JSON list; four-eyes, services/gateway.py).
+    # Who had sent a submitting session messages (a JSON list; four-eyes, services/gateway.py),
+    # and who has sent each session messages, for its life.
     6: """
         ALTER TABLE changes ADD COLUMN drivers TEXT NOT NULL DEFAULT '[]';
+        CREATE TABLE session_senders (sid TEXT NOT NULL, sender TEXT NOT NULL,
+                                      PRIMARY KEY (sid, sender));
     """,
 }
 _CHANGE_COLUMNS = (
@@ -246,6 +249,7 @@ class StateStore:
                     (sid, wrapped),
                 )
                 self._db.execute("DELETE FROM outbound_pruned WHERE sid = ?", (sid,))
+                self._db.execute("DELETE FROM session_senders WHERE sid = ?", (sid,))
             except BaseException:
                 if self._db.in_transaction:  # a full disk rolled it back already
                     self._db.execute("ROLLBACK")
@@ -266,8 +270,22 @@ class StateStore:
             self._db.execute("DELETE FROM session_keys WHERE sid = ?", (sid,))
             self._db.execute("DELETE FROM replies WHERE sid = ?", (sid,))
             self._db.execute("DELETE FROM outbound_pruned WHERE sid = ?", (sid,))
+            self._db.execute("DELETE FROM session_senders WHERE sid = ?", (sid,))
             self._db.execute("COMMIT")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def add_sender(self, sid: str, sender: str) -> None:
+        with self._op(f"recording a sender of session {sid}"):
+            self._db.execute(
+                "INSERT OR IGNORE INTO session_senders (sid, sender) VALUES (?, ?)", (sid, sender)
+            )
+
+    def senders(self, sid: str) -> frozenset[str]:
+        with self._op(f"reading the senders of session {sid}"):
+            rows = self._db.execute(
+                "SELECT sender FROM session_senders WHERE sid = ?", (sid,)
+            ).fetchall()
+        return frozenset(str(row[0]) for row in rows)
 
     def add_replies(self, sid: str, replies: list[Reply]) -> None:
         with self._op(f"adding replies of session {sid}"):

@@ -108,6 +108,21 @@ def test_session_keys_are_forgotten_with_the_replies(records: dict[str, Any]) ->
     assert replies.pruned("s") == 0
 
 
+def test_a_sessions_senders_last_its_life_and_go_with_its_data(records: dict[str, Any]) -> None:
+    replies, keys = records["replies"], records["keys"]
+    assert replies.senders("s") == frozenset()
+    replies.add_sender("s", "uid:1000(alice)")
+    replies.add_sender("s", "uid:1000(alice)")  # once
+    replies.add_sender("s", "uid:1001(bob)")
+    replies.add_sender("t", "uid:1002(carol)")
+    assert replies.senders("s") == {"uid:1000(alice)", "uid:1001(bob)"}
+    keys.destroy_session_data("s")
+    assert replies.senders("s") == frozenset()
+    assert replies.senders("t") == {"uid:1002(carol)"}
+    keys.put_wrapped_key("t", b"a new session of the id")  # nothing carries over
+    assert replies.senders("t") == frozenset()
+
+
 def test_agents_are_replaced_by_name(records: dict[str, Any]) -> None:
     agents = records["agents"]
     assert agents.agents() == {}

@@ -209,6 +209,9 @@ class FakeControl(_Recording):
         self._require(sid)
         await self._dropped[sid].wait()
 
+    def connected(self, sid: str) -> bool:
+        return self.is_connected(sid)
+
     async def close(self, sid: str) -> None:
         self._call("control.close", sid)
         self.open_dirs.discard(sid)
@@ -236,6 +239,11 @@ class FakeControl(_Recording):
         event = self._dropped.get(sid)
         if event is not None:
             event.set()
+
+    def reconnect(self, sid: str) -> None:
+        """The agent connects again and says hello (after ``drop``): a new wait begins."""
+        if sid in self.open_dirs and self._dropped[sid].is_set():
+            self._dropped[sid] = asyncio.Event()
 
 
 class FakeRuntime(_Recording):

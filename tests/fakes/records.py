@@ -68,6 +68,7 @@ class MemoryReplies:
     def __init__(self) -> None:
         self.rows: dict[str, dict[int, Reply]] = {}
         self.pruned_to: dict[str, int] = {}
+        self.sent_by: dict[str, set[str]] = {}
 
     def add_replies(self, sid: str, replies: list[Reply]) -> None:
         table = self.rows.setdefault(sid, {})
@@ -92,6 +93,12 @@ class MemoryReplies:
     def pruned(self, sid: str) -> int:
         return self.pruned_to.get(sid, 0)
 
+    def add_sender(self, sid: str, sender: str) -> None:
+        self.sent_by.setdefault(sid, set()).add(sender)
+
+    def senders(self, sid: str) -> frozenset[str]:
+        return frozenset(self.sent_by.get(sid, ()))
+
 
 class MemorySessionKeys:
     """``SessionKeyRecords``."""
@@ -104,6 +111,7 @@ class MemorySessionKeys:
         self.keys[sid] = wrapped
         if self._replies is not None:
             self._replies.pruned_to.pop(sid, None)
+            self._replies.sent_by.pop(sid, None)
 
     def wrapped_key(self, sid: str) -> bytes | None:
         return self.keys.get(sid)
@@ -113,6 +121,7 @@ class MemorySessionKeys:
         if self._replies is not None:
             self._replies.rows.pop(sid, None)
             self._replies.pruned_to.pop(sid, None)
+            self._replies.sent_by.pop(sid, None)
 
 
 class MemoryAgents:

@@ -137,3 +137,24 @@ def test_only_the_last_connection_leaving_means_the_sandbox_went_away(in_unit: N
         await asyncio.wait_for(box.channel.disconnected.wait(), 5)
 
     asyncio.run(run(body))
+
+
+def test_an_agent_that_comes_back_is_connected_and_a_new_wait_begins(in_unit: None) -> None:
+    """The daemon drops an agent that stops reading; the agent connects again. The session's
+    watch must see it back (``connected``) and wait for its new connection to end."""
+
+    async def body(box: Box) -> None:
+        agent = await box.connect(b"hello 7 10000\n")
+        assert box.server.connected("s1")
+        agent.close()
+        await asyncio.wait_for(box.server.wait_disconnect("s1"), 5)
+        assert not box.server.connected("s1")
+        again = await box.connect(b"hello 7 10000\n")
+        assert box.server.connected("s1")
+        waiting = asyncio.ensure_future(box.server.wait_disconnect("s1"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # a new wait, not the old one's end
+        again.close()
+        await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(run(body))

@@ -201,3 +201,34 @@ def replace_gateway(w: World, *, resume_pending: bool) -> Gateway:
         restart_agent_sessions=w._restart, mounts=HostMounts(), clock=w.clock,
         resume_pending=resume_pending,
     )  # fmt: skip
+
+
+def test_no_change_is_approved_on_top_of_one_a_resume_could_not_apply() -> None:
+    """Approvals wait for resume(), but it may not finish a change (its sessions' restart
+    failed, or a stop cut it short): the change stays approved, and one approved on top of it
+    made the next start record it failed while it was in effect (found by a review)."""
+    w, first = _crashed_after_approval(put=True)
+    w.gateway = replace_gateway(w, resume_pending=True)
+    second = w.gateway.submit("tools", "demo", '{"tools": ["read_file"]}', "", ROOT)
+
+    async def failing(agent: str) -> list[str]:
+        raise HostError("restarting the agent's sessions: No space left on device")
+
+    w.gateway._restart = failing
+
+    async def go() -> None:
+        approving = asyncio.ensure_future(w.gateway.approve(second.id, second.hash, "uid:1(b)"))
+        await w.gateway.resume()
+        with pytest.raises(Conflict, match=f"change {first.id} .* not applied yet"):
+            await approving
+
+    asyncio.run(go())
+    assert w.store.changes[first.id].state is ChangeState.APPROVED
+    assert w.store.changes[second.id].state is ChangeState.PENDING
+    # The next start applies the first; then the second may be approved.
+    w.gateway = replace_gateway(w, resume_pending=True)
+    asyncio.run(w.gateway.resume())
+    assert w.store.changes[first.id].state is ChangeState.APPLIED
+    assert asyncio.run(w.gateway.approve(second.id, second.hash, "uid:1(b)")).state is (
+        ChangeState.APPLIED
+    )

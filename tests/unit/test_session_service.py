@@ -301,6 +301,39 @@ def test_an_agent_that_drops_its_connection_and_runs_on_is_stopped_failed(world:
     assert exited == [SID]
 
 
+def test_an_agent_dropped_by_the_daemon_that_reconnects_is_watched_again(world: World) -> None:
+    """The daemon drops an agent that stops reading its control lines (``send``'s timeout),
+    and the agent connects again: its sandbox lives. The exit watch's wait then timed out, and
+    the session was failed as if the agent had left (found by a review of the rule above)."""
+    exited: list[str] = []
+
+    async def on_exit(sid: str) -> None:
+        exited.append(sid)
+
+    world.hooks.on_sandbox_exit(on_exit)
+
+    async def go() -> None:
+        session = await world.service.create("demo", SID)
+        world.control.drop(SID)
+        world.control.reconnect(SID)
+        for _ in range(500):  # the exit watch's wait runs in a worker thread
+            if ("units.wait_inactive", session.unit) in world.log:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert world.store.get(SID).state is State.RUNNING
+        # Watched again: when it dies now, that is seen.
+        world.units.exit(session.unit, "oom-kill")
+        failed = asyncio.ensure_future(world.audit.next("session.failed"))
+        world.control.drop(SID)
+        async with asyncio.timeout(5):
+            await failed
+
+    _run(world, go())
+    assert world.store.get(SID).error == "sandbox exited (unit result: oom-kill)"
+    assert exited == [SID]
+
+
 @pytest.mark.parametrize("how", ["stop", "remove"])
 def test_no_exit_hook_runs_for_a_sandbox_the_operator_ended(world: World, how: str) -> None:
     """The agent's connection also drops when a stop or a removal ends its sandbox; that is

@@ -48,6 +48,8 @@ CALLS: dict[str, Callable[[StateStore], Any]] = {
     "replies_after": lambda s: s.replies_after("abcd1234", 0),
     "set_pruned": lambda s: s.set_pruned("abcd1234", 1),
     "pruned": lambda s: s.pruned("abcd1234"),
+    "add_sender": lambda s: s.add_sender("abcd1234", "uid:1000(alice)"),
+    "senders": lambda s: s.senders("abcd1234"),
     "put_agent": lambda s: s.put_agent("demo", "{}", 1.0),
     "agents": lambda s: s.agents(),
     "insert_change": lambda s: s.insert_change(CHANGE),
