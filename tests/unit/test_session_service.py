@@ -251,14 +251,20 @@ def test_reconcile_tears_down_a_sandbox_whose_agent_does_not_reconnect(world: Wo
     assert not world.netns.names
 
 
-def test_an_adopted_sandbox_that_dies_is_recorded_failed_and_hooks_run(world: World) -> None:
-    session = _left_running(world)
+def _exit_hooks_heard(world: World) -> list[str]:
+    """The sessions the world's sandbox-exit hooks are called for, in order."""
     exited: list[str] = []
 
     async def on_exit(sid: str) -> None:
         exited.append(sid)
 
     world.hooks.on_sandbox_exit(on_exit)
+    return exited
+
+
+def test_an_adopted_sandbox_that_dies_is_recorded_failed_and_hooks_run(world: World) -> None:
+    session = _left_running(world)
+    exited = _exit_hooks_heard(world)
 
     async def go() -> None:
         await reconcile(world.service)
@@ -279,12 +285,7 @@ def test_an_agent_that_drops_its_connection_and_runs_on_is_stopped_failed(world:
     its connection and kept running made that wait time out: the error was swallowed, nothing
     watched the session again, and when the sandbox later died the session stayed running
     with no unit (found by a review). The session is now stopped and recorded failed."""
-    exited: list[str] = []
-
-    async def on_exit(sid: str) -> None:
-        exited.append(sid)
-
-    world.hooks.on_sandbox_exit(on_exit)
+    exited = _exit_hooks_heard(world)
 
     async def go() -> None:
         session = await world.service.create("demo", SID)
@@ -305,12 +306,7 @@ def test_an_agent_dropped_by_the_daemon_that_reconnects_is_watched_again(world: 
     """The daemon drops an agent that stops reading its control lines (``send``'s timeout),
     and the agent connects again: its sandbox lives. The exit watch's wait then timed out, and
     the session was failed as if the agent had left (found by a review of the rule above)."""
-    exited: list[str] = []
-
-    async def on_exit(sid: str) -> None:
-        exited.append(sid)
-
-    world.hooks.on_sandbox_exit(on_exit)
+    exited = _exit_hooks_heard(world)
 
     async def go() -> None:
         session = await world.service.create("demo", SID)
@@ -340,12 +336,7 @@ def test_no_exit_hook_runs_for_a_sandbox_the_operator_ended(world: World, how: s
     not a death. A removed session's hooks ran anyway (its record was gone, so no state said
     otherwise): messaging then looked for unanswered messages under a destroyed key and
     warned at every ``session rm``."""
-    exited: list[str] = []
-
-    async def on_exit(sid: str) -> None:
-        exited.append(sid)
-
-    world.hooks.on_sandbox_exit(on_exit)
+    exited = _exit_hooks_heard(world)
 
     async def go() -> None:
         await world.service.create("demo", SID)
