@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
+from ironclawd.domain.codings import refused_coding
 from ironclawd.errors import PolicyDenied, ResponseRefused
 
 MIN_SECRET = 6  # shorter variants are not searched for: they would match by chance
@@ -299,24 +300,6 @@ def standard_reason(status: int) -> str:
         return ""
 
 
-def content_encoding(headers: Iterable[tuple[str, str]]) -> str | None:
-    """The response's content codings other than identity (comma-joined), or None."""
-    codings = [
-        c.strip().lower()
-        for name, value in headers
-        if name.lower() == "content-encoding"
-        for c in value.split(",")
-        if c.strip()
-    ]
-    other = [c for c in codings if c != "identity"]
-    return ", ".join(other) if other else None
-
-
-# Codings named in a refusal; anything else an upstream puts there is not echoed (it is text the
-# upstream chose, and the refusal goes to the agent).
-_KNOWN_CODINGS = frozenset({"gzip", "x-gzip", "deflate", "br", "compress", "x-compress", "zstd"})
-
-
 def check_request(
     detector: SecretDetector,
     path: str,
@@ -361,9 +344,8 @@ def checked_head(
             f"egress: response refused: {len(headers)} headers, more than the "
             f"{MAX_RESPONSE_HEADERS} an answer may carry"
         )
-    coding = content_encoding(headers)
-    if coding is not None:
-        shown = coding if set(coding.split(", ")) <= _KNOWN_CODINGS else "an unknown coding"
+    shown = refused_coding(headers)
+    if shown is not None:
         raise ResponseRefused(
             f"egress: response refused: Content-Encoding {shown} cannot be inspected (the broker "
             "asked for identity)"

@@ -12,6 +12,7 @@ from typing import Any
 import httpx2
 
 from ironclawd.domain.addresses import IPAddress
+from ironclawd.domain.codings import IDENTITY, refused_coding
 from ironclawd.domain.mcp_url import McpEndpoint
 
 
@@ -77,7 +78,7 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         # Bodies as sent: the cap counts what reaches the SDK. With gzip it counted the wire,
         # and 520 KB unpacked to 512 MiB in the daemon, or to a stream of newlines that held
         # the event loop for seconds (found by a review).
-        request.headers["Accept-Encoding"] = "identity"
+        request.headers.update(IDENTITY)
         if self._endpoint.address is None:
             request.extensions = {**request.extensions, "sni_hostname": self._endpoint.host}
         try:
@@ -88,10 +89,10 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         finally:
             request.url = url
 
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
+        encoding = refused_coding(response.headers.multi_items())
+        if encoding is not None:
             await response.aclose()
-            self.reason = f"the server answered in Content-Encoding {encoding!r}, not as sent"
+            self.reason = f"the server answered in Content-Encoding {encoding}, not as sent"
             self._audit(method=request.method, status=response.status_code,
                         refused=self.reason)  # fmt: skip
             raise httpx2.RemoteProtocolError(f"refused: {self.reason}", request=request)

@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from ironclawd.domain.codings import IDENTITY, refused_coding
 from ironclawd.errors import ProviderError
 from ironclawd.ports import Provider
 
@@ -94,18 +95,17 @@ def _line_too_long() -> ProviderError:
 MAX_ERROR_BODY = 64 * 1024
 
 
-# Every adapter asks for bodies as sent: the caps here count what httpx hands over, and with
-# gzip it unpacked each chunk from the network whole first (a 260 KB error body became 64 MiB;
-# found by a review). An answer in another coding is refused.
-IDENTITY = {"Accept-Encoding": "identity"}
+# Every adapter asks for bodies as sent (IDENTITY): the caps here count what httpx hands over,
+# and with gzip it unpacked each chunk from the network whole first (a 260 KB error body became
+# 64 MiB; found by a review). An answer in another coding is refused.
 
 
 async def raise_for_status(response: httpx.Response, provider: str) -> None:
-    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if coding not in ("", "identity"):
+    coding = refused_coding(response.headers.multi_items())
+    if coding is not None:
         await response.aclose()
         raise ProviderError(
-            f"{provider}: upstream answered in Content-Encoding {coding!r}, though the proxy "
+            f"{provider}: upstream answered in Content-Encoding {coding}, though the proxy "
             "asked for identity"
         )
     if response.status_code >= 400:

@@ -210,10 +210,10 @@ def test_the_transport_asks_for_bodies_as_sent_and_refuses_an_encoded_one() -> N
 
     assert asyncio.run(send("plain")) == b"{}"
     for encoding in ("gzip", "deflate"):
-        with pytest.raises(httpx2.RemoteProtocolError, match=f"Content-Encoding '{encoding}'"):
+        with pytest.raises(httpx2.RemoteProtocolError, match=f"Content-Encoding {encoding},"):
             asyncio.run(send(encoding))
     assert asked == ["identity"] * 3
     refused = [r["refused"] for r in records if "refused" in r]
     assert refused == [
-        f"the server answered in Content-Encoding '{e}', not as sent" for e in ("gzip", "deflate")
+        f"the server answered in Content-Encoding {e}, not as sent" for e in ("gzip", "deflate")
     ]

@@ -153,7 +153,7 @@ def test_an_answer_in_another_coding_than_identity_is_refused_unread(status: int
             _ = [c async for c in stream]
 
     for provider_cls in (AnthropicProvider, OpenAIProvider):
-        with pytest.raises(ProviderError, match="Content-Encoding 'gzip'"):
+        with pytest.raises(ProviderError, match="Content-Encoding gzip,"):
             asyncio.run(go(provider_cls))
     assert [r.headers["accept-encoding"] for r in seen] == ["identity", "identity"]
 
