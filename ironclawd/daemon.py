@@ -212,8 +212,14 @@ class Daemon:
         if wired.sessions.pool is not None:  # after reconcile: nothing of it is an orphan
             wired.sessions.pool.start()
         await wired.gateway.resume()
-        wired.audit.record("daemon.started", "ironclawd", version=__version__,
-                           reconcile=report.summary())  # fmt: skip
+        try:
+            wired.audit.record("daemon.started", "ironclawd", version=__version__,
+                               reconcile=report.summary())  # fmt: skip
+        except (IronclawError, OSError) as exc:
+            # Every other step here guards its own errors: this one ended the daemon right
+            # after READY on a full disk (no clean stop, channels never resumed) and
+            # Restart=on-failure looped it into the same disk (found by a review).
+            log.error("daemon start not recorded in the audit log: %s", exc)
         if self._servicer is not None:
             self._servicer.state = "running"
         _notify(status=f"serving admin API on {self._config.admin.socket}; {report.summary()}")

@@ -152,7 +152,9 @@ async def adopt_locked(service: SessionService, session: Session) -> Session:
         log.warning("%s", reason)
         return await service.stop_locked(session, State.FAILED, error=reason)
     log.info("session %s adopted: agent pid %d", sid, hello.pid)
-    service.audit_event(session, "adopted")
+    # Reattached: a full disk must not turn the record's failure into a teardown of a running
+    # sandbox (its workspace with it); it is logged (found by a review).
+    service.audit_quietly(session, "adopted")
     service.watch(sid)
     return session
 

@@ -272,7 +272,7 @@ class SessionService:
         """Record ``session`` failed whatever state it is in (no transition check)."""
         failed = replace(session, state=State.FAILED, updated_at=self._clock.time(), error=reason)
         self._store.save(failed)
-        self._audit_quietly(failed, State.FAILED.value)
+        self.audit_quietly(failed, State.FAILED.value)
         return failed
 
     def audit_event(self, session: Session, event: str) -> None:
@@ -288,7 +288,9 @@ class SessionService:
             extra=_session_fields(session.sid, event),
         )
 
-    def _audit_quietly(self, session: Session, event: str) -> None:
+    def audit_quietly(self, session: Session, event: str) -> None:
+        """``audit_event``, a failure to write logged instead of raised: for events whose work
+        is already done (a sandbox reattached, a session failed) and must not be undone by it."""
         try:
             self.audit_event(session, event)
         except (IronclawError, OSError) as exc:
@@ -328,7 +330,7 @@ class SessionService:
                     await self.lifecycle.teardown(session)
                     failed = transition(session, State.FAILED, self._clock.time(), reason)
                     self._store.save(failed)
-                    self._audit_quietly(failed, State.FAILED.value)
+                    self.audit_quietly(failed, State.FAILED.value)
             raise
 
     async def _start(self, session: Session, agent: AgentSpec, pooled: bool = False) -> Session:
