@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from ironclawd import ratelog
 from ironclawd.domain.message_ids import MessageId, message_id
@@ -55,6 +56,7 @@ RESTART_WINDOW_SECONDS = 60.0
 # Replies the agent wrote while the state DB's disk was full are ingested again this often until
 # it takes them: waiting for the agent's next announcement would leave them unseen until then.
 INGEST_RETRY_SECONDS = 1.0
+INGEST_RETRY_MAX_SECONDS = 60.0  # between tries of a read that failed (not a full disk)
 WATCH_BATCH = 1000
 
 _DISK_FULL = message_id(MessageId.DISK_FULL)
@@ -113,7 +115,10 @@ class MessageService:
         self._changed: dict[str, asyncio.Condition] = {}
         self._restarts: dict[str, list[float]] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
-        self._full: set[str] = set()  # sessions whose replies the state DB refused (full)
+        # Sessions whose announced replies were not taken (a read or a record failed): tried
+        # again until they are, as the agent announces each commit once.
+        self._untaken: set[str] = set()
+        self._slow: set[str] = set()  # of those, failed otherwise than by a full disk
         self._pruned: dict[str, int] = {}  # the last "ingested <seq>" told to each agent
         # The host users who sent each session messages ("uid:N(name)"): four-eyes keeps them
         # from approving what that session submits (services/gateway.py). Recorded in the
@@ -284,7 +289,7 @@ class MessageService:
         self._pruned.pop(sid, None)
         self._senders.pop(sid, None)
         self._lanes.close(sid, then=lambda: self._drop_reader(sid))
-        self._full.discard(sid)
+        self._untaken.discard(sid)
         retry = self._retries.pop(sid, None)
         if retry is not None:
             retry.cancel()
@@ -358,7 +363,12 @@ class MessageService:
                 try:
                     rows = await self._lanes.run(sid, self._read_batch, sid, last, batch)
                 except (IronclawError, OSError) as exc:
+                    # A copy on a full /run, an EIO, a lane's timeout, or the agent's own doing
+                    # (a crafted file, which the reader then refuses cheaply until it changes):
+                    # tried again, as a failed record is (found by a review: only a full state
+                    # DB was, and a reply waited for the agent's next write or a restart).
                     self._refused(sid, str(exc))
+                    self._retry_ingest(sid, exc)
                     return total
                 replies = self._accepted(sid, rows, last, tail.chain)
                 if replies and not await self._record(sid, life, tail, replies):
@@ -391,7 +401,7 @@ class MessageService:
                 break
             row, problem = accept_row(*raw, self._limits.max_reply_bytes)
             if problem:
-                self._refusals.record(
+                self._refusal(
                     sid, "reply.refused", f"session:{sid}", sid=sid, reply_seq=row[0],
                     reason=problem,
                 )  # fmt: skip
@@ -401,14 +411,14 @@ class MessageService:
 
     async def _record(self, sid: str, life: object, tail: ReplyTail, replies: list[Reply]) -> bool:
         """Store ``replies`` in the state DB, then in the tail, and wake the watchers; False if
-        they were not stored (the session was removed during the read, or the disk is full:
-        then they are tried again until the state DB takes them)."""
+        they were not stored (the session was removed during the read, or the state DB failed:
+        a full disk, an EIO; then they are tried again until it takes them)."""
         async with self._recording.setdefault(sid, asyncio.Lock()):
             if not self._alive(sid, life):  # its removal waits for this lock: nothing after it
                 return False
             try:
                 await asyncio.to_thread(self.store.add_replies, sid, replies)
-            except DiskFull as exc:
+            except IronclawError as exc:
                 self._retry_ingest(sid, exc)
                 return False
         tail.add(replies)
@@ -436,13 +446,18 @@ class MessageService:
                 extra=_DISK_FULL,
             )
 
-    def _retry_ingest(self, sid: str, exc: DiskFull) -> None:
-        """The state DB could not take the agent's replies: try again until it can (the agent
-        announced them once and will not again), so no restart is needed when space is back."""
-        ratelog.AGENT_LOG.log(log, logging.WARNING, sid, "ingest disk full",
+    def _retry_ingest(self, sid: str, exc: Exception) -> None:
+        """The agent's replies could not be read or recorded: try again until they are (the
+        agent announced them once and will not again), so no restart is needed when space is
+        back. A full disk is retried within 8 s; anything else backs off to a minute."""
+        full = isinstance(exc, DiskFull)
+        ratelog.AGENT_LOG.log(log, logging.WARNING, sid,
+                              "ingest disk full" if full else "ingest retry",
                               "session %s: replies wait in its outbound queue: %s", sid, exc,
-                              extra=_DISK_FULL)  # fmt: skip
-        self._full.add(sid)
+                              extra=_DISK_FULL if full else None)  # fmt: skip
+        if not full:
+            self._slow.add(sid)
+        self._untaken.add(sid)
         if sid not in self._retries:
             self._retries[sid] = asyncio.get_running_loop().create_task(
                 self._ingest_until_taken(sid), name=f"ingest-retry-{sid}"
@@ -451,16 +466,21 @@ class MessageService:
     async def _ingest_until_taken(self, sid: str) -> None:
         delay = INGEST_RETRY_SECONDS
         try:
-            while sid in self._full:
+            while sid in self._untaken:
                 await asyncio.sleep(delay)
-                self._full.discard(sid)  # ingest adds it back if the disk is still full
+                self._untaken.discard(sid)  # ingest adds it back if it fails again
+                self._slow.discard(sid)
                 try:
                     await self.ingest(sid)
                 except IronclawError as exc:
-                    log.warning("session %s: ingesting after a full disk: %s", sid, exc)
-                delay = min(delay * 2, 8.0)
+                    log.warning("session %s: ingesting again: %s", sid, exc)
+                    self._untaken.add(sid)
+                    self._slow.add(sid)
+                cap = INGEST_RETRY_MAX_SECONDS if sid in self._slow else 8.0
+                delay = min(delay * 2, cap)
         finally:
             self._retries.pop(sid, None)
+            self._slow.discard(sid)
 
     def _read_batch(self, sid: str, after: int, limit: int) -> list[RawRow]:
         """In the session's lane: clear setid bits the box planted, then read a batch."""
@@ -495,9 +515,19 @@ class MessageService:
         ratelog.warning(
             log, sid, "outbound ingest", "session %s: ingesting outbound rows: %s", sid, reason
         )
-        self._refusals.record(
+        self._refusal(
             f"{sid}/outbound", "outbound.refused", f"session:{sid}", sid=sid, reason=reason[:300]
         )
+
+    def _refusal(self, key: str, event: str, actor: str, **fields: Any) -> None:
+        """Record what the agent's rows did wrong; a record that fails (a full disk) is logged:
+        it aborted the batch, and the replies around it waited (found by a review)."""
+        try:
+            self._refusals.record(key, event, actor, **fields)
+        except (IronclawError, OSError) as exc:
+            ratelog.warning(log, key, "refusal not recorded",
+                            "session %s: %s not recorded in the audit log: %s",
+                            fields.get("sid", key), event, exc)  # fmt: skip
 
     def _condition(self, sid: str) -> asyncio.Condition:
         return self._changed.setdefault(sid, asyncio.Condition())
