@@ -2,13 +2,15 @@
 
 Two tiers of refusal:
 - **never**: unspecified, loopback, link-local (which holds the cloud metadata service),
-  multicast, the metadata addresses themselves, and IPv6 forms that embed an IPv4 address
-  (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-translated ``::ffff:0:a.b.c.d`` (SIIT), IPv4-compatible
-  ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``, Teredo ``2001::/32``) — a v4 wall
-  is not to be walked around in v6 clothing.
+  multicast, the metadata addresses themselves (AWS's, and those other clouds keep outside
+  link-local: Alibaba's in CGNAT, GCP's and Oracle's IPv6 ones in unique-local), and IPv6
+  forms that embed an IPv4 address (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-translated
+  ``::ffff:0:a.b.c.d`` (SIIT), IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4
+  ``2002::/16``, Teredo ``2001::/32``) — a v4 wall is not to be walked around in v6 clothing.
   No configuration opens these.
 - **not public**: everything else that is not globally routable (RFC 1918, unique-local
-  ``fc00::/7``, CGNAT ``100.64.0.0/10``, documentation, benchmarking, reserved, broadcast...).
+  ``fc00::/7``, deprecated site-local ``fec0::/10``, CGNAT ``100.64.0.0/10``, documentation,
+  benchmarking, reserved, broadcast...).
   The operator may open chosen ranges of these with ``[egress] internal_cidrs``.
 """
 
@@ -23,9 +25,13 @@ from ironclawd import lazy_re
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+# Cloud metadata services (instance credentials): AWS (v4, v6), Alibaba ECS, GCP over IPv6,
+# Oracle over IPv6. The non-link-local ones sit in ranges an operator may open (CGNAT, ULA).
 METADATA = frozenset(
-    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
-)
+    ipaddress.ip_address(a)
+    for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200", "fd20:ce::254",
+              "fd00:c1::a9fe:a9fe")
+)  # fmt: skip
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
 THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # RFC 1122 "this network"
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -39,6 +45,7 @@ NEVER_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "255.255.255.255/32",
         "::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48",
         "2002::/16", "2001::/32", "fe80::/10", "ff00::/8", "fd00:ec2::254/128",
+        "100.100.100.200/32", "fd20:ce::254/128", "fd00:c1::a9fe:a9fe/128",
     )
 )  # fmt: skip
 
@@ -75,7 +82,7 @@ def never_reason(addr: IPAddress) -> str | None:  # noqa: PLR0911, PLR0912
     return None
 
 
-def refusal_reason(addr: IPAddress, internal: Iterable[IPNetwork] = ()) -> str | None:
+def refusal_reason(addr: IPAddress, internal: Iterable[IPNetwork] = ()) -> str | None:  # noqa: PLR0911
     """Why the broker must not connect to ``addr``; None if it may."""
     reason = never_reason(addr)
     if reason is not None:
@@ -86,6 +93,10 @@ def refusal_reason(addr: IPAddress, internal: Iterable[IPNetwork] = ()) -> str |
         return "shared address space (CGNAT, RFC 6598)"
     if addr.is_private:
         return "private address"
+    if isinstance(addr, ipaddress.IPv6Address) and addr.is_site_local:
+        # fec0::/10 was deprecated (RFC 3879) but is still routed inside some sites, and
+        # Python 3.11.2's is_global takes it for a global address.
+        return "site-local address (fec0::/10, deprecated by RFC 3879)"
     if not addr.is_global:
         return "not a globally routable address"
     return None

@@ -22,6 +22,8 @@ DOCS = ipaddress.ip_network("198.51.100.0/24")
         ("fc00::1", "private"), ("fd12:3456::1", "private"),
         ("169.254.1.1", "link-local"), ("fe80::1", "link-local"),
         ("169.254.169.254", "metadata"), ("fd00:ec2::254", "metadata"),
+        ("100.100.100.200", "metadata"), ("fd20:ce::254", "metadata"),
+        ("fd00:c1::a9fe:a9fe", "metadata"), ("fec0::1", "site-local"),
         ("100.64.0.1", "CGNAT"), ("100.127.255.254", "CGNAT"),
         ("224.0.0.1", "multicast"), ("239.1.1.1", "multicast"), ("ff02::1", "multicast"),
         ("255.255.255.255", "broadcast"),
@@ -53,7 +55,8 @@ def test_internal_cidrs_open_only_what_they_name() -> None:
 
 @pytest.mark.parametrize(
     "cidr", ["127.0.0.0/8", "0.0.0.0/0", "169.254.169.0/24", "::/0", "fe80::/64", "10.0.0.1/8",
-             "224.0.0.0/24", "::ffff:0:0/96", "fd00:ec2::/64"],
+             "224.0.0.0/24", "::ffff:0:0/96", "fd00:ec2::/64", "100.64.0.0/10", "fd20::/16",
+             "fd00:c1::/32"],
 )  # fmt: skip
 def test_internal_cidrs_cannot_open_the_never_ranges(cidr: str) -> None:
     with pytest.raises(ValueError, match=r"which may never be reached|has host bits set"):
@@ -69,6 +72,29 @@ def test_internal_cidrs_cannot_open_the_never_ranges(cidr: str) -> None:
 def test_never_ranges_stay_closed_whatever_internal_cidrs_say(addr: ipaddress._BaseAddress) -> None:
     everything = [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
     assert refusal_reason(addr, everything) is not None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "address", ["169.254.169.254", "fd00:ec2::254", "100.100.100.200", "fd20:ce::254",
+                "fd00:c1::a9fe:a9fe"],
+)  # fmt: skip
+def test_every_clouds_metadata_address_stays_closed_whatever_internal_cidrs_say(
+    address: str,
+) -> None:
+    """Only AWS's were in the never tier, and Alibaba's (in CGNAT), GCP's and Oracle's IPv6
+    ones (in unique-local) sit in ranges an operator may open: opening 100.64.0.0/10 opened
+    the instance's credentials (found by a review)."""
+    everything = [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+    found = refusal_reason(ipaddress.ip_address(address), everything)
+    assert found is not None
+    assert "metadata" in found
+
+
+def test_deprecated_site_local_is_not_taken_for_global_but_can_be_opened() -> None:
+    # Python 3.11.2's is_global is True for fec0::/10.
+    assert refusal_reason(ipaddress.ip_address("fec0::1")) is not None
+    opened = [ipaddress.ip_network("fec0::/10")]
+    assert refusal_reason(ipaddress.ip_address("fec0::1"), opened) is None
 
 
 @given(st.ip_addresses(v=6))
