@@ -87,6 +87,22 @@ def test_malformed_or_tricky_urls_are_refused(url: str) -> None:
         parse_url(url)
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/..;/admin/users", "/v1/%2e%2e;/admin", "/v1/..;jsessionid=x/admin", "/v1/.;/x",
+     "/v1/..%3b/admin", "/v1/%2E.;a=b;c=d/admin"],
+)  # fmt: skip
+def test_a_dot_segment_with_path_parameters_cannot_leave_the_prefix(path: str) -> None:
+    """Tomcat, Jetty and Spring drop ';' parameters before resolving dot segments, so they
+    route '/v1/..;/admin' to /admin; only a segment of exactly '..' was refused and it matched
+    a '/v1/' rule (found by a review)."""
+    with pytest.raises(InvalidArgument, match=r"dot segments \('\.', '\.\.', also with ';'"):
+        match_rule(RULES, "GET", parse_url(f"https://api.example.com{path}"))
+    # Parameters and dots elsewhere in a segment stay allowed.
+    for fine in ("/v1/items;v=2", "/v1/a..b;x", "/v1/...;x", "/v1/.well-known"):
+        assert match_rule(RULES, "GET", parse_url(f"https://api.example.com{fine}")) is RULES[0]
+
+
 @pytest.mark.parametrize("url", ["ftp://api.example.com/", "file:///etc/passwd", "gopher://x/"])
 def test_other_schemes_are_denied(url: str) -> None:
     with pytest.raises((PolicyDenied, InvalidArgument)):
