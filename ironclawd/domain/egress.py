@@ -5,7 +5,8 @@ parameters, ASCII only), then matched against the agent's rules: scheme, host (e
 explicit ``*.example.com``), port, method and path prefix. Nothing matches: :class:`PolicyDenied`
 naming what was missing. Headers are checked (CR, LF, NUL; duplicate or conflicting framing
 headers) and agent-supplied credentials are stripped; a rule may inject a host-held one instead
-(then an agent header of that name, or a range request, is refused). The broker always asks for
+(then an agent header of that name, or a range request, is refused). Headers that override the
+method or URL at the upstream are refused. The broker always asks for
 ``Accept-Encoding: identity``: it forwards no body it cannot inspect.
 """
 
@@ -37,6 +38,14 @@ ENCODING_HEADERS = frozenset({"accept-encoding"})
 # On a rule that injects a credential: a partial answer to an echo would carry the credential in
 # pieces, each too short to be recognised.
 RANGE_HEADERS = frozenset({"range", "if-range"})
+# Headers by which some upstreams take another method or URL than the request line's (Google
+# APIs, Rails/Laravel/Symfony and others: method; IIS URL Rewrite, Symfony, Laravel: URL), so a
+# rule's methods and path prefixes would hold for the request line alone. Refused, compared with
+# '_' read as '-' (CGI and WSGI servers do).
+OVERRIDE_HEADERS = frozenset(
+    {"x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
+     "x-rewrite-url"}
+)  # fmt: skip
 _TOKEN = lazy_re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2
 _LABEL = lazy_re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 _URL = lazy_re.compile(
@@ -326,7 +335,8 @@ def prepare_headers(
 ) -> PreparedHeaders:
     """The headers to send: checked, credentials, hop-by-hop and Accept-Encoding dropped, Host
     set from the URL, Content-Length from the body, identity asked for, a rule's credential
-    added (PolicyDenied if the agent sent a header of that name, or a range, with it)."""
+    added (PolicyDenied if the agent sent a header of that name, or a range, with it, or any
+    of OVERRIDE_HEADERS)."""
     seen: dict[str, int] = {}
     kept: list[tuple[str, str]] = []
     stripped: list[str] = []
@@ -343,6 +353,11 @@ def prepare_headers(
             )
         lower = name.lower()
         seen[lower] = seen.get(lower, 0) + 1
+        if lower.replace("_", "-") in OVERRIDE_HEADERS:
+            raise PolicyDenied(
+                f"header {name}: it overrides the method or URL at some upstreams, past the "
+                "rule's methods and paths; refused (send the method and URL themselves)"
+            )
         if injected is not None and lower.replace("_", "-") == injected[0].lower().replace(
             "_", "-"
         ):

@@ -190,6 +190,17 @@ def test_agent_credentials_are_stripped_and_a_rules_is_injected() -> None:
     assert [k for k, _ in upstream.sent[0].headers] == ["Host", "Accept-Encoding"]
 
 
+def test_a_method_override_header_is_refused_unsent_and_audited() -> None:
+    broker, upstream, _, decisions = make()
+    with pytest.raises(PolicyDenied, match="X-HTTP-Method-Override: it overrides the method"):
+        run(broker, "https://api.example.com/v1/x", "POST",
+            headers=[("X-HTTP-Method-Override", "DELETE")])  # fmt: skip
+    assert upstream.sent == []
+    (d,) = decisions
+    assert d.verdict == "denied"
+    assert "X-HTTP-Method-Override" in d.reason
+
+
 def test_redirects_are_returned_not_followed() -> None:
     redirect = FakeResponse(302, "Found", (("Location", "http://127.0.0.1/admin"),), [])
     broker, upstream, _, _ = make(RecordingUpstream(redirect))

@@ -214,6 +214,21 @@ def test_range_requests_are_refused_on_a_credential_rule(name: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "value"),
+    [("X-HTTP-Method-Override", "DELETE"), ("X-HTTP-Method", "DELETE"),
+     ("x-method-override", "PUT"), ("X-Original-URL", "/admin/users"),
+     ("X-Rewrite-URL", "/admin/users"), ("X_HTTP_Method_Override", "DELETE")],
+)  # fmt: skip
+def test_method_and_url_override_headers_are_refused(name: str, value: str) -> None:
+    """They were forwarded: a GET,POST rule under /v1/ became DELETE, or /admin, at upstreams
+    that honour them (found by a review)."""
+    target = parse_url("https://api.example.com/v1/items")
+    assert match_rule(RULES, "POST", target) is RULES[0]
+    with pytest.raises(PolicyDenied, match=f"header {name}: it overrides the method or URL"):
+        prepare_headers([(name, value)], target, "POST", 0)
+
+
+@pytest.mark.parametrize(
     "pairs",
     [
         (("X-A", "a\r\nX-Injected: 1"),),
