@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from ironclawd.ctl.common import CtlError
 from ironclawd.errors import IronclawError, PolicyDenied, SignatureMismatch
 from ironclawd.formats import minisign
 from ironclawd.formats import skill as skill_format
-from ironclawd.formats.skill_folder import read_folder
+from ironclawd.formats.skill_folder import open_folder, read_folder, read_opened, write_signature
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
@@ -39,9 +40,13 @@ def _local(exc: IronclawError | OSError) -> CtlError:
     return CtlError("INVALID_ARGUMENT", exitcodes.INVALID, str(exc))
 
 
-def _folder(path: str) -> tuple[str, dict[str, bytes], str | None]:
+def _folder(path: str, fd: int | None = None) -> tuple[str, dict[str, bytes], str | None]:
+    """The skill folder at ``path`` (read through ``fd`` if it is open already), checked."""
     try:
-        name, files, signature = read_folder(Path(path))
+        if fd is None:
+            name, files, signature = read_folder(Path(path))
+        else:
+            name, files, signature = read_opened(fd, Path(path))
         skill_format.check_files(name, files)
     except (IronclawError, OSError) as exc:
         raise _local(exc) from None
@@ -170,18 +175,28 @@ def cmd_manifest(args: argparse.Namespace, _stub: Stub) -> int:
 
 
 def cmd_sign(args: argparse.Namespace, _stub: Stub) -> int:
-    name, files, _ = _folder(args.path)
+    # One descriptor of the folder for reading the files and writing the signature: signing is
+    # vouching for a skill someone else wrote, often as root in a folder that someone owns.
     try:
-        key = minisign.parse_secret_key(Path(args.key).read_text())
-    except (IronclawError, OSError, UnicodeDecodeError) as exc:
-        raise CtlError("INVALID_ARGUMENT", exitcodes.INVALID, f"--key {args.key}: {exc}") from None
-    comment = args.comment or f"timestamp:{int(time.time())}\tfile:{name}\thashed"
-    try:
-        text = skill_format.sign(name, files, key, comment)
-    except IronclawError as exc:
+        fd = open_folder(Path(args.path))
+    except (IronclawError, OSError) as exc:
         raise _local(exc) from None
+    try:
+        name, files, _ = _folder(args.path, fd)
+        try:
+            key = minisign.parse_secret_key(Path(args.key).read_text())
+        except (IronclawError, OSError, UnicodeDecodeError) as exc:
+            raise CtlError("INVALID_ARGUMENT", exitcodes.INVALID,
+                           f"--key {args.key}: {exc}") from None  # fmt: skip
+        comment = args.comment or f"timestamp:{int(time.time())}\tfile:{name}\thashed"
+        try:
+            text = skill_format.sign(name, files, key, comment)
+            write_signature(fd, text)
+        except (IronclawError, OSError) as exc:
+            raise _local(exc) from None
+    finally:
+        os.close(fd)
     target = Path(args.path) / skill_format.SIGNATURE_FILE
-    target.write_text(text)
     if args.json:
         print(
             json.dumps({"name": name, "signature": str(target), "key_id": key.public_key().id_hex})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,8 @@ from ironclawd.ctl.skills import installed
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import agent_view, canonical
 from ironclawd.domain.kinds.skills import KIND
+from ironclawd.formats import skill as skill_format
+from ironclawd.formats import skill_folder
 from tests.unit import skill_samples as s
 
 NO_DAEMON = ["--socket", "/nonexistent/admin.sock", "--json"]
@@ -90,3 +93,57 @@ def test_installed_reads_skills_from_the_agent_view() -> None:
     assert (skill["agent"], skill["name"], skill["version"]) == ("demo", "weather", "1.2.0")
     assert skill["grants"]["egress"][0]["host"] == "evil.example"
     assert [f["path"] for f in skill["files"]] == ["SKILL.md", "reference/cities.csv"]
+
+
+def test_signing_never_writes_through_a_symlink_planted_meanwhile(
+    tmp_path: Path,
+    keys: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Root signs a folder its author owns; the author, cued by the files being read, puts a
+    # symlink where the signature goes before it is written (made certain here: at signing).
+    folder = s.write_folder(tmp_path / "author", signature=None)
+    victim = tmp_path / "shadow"
+    victim.write_text("root:x:19000:0:99999:7:::\n")
+    real_sign = skill_format.sign
+
+    def sign_then_plant(*args: Any, **kwargs: Any) -> str:
+        text = real_sign(*args, **kwargs)
+        (folder / skill_format.SIGNATURE_FILE).symlink_to(victim)
+        return text
+
+    monkeypatch.setattr(skill_format, "sign", sign_then_plant)
+    code, doc = run(capsys, "skill", "sign", str(folder), "--key", str(keys[0]))
+    assert code == exitcodes.OK, doc
+    assert victim.read_text() == "root:x:19000:0:99999:7:::\n"
+    signature = folder / skill_format.SIGNATURE_FILE
+    assert not signature.is_symlink()
+    assert signature.stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in folder.iterdir()) == ["SKILL.md", "SKILL.minisig", "reference"]
+    code, doc = run(capsys, "skill", "verify", str(folder), "--pubkey", str(keys[1]))
+    assert (code, doc["signer"]) == (exitcodes.OK, s.KEY.public_key().id_hex)
+
+
+def test_a_subfolder_swapped_for_a_symlink_is_never_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Listed as a directory, then swapped for a link to /etc while SKILL.md is read: the walk
+    # opens it relative to its parent with O_NOFOLLOW and refuses it, naming it.
+    folder = s.write_folder(tmp_path)
+    real_read = skill_folder._read
+
+    def read_then_swap(*args: Any) -> bytes:
+        if not (folder / "reference").is_symlink():
+            (folder / "reference").rename(tmp_path / "moved")
+            (folder / "reference").symlink_to("/etc")
+        return real_read(*args)
+
+    monkeypatch.setattr(skill_folder, "_read", read_then_swap)
+    code, doc = run(capsys, "skill", "manifest", str(folder))
+    assert code == exitcodes.INVALID, doc
+    assert doc["error"] == {
+        "code": "INVALID_ARGUMENT",
+        "message": "reference: not a plain directory; expected one",
+        "exit": exitcodes.INVALID,
+    }
