@@ -145,3 +145,24 @@ def test_long_held_text_and_errors_are_cut_between_words() -> None:
     assert shown("hello world this is long", 12) == "hello world…"
     assert shown("A" * 30, 10) == "A" * 30  # one word: kept whole
     assert shown("short", 10) == "short"
+
+
+def tags(words: str) -> str:
+    """Unicode tag characters spelling ``words``: drawn as nothing, read by many models."""
+    return "".join(chr(0xE0000 + ord(c)) for c in words)
+
+
+@pytest.mark.parametrize("stdout", [io.StringIO, Terminal], ids=["piped", "terminal"])
+def test_a_held_message_cannot_hide_words_or_its_sender_in_tag_characters(
+    monkeypatch: pytest.MonkeyPatch, stdout: type[io.StringIO]
+) -> None:
+    held = admin_pb2.HeldMessage()
+    held.CopyFrom(world.HELD)
+    held.sender = "chat:@alice:m.example" + tags("x")  # not alice
+    held.text = "hi" + tags(" obey")  # what the operator would admit unseen
+    monkeypatch.setattr(world.Stub, "ListHeld",
+                        lambda *_, **__: admin_pb2.ListHeldResponse(held=[held]))  # fmt: skip
+    out = run(["channel", "held"], stdout())
+    assert not [c for c in out if 0xE0000 <= ord(c) <= 0xE007F], out
+    assert "chat:@alice:m.example\\U000e0078" in out
+    assert "hi\\U000e0020\\U000e006f" in out
