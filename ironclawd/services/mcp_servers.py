@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -52,6 +53,7 @@ class _Live:
     transport: McpTransport | None = None
     task: asyncio.Task[None] | None = None
     error: str = ""
+    deadline: float = 0.0  # the loop's time by which it must have initialized
 
     def why(self) -> str:
         told = self.transport.why() if self.transport is not None else ""
@@ -232,9 +234,14 @@ class McpSupervisor:
                 live = None
             if live is not None and live.session is not None:
                 return live.session
-            return await self._start(key, server)
+            if live is None:
+                live = await self._launch(key, server)
+            # A start a cancelled caller left (the box hung up) is waited for, never begun again
+            # beside it: a second server replaced the first in _live, and the first, once it
+            # had initialized, ran on where nothing could stop it (found by a review).
+            return await self._started(key, live)
 
-    async def _start(self, key: _Key, server: McpServer) -> ClientSession:
+    async def _launch(self, key: _Key, server: McpServer) -> _Live:
         agent, name = key
         backoff = self._backoff.get(key)
         if backoff is not None and self._now() < backoff.not_before:
@@ -245,12 +252,20 @@ class McpSupervisor:
             )
         await self._swept()
         self._units_to_stop = True
-        live = _Live(server)
+        loop = asyncio.get_running_loop()
+        live = _Live(server, deadline=loop.time() + self._limits.connect_timeout_seconds)
         self._live[key] = live
         live.task = asyncio.create_task(self._run(agent, live), name=f"mcp {agent}/{name}")
+        return live
+
+    async def _started(self, key: _Key, live: _Live) -> ClientSession:
+        """The session of ``live`` once it has initialized; McpServerFailed if it did not by
+        its deadline (then it is dropped and its next start held off)."""
+        agent, name = key
         timeout = self._limits.connect_timeout_seconds
         try:
-            await asyncio.wait_for(live.ready.wait(), timeout)
+            left = live.deadline - asyncio.get_running_loop().time()
+            await asyncio.wait_for(live.ready.wait(), max(0.0, left))
         except TimeoutError:
             live.error = f"it did not start and initialize within {timeout:g}s"
         if live.session is None:
@@ -262,13 +277,12 @@ class McpSupervisor:
         return live.session
 
     async def _run(self, agent: str, live: _Live) -> None:
-        from mcp import ClientSession  # noqa: PLC0415 (see the module's imports)
-        from mcp.shared.exceptions import MCPError  # noqa: PLC0415
+        from mcp.shared.exceptions import MCPError  # noqa: PLC0415 (see the module's imports)
 
         try:
             async with self._launcher.open(agent, live.server) as transport:
                 live.transport = transport
-                async with ClientSession(transport.read, transport.write) as session:
+                async with _session_type()(transport.read, transport.write) as session:
                     await session.initialize()
                     live.session = session
                     live.ready.set()
@@ -357,6 +371,22 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+@functools.cache
+def _session_type() -> type[ClientSession]:
+    """The SDK's client session without its check of a tool's result against the output schema
+    the server lists. That check ran jsonschema (and Python's ``re``) on the event loop, with a
+    schema the server chose at any time after approval: ``"^(a+)+$"`` and a 40-character answer
+    held every session's loop for ever, past every time-out (found by a review). A result is
+    untrusted text to the daemon either way: capped, masked and handed to the box as it is."""
+    from mcp import ClientSession  # noqa: PLC0415 (see the module's imports)
+
+    class UncheckedResults(ClientSession):
+        async def validate_tool_result(self, name: str, result: types.CallToolResult) -> None:
+            return None
+
+    return UncheckedResults
 
 
 def _dead(live: _Live) -> bool:
