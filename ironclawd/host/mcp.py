@@ -61,6 +61,10 @@ UNIT_PREFIX: Final = "ironclaw-mcp-"
 CREDENTIALS_DIR: Final = paths.RUN_DIR / "mcp-credentials"
 SYSTEMD_RUN: Final = "/usr/bin/systemd-run"
 STDERR_TAIL: Final = 2048
+# Lines on stdout that are not JSON-RPC messages a server may write over its life (a sloppy one
+# prints a banner): each costs a parse and a task in the SDK, and a server writing them for ever
+# held a daemon core while it counted as healthy (found by a review).
+MAX_JUNK_LINES: Final = 16
 # A credential value must read back as itself from an EnvironmentFile= line KEY='value'.
 _PLAIN_VALUE = lazy_re.compile(r"[\x20-\x7e]{1,8192}")
 # Where a server must never look, even if a permission slips (ProtectSystem=strict already makes
@@ -242,11 +246,12 @@ async def _read_lines(
     on_first_line: Callable[[], None],
 ) -> None:
     """Hand each line to the SDK's parser; stop at a line longer than the cap (read in chunks,
-    each byte scanned once, so a huge line costs memory up to the cap and no more)."""
+    each byte scanned once, so a huge line costs memory up to the cap and no more), or past
+    MAX_JUNK_LINES lines that are not messages."""
     import anyio  # noqa: PLC0415 (see the module's imports)
 
     assert process.stdout is not None
-    buffer, scanned, first = bytearray(), 0, True
+    buffer, scanned, first, junk = bytearray(), 0, True, 0
     with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError,
                              anyio.BrokenResourceError, OSError):  # fmt: skip
         async for chunk in process.stdout:
@@ -258,7 +263,17 @@ async def _read_lines(
                 line = bytes(buffer[:end])
                 del buffer[: end + 1]
                 scanned = 0
-                await to_session.send(_parse(line))
+                parsed = _parse(line)
+                if isinstance(parsed, Exception):
+                    junk += 1
+                    if junk > MAX_JUNK_LINES:
+                        transport.reason = (
+                            f"the server wrote more than {MAX_JUNK_LINES} lines that are not "
+                            "JSON-RPC messages to its stdout (MCP's stdio transport carries "
+                            "messages only; logs go to stderr)"
+                        )
+                        return
+                await to_session.send(parsed)
             scanned = len(buffer)
             if len(buffer) > max_message_bytes:
                 transport.reason = (
