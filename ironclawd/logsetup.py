@@ -6,6 +6,8 @@ import copy
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 
 from systemd.journal import JournalHandler
 
@@ -16,7 +18,16 @@ from systemd.journal import JournalHandler
 # (The egress broker and webhook delivery use httpx's transport alone, which logs nothing.) The
 # journal is readable by the adm and systemd-journal groups, not only by root. Held at WARNING
 # whatever the daemon's level.
-QUIET_LIBRARIES = ("httpx", "httpx2", "httpcore", "httpcore2", "mcp")
+QUIET_LIBRARIES = ("httpx", "httpx2", "httpcore", "httpcore2", "mcp", "client")
+
+# Loggers that write what a remote party chose, at its pace: the MCP SDK logs a WARNING with a
+# traceback quoting the value for each notification a server sends that does not validate (its
+# client session logs as "client", outside "mcp"). 5,000 such lines from one server became 5,000
+# journal entries with 5.8 MB of tracebacks, and journald's per-unit limit then dropped the
+# daemon's own lines (found by a review). At most METERED_PER_MINUTE of them a minute, without
+# tracebacks; the next after a full minute says how many were left out.
+METERED_LIBRARIES = ("mcp", "client")
+METERED_PER_MINUTE = 20
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -44,6 +55,45 @@ class _Journal(JournalHandler):  # type: ignore[misc]
         super().emit(record)
 
 
+class Metered(logging.Filter):
+    """Pass at most ``per_minute`` records a minute from METERED_LIBRARIES' loggers (their
+    children too), each without its traceback; the rest pass untouched."""
+
+    def __init__(
+        self, per_minute: int = METERED_PER_MINUTE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._per_minute = per_minute
+        self._clock = clock
+        self._window = float("-inf")
+        self._passed = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        root = record.name.partition(".")[0]
+        if root not in METERED_LIBRARIES:
+            return True
+        now = self._clock()
+        if now - self._window >= 60:
+            self._window, self._passed = now, 0
+        if self._passed >= self._per_minute:
+            self._dropped += 1
+            return False
+        self._passed += 1
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format: the handler reports it, as ever
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            message += f" ({type(record.exc_info[1]).__name__}; traceback not logged)"
+        if self._dropped:
+            message += f" [{self._dropped} such lines left out before this one]"
+            self._dropped = 0
+        record.msg, record.args = message, None
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def setup_logging(level: str) -> None:
     """Send records to the journal (with extra fields such as IRONCLAW_CALLER_UID) when the
     process runs under systemd, else to stderr."""
@@ -55,6 +105,7 @@ def setup_logging(level: str) -> None:
         handler = _Journal(SYSLOG_IDENTIFIER="ironclawd")
     else:
         handler.setFormatter(logging.Formatter("ironclawd: %(levelname)s %(message)s"))
+    handler.addFilter(Metered())
     root.addHandler(handler)
     for name in QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(logging.WARNING)
