@@ -80,10 +80,6 @@ class Credentials(Protocol):
         """NotFound (naming the credential, never its value) if it is not there."""
         ...
 
-    def all_values(self) -> list[str]:
-        """Every secret, for redaction."""
-        ...
-
 
 class MountSources(Protocol):
     """Host directories an agent may have mounted (real: host/mounts.py)."""

@@ -36,6 +36,7 @@ from ironclawd.errors import (
 from ironclawd.ports import AuditSink, Clock, Credentials, SessionLookup
 from ironclawd.ports.mcp import McpCallResult, McpClients
 from ironclawd.services.audit import Throttled
+from ironclawd.services.own_secrets import own_secrets
 
 log = logging.getLogger("ironclawd.mcp")
 
@@ -103,6 +104,8 @@ class McpGateway:
 
     def forget(self, sid: str) -> None:
         self._granted.pop(sid, None)
+        # A new session given the id must not inherit a spent refusal window (found by a review).
+        self._refusals.forget(sid)
 
     def tools(self, sid: str) -> tuple[PinnedTool, ...]:
         """The tools granted to the session's agent now, with their pinned definitions."""
@@ -120,7 +123,7 @@ class McpGateway:
             server, tool = self._granted_tool(sid, spec, name, call)
             arguments = self._arguments(arguments_json, call)
             result = await self._run(spec.name, server, tool, arguments, call)
-            checked = self._checked(server.name, tool, result, call)
+            checked = self._checked(spec, server.name, tool, result, call)
         except Exception as exc:
             if not isinstance(exc, IronclawError):  # else call.outcome names the refusal
                 call.outcome = "internal-error"
@@ -213,26 +216,30 @@ class McpGateway:
             ) from None
         except (McpServerFailed, InvalidArgument) as exc:
             # The adapter's message may quote what the server printed (its stderr's last lines).
-            raise type(exc)(self._error_text(name, str(exc))) from None
+            raise type(exc)(self._error_text(agent, name, str(exc))) from None
 
-    def _error_text(self, name: str, text: str) -> str:
+    def _error_text(self, agent: str, name: str, text: str) -> str:
         """An error's text for the agent: host secrets masked, then clipped; withheld if one
         is still there in an encoded form, as a result is (``_checked``): a server failing
         while it logs a request header may print ``Basic <base64 of user:key>``."""
-        secrets = self._credentials.all_values()
+        try:
+            secrets = own_secrets(self._credentials, find_agent(self._agents, agent))
+        except IronclawError:  # the agent went meanwhile: nothing of its can be masked
+            secrets = []
         masked = Redactor(secrets).scrub(text)
         found = SecretDetector(secrets).find(masked.encode("utf-8", "backslashreplace"))
         if found is not None:
             return f"{name} failed; its error text withheld: it carries a host secret ({found})"
         return _clip(masked)
 
-    def _redactor(self) -> Redactor:
-        return Redactor(self._credentials.all_values())
-
-    def _checked(self, server: str, tool: str, result: McpCallResult, call: _Call) -> McpResult:
+    def _checked(
+        self, spec: AgentSpec, server: str, tool: str, result: McpCallResult, call: _Call
+    ) -> McpResult:
         """The result capped, then host secrets masked; withheld if one is still there in an
         encoded form (base64, percent- or HTML-escaped, upper-cased...)."""
-        secrets = self._credentials.all_values()
+        # The agent's own credentials only: masking every host credential made each reflected
+        # guess an oracle on other agents' (found by a review; the model proxy's rule too).
+        secrets = own_secrets(self._credentials, spec)
         detector = SecretDetector(secrets)
         # Lone surrogates (JSON can carry them) cannot cross the wire: escaped.
         text = result.text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ironclawd import ratelog
-from ironclawd.domain.agents import AgentSpec, effective_tools, find_agent, own_credentials
+from ironclawd.domain.agents import AgentSpec, effective_tools, find_agent
 from ironclawd.domain.mcp_grants import mcp_tool_defs
 from ironclawd.domain.model import (
     Budget,
@@ -31,6 +31,7 @@ from ironclawd.domain.tools import tool_defs
 from ironclawd.errors import BudgetExceeded, IronclawError, NotFound, ProviderError
 from ironclawd.ports import AuditSink, Clock, Credentials, Provider, SessionLookup
 from ironclawd.services.audit import Throttled
+from ironclawd.services.own_secrets import own_secrets
 
 log = logging.getLogger("ironclawd.model")
 
@@ -91,15 +92,8 @@ class ModelProxy:
         self._refusals.forget(sid)
 
     def _secrets(self, agent: AgentSpec, key: str) -> list[str]:
-        """The values to mask in what returns: the calling agent's own credentials only (masking
-        every credential on the host told the agent which of its guesses was another's)."""
-        values = [key]
-        for name in sorted(own_credentials(agent) - {agent.credential}):
-            try:
-                values.append(self._credentials.get(name))
-            except IronclawError:
-                continue  # not there (or unreadable): nothing of it can be used, or returned
-        return values
+        """The values to mask in what returns: the key in use and the agent's own credentials."""
+        return [key, *(v for v in own_secrets(self._credentials, agent) if v != key)]
 
     def _admit(self, sid: str, agent: AgentSpec) -> tuple[Budget, ...]:
         """The session's and the agent's budgets, one request counted in each; BudgetExceeded

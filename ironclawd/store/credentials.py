@@ -1,6 +1,7 @@
 """Provider credentials, held host-side only: a systemd credential of that name (the unit's
 ``LoadCredential=``), else a 0600 root file ``/etc/ironclaw/credentials/<name>``. They are read
-by the model proxy to inject into upstream requests and to redact from anything returned."""
+by the model proxy, the egress broker and MCP to inject into upstream requests, and each
+session's own are masked in what returns to it (services/own_secrets.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import stat
 from pathlib import Path
 
 from ironclawd import lazy_re
-from ironclawd.errors import ConfigError, IronclawError, NotFound
+from ironclawd.errors import ConfigError, NotFound
 
 NAME_RE = lazy_re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # The daemon's own keys, never a credential to inject: the master key, and its encrypted form
@@ -26,7 +27,6 @@ class CredentialStore:
     def __init__(self, directory: Path) -> None:
         self._dirs = [Path(d) for d in [os.environ.get("CREDENTIALS_DIRECTORY")] if d]
         self._dirs.append(directory)
-        self._cache: tuple[tuple[tuple[str, int, int, int], ...], list[str]] | None = None
 
     def get(self, name: str) -> str:
         if not NAME_RE.fullmatch(name) or reserved(name):
@@ -68,40 +68,3 @@ class CredentialStore:
             return os.read(fd, 64 * 1024).decode("utf-8").strip()
         finally:
             os.close(fd)
-
-    def all_values(self) -> list[str]:
-        """Every readable credential value (for redaction). Re-read only when a credentials
-        directory or one of its files changed (the model proxy asks on every call)."""
-        stamp = self._stamp()
-        if self._cache is not None and self._cache[0] == stamp:
-            return self._cache[1]
-        values = self._read_all()
-        self._cache = (stamp, values)
-        return values
-
-    def _stamp(self) -> tuple[tuple[str, int, int, int], ...]:
-        found = []
-        for directory in self._dirs:
-            try:
-                with os.scandir(directory) as entries:
-                    for entry in entries:
-                        st = entry.stat(follow_symlinks=False)
-                        found.append((entry.path, st.st_ino, st.st_mtime_ns, st.st_size))
-            except OSError:
-                continue
-        return tuple(sorted(found))
-
-    def _read_all(self) -> list[str]:
-        values = []
-        for directory in self._dirs:
-            try:
-                names = os.listdir(directory)
-            except OSError:
-                continue
-            for name in names:
-                if NAME_RE.fullmatch(name) and not reserved(name):
-                    try:
-                        values.append(self.get(name))
-                    except IronclawError:
-                        continue
-        return values

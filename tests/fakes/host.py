@@ -466,6 +466,3 @@ class FakeCredentials:
         if name not in self.secrets:
             raise NotFound(f"credential '{name}' not found")
         return self.secrets[name]
-
-    def all_values(self) -> list[str]:
-        return list(self.secrets.values())

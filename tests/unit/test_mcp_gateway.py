@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -34,7 +35,8 @@ from ironclawd.services.model_proxy import ModelProxy
 from tests.fakes import FakeClock, FakeCredentials, RecordingAudit, StaticSessions
 from tests.fakes.mcp import FakeMcpClients, FakeTool
 
-SECRET = "sk-host-CANARY-8d1f0a2b7c"
+SECRET = "sk-host-CANARY-8d1f0a2b7c"  # agent a's own credential
+OTHER = "4821"  # agent b's: short, as a PIN is
 SCHEMA = canonical_schema({"type": "object", "properties": {"timezone": {"type": "string"}}})
 CLOCK = McpToolDef("get_current_time", "Get the current time in a timezone.", SCHEMA)
 CONVERT = McpToolDef("convert_time", "Convert a time between timezones.", SCHEMA)
@@ -79,14 +81,16 @@ class ScriptedMcp:
 
 class World:
     def __init__(self, **spec: Any) -> None:
-        base = dict(mcp_servers=(TIME,), mcp_grants=(GRANT,))
-        self.agents = {"a": AgentSpec("a", **{**base, **spec}), "b": AgentSpec("b")}
+        base = dict(mcp_servers=(TIME,), mcp_grants=(GRANT,), credential="model")
+        self.agents = {"a": AgentSpec("a", **{**base, **spec}),
+                       "b": AgentSpec("b", credential="other")}  # fmt: skip
         self.mcp = ScriptedMcp()
         self.audit = RecordingAudit()
         self.gateway = McpGateway(
             sessions=StaticSessions(sess0001="a", sess0002="b"), agents=self.agents,
             clients=self.mcp,
-            credentials=FakeCredentials(model=SECRET), audit=self.audit, clock=FakeClock(),
+            credentials=FakeCredentials(model=SECRET, other=OTHER), audit=self.audit,
+            clock=FakeClock(),
             limits=McpGatewayLimits(call_timeout_seconds=0.5, max_argument_bytes=1024,
                                     max_result_chars=4096),
         )  # fmt: skip
@@ -246,6 +250,17 @@ def test_host_secrets_are_masked_in_results_and_errors() -> None:
     assert world.records()[-1]["outcome"] == "server-failed"
 
 
+def test_only_the_agents_own_credentials_are_masked_never_another_agents() -> None:
+    """Masking every host credential made a reflecting tool an oracle: 10,000 guesses in one
+    call, and the one that came back [REDACTED] was agent b's PIN (found by a review)."""
+    world = World()
+    guesses = " ".join(f"{n:04d}" for n in range(4800, 4900))
+    world.mcp.answer = McpCallResult(f"echo: {guesses}")
+    assert world.call().text == f"echo: {guesses}"
+    world.mcp.error = McpServerFailed(f"MCP server time: invalid timezone {OTHER}")
+    assert f"invalid timezone {OTHER}" in world.refused(McpServerFailed)
+
+
 @pytest.mark.parametrize(
     "encoded",
     [
@@ -368,3 +383,20 @@ def test_over_the_contract_tested_fake_a_changed_description_is_refused() -> Non
     with pytest.raises(PolicyDenied, match="tool definition changed since approval"):
         asyncio.run(gateway.call("sess0001", NAME, '{"timezone": "UTC"}'))
     assert len(fake.calls) == 1
+
+
+def test_a_removed_sessions_refusal_window_is_forgotten() -> None:
+    """A new session given a removed one's id inherited its spent window of refusal records
+    (found by a review)."""
+    world = World()
+
+    def refuse(times: int) -> None:
+        for _ in range(times):
+            with contextlib.suppress(IronclawError):
+                world.call("mcp__x__y", "{}")
+
+    refuse(25)
+    world.gateway.forget("sess0001")
+    before = len(world.records())
+    refuse(1)
+    assert len(world.records()) == before + 1
