@@ -165,15 +165,25 @@ class Redactor:
         that a plain text match misses and the agent's JSON parser undoes, so every string in
         it is scrubbed after decoding and the result re-encoded; text that is not JSON is
         scrubbed as text."""
+        if not self._secrets:
+            return text
         try:
             value = json.loads(text)
         except (ValueError, RecursionError):
             return self.scrub(text)
-        scrubbed = self._scrub_value(value)
-        if scrubbed == value:
-            return text  # nothing to hide: the model's text as it was
-        # ASCII: a lone surrogate the model escaped must stay escaped (protobuf strings are UTF-8).
-        return json.dumps(scrubbed)
+        try:
+            scrubbed = self._scrub_value(value)
+            if scrubbed == value:
+                return text  # nothing to hide: the model's text as it was
+            # ASCII: a lone surrogate the model escaped must stay escaped (protobuf strings are
+            # UTF-8).
+            return json.dumps(scrubbed)
+        except RecursionError:
+            # Nested deeper than this walk can go (json.loads goes further): a RecursionError
+            # here failed the call as an internal error, with a traceback logged each time
+            # (found by a review). Without escapes the text match is exact; with them, none of
+            # it is kept.
+            return self.scrub(text) if "\\" not in text else json.dumps(self.MASK)
 
     def _scrub_value(self, value: object) -> object:
         if isinstance(value, str):

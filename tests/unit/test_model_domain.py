@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import sys
 
 import pytest
 from hypothesis import given
@@ -120,6 +121,21 @@ def test_scrub_json_catches_secrets_spelled_with_escapes() -> None:
         "b": True,
         "z": None,
     }
+
+
+def test_scrub_json_of_json_nested_past_the_walk_is_an_answer_not_a_crash() -> None:
+    """json.loads takes nesting the recursive walk cannot: a RecursionError failed an MCP call
+    (an echo of one flat string the box sent) as an internal error each time (found by a
+    review). Without escapes the text is scrubbed as text; with them, nothing of it is kept."""
+    r = Redactor([SECRET])
+    depth = sys.getrecursionlimit() - 50
+    nested = "[" * depth + '"' + SECRET + '"' + "]" * depth
+    json.loads(nested)  # the parser takes it
+    assert r.scrub_json(nested) == "[" * depth + '"' + Redactor.MASK + '"' + "]" * depth
+    escaped = "[" * depth + '"' + SECRET.replace("-", "\\u002d") + '"' + "]" * depth
+    assert r.scrub_json(escaped) == json.dumps(Redactor.MASK)
+    # With no secret to mask, nothing is parsed at all.
+    assert Redactor([]).scrub_json(escaped) == escaped
 
 
 # -- Budget ----------------------------------------------------------------------------------
