@@ -172,30 +172,47 @@ class WarmPool:
         await self._destroy_doomed()
 
     async def _run(self) -> None:
+        failures = 0
         while not self._closing:
-            if self._sealing:
-                # A claim is the latency a person waits on: starting or destroying a sandbox
-                # meanwhile would take the cores from it (2 cores here: +50% on a claim).
-                await self._sleep(REFILL_CHECK_SECONDS)
-                continue
-            engaging = self._engage_left()
-            if engaging > 0:
-                await self._sleep(engaging)
-                continue
-            await self._destroy_doomed()
-            step = next_step(
-                self._config,
-                self._agents,
-                {agent: len(entries) for agent, entries in self._ready.items()},
-                self._starting,
-                self._available_bytes(),
-            )
-            if step.action == "fill":
-                await self._fill(step.agent)
-            elif step.action == "drop":
-                self._doomed.append(self._ready[step.agent].pop(0))
+            try:
+                await self._step()
+            except Exception as exc:  # the pool must outlive any one failure
+                # Nothing starts this loop again (``start`` runs once, ``configure`` only wakes
+                # it) and OwnedTasks leaves a task's failure to the task: one state DB read
+                # error in ``_fresh_sid`` ended the refills until a restart (found by a review).
+                failures += 1
+                wait = min(MAX_BACKOFF_SECONDS, 2.0 ** (failures - 1))
+                log.error("pool: refilling: %s (next try in %gs)", exc, wait,
+                          exc_info=not isinstance(exc, IronclawError))  # fmt: skip
+                await self._sleep(wait)
             else:
-                await self._sleep(REFILL_CHECK_SECONDS)
+                failures = 0
+
+    async def _step(self) -> None:
+        """One turn of the refill loop: wait, or destroy what is doomed and fill or drop one."""
+        if self._sealing:
+            # A claim is the latency a person waits on: starting or destroying a sandbox
+            # meanwhile would take the cores from it (2 cores here: +50% on a claim).
+            await self._sleep(REFILL_CHECK_SECONDS)
+            return
+        engaging = self._engage_left()
+        if engaging > 0:
+            await self._sleep(engaging)
+            return
+        await self._destroy_doomed()
+        step = next_step(
+            self._config,
+            self._agents,
+            {agent: len(entries) for agent, entries in self._ready.items()},
+            self._starting,
+            self._available_bytes(),
+        )
+        if step.action == "fill":
+            await self._fill(step.agent)
+        elif step.action == "drop":
+            self._doomed.append(self._ready[step.agent].pop(0))
+        else:
+            await self._sleep(REFILL_CHECK_SECONDS)
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()
