@@ -290,6 +290,10 @@ class MessageService:
         self._senders.pop(sid, None)
         self._lanes.close(sid, then=lambda: self._drop_reader(sid))
         self._untaken.discard(sid)
+        self._slow.discard(sid)
+        # A new session given the id must not inherit a spent window of refusal records.
+        self._refusals.forget(sid)
+        self._refusals.forget(f"{sid}/outbound")
         retry = self._retries.pop(sid, None)
         if retry is not None:
             retry.cancel()

@@ -114,3 +114,25 @@ def test_a_refused_row_whose_audit_record_fails_still_flows() -> None:
 
     got = asyncio.run(go())
     assert got == [(1, "[ironclawd refused reply 1: body is not valid UTF-8]"), (2, "the answer")]
+
+
+def test_a_new_session_of_a_removed_ones_id_gets_a_fresh_window_of_refusal_records() -> None:
+    """The refusal windows were kept per session id for the daemon's life: a new session given
+    a removed one's id had its first refusals go unrecorded (found by a review)."""
+
+    async def go() -> int:
+        sessions, messages, data, _control, clock = real_services()
+        audit = messages._refusals._audit
+        await sessions.create(AGENT, SID)
+        data.outbound_rows.setdefault(SID, []).append((2, 1, clock.time(), b"after a gap"))
+        for _ in range(25):
+            await messages.ingest(SID)
+        await sessions.remove(SID, force=True)
+        await sessions.create(AGENT, SID)
+        data.outbound_rows.setdefault(SID, []).append((2, 1, clock.time(), b"after a gap"))
+        before = len(audit.records)
+        await messages.ingest(SID)
+        await sessions.close()
+        return len(audit.records) - before
+
+    assert asyncio.run(go()) == 1
