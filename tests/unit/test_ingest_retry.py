@@ -15,6 +15,7 @@ import pytest
 from ironclawd.errors import DiskFull, HostError
 from ironclawd.services import messaging
 from tests.contract.test_inbox_ports import AGENT, real_services
+from tests.fakes import RecordingAudit
 
 SID = "a2u5k8gguri5"
 
@@ -123,6 +124,7 @@ def test_a_new_session_of_a_removed_ones_id_gets_a_fresh_window_of_refusal_recor
     async def go() -> int:
         sessions, messages, data, _control, clock = real_services()
         audit = messages._refusals._audit
+        assert isinstance(audit, RecordingAudit)
         await sessions.create(AGENT, SID)
         data.outbound_rows.setdefault(SID, []).append((2, 1, clock.time(), b"after a gap"))
         for _ in range(25):
