@@ -202,14 +202,57 @@ def transition(change: Change, to: ChangeState, **fields: Any) -> Change:
     return dataclasses.replace(change, state=to, **fields)
 
 
+# A field whose line would be longer than this is shown an element (a list) or a key (an
+# object) a line: a list of 20 egress rules is one 4 kB line, and widening one of them showed as
+# two such lines, differing in a few characters nobody finds. Shorter fields stay whole lines,
+# as they always were (a tool list, a route, a skill's summary).
+_WHOLE_LINE = 500
+_ABSENT = object()
+
+
 def diff_lines(before: str, after: str) -> list[str]:
     """A unified diff of the agent's view, one field per line, strings JSON-escaped so control
-    and bidi characters are visible as escapes."""
+    and bidi characters are visible as escapes. A field too long for a line is split, in before
+    and after alike, an element a line (``egress[]: {...}``) or a key a line
+    (``permissions.allow[]: ...``), so that an unchanged rule is an unchanged line of context
+    and a changed one a short line of its own. Elements carry no index: one inserted first would
+    renumber, and so change, every line after it."""
+    old, new = json.loads(before) or {}, json.loads(after) or {}
+    old_lines: list[str] = []
+    new_lines: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        before_value, after_value = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        old_lines += _shown(key, before_value, after_value)
+        new_lines += _shown(key, after_value, before_value)
+    return list(difflib.unified_diff(old_lines, new_lines, "before", "after", lineterm=""))
 
-    def lines(text: str) -> list[str]:
-        value = json.loads(text)
-        if value is None:
-            return []
-        return [f"{k}: {json.dumps(v, ensure_ascii=True)}" for k, v in sorted(value.items())]
 
-    return list(difflib.unified_diff(lines(before), lines(after), "before", "after", lineterm=""))
+def _shown(path: str, value: Any, other: Any) -> list[str]:
+    """The lines of ``value`` at ``path``; ``other`` is the other side's value there (or
+    _ABSENT): a value too long for a line on either side splits both sides alike."""
+    if value is _ABSENT:
+        return []
+    long = _too_long(path, value) or _too_long(path, other)
+    if long and value and isinstance(value, dict):
+        counterpart = other if isinstance(other, dict) else {}
+        return [line for key in sorted(value)
+                for line in _shown(f"{path}{_key(key)}", value[key],
+                                   counterpart.get(key, _ABSENT))]  # fmt: skip
+    if long and value and isinstance(value, list):
+        return [f"{path}[]: {_escaped(item)}" for item in value]
+    return [f"{path}: {_escaped(value)}"]
+
+
+def _too_long(path: str, value: Any) -> bool:
+    return value is not _ABSENT and len(path) + 2 + len(_escaped(value)) > _WHOLE_LINE
+
+
+def _escaped(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=True)
+
+
+def _key(key: str) -> str:
+    # A key that is not a plain word is quoted: a dot or a bracket in it cannot forge a path.
+    if key and key.isascii() and key.replace("_", "").replace("-", "").isalnum():
+        return f".{key}"
+    return f"[{_escaped(key)}]"

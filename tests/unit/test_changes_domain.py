@@ -33,6 +33,7 @@ from ironclawd.domain.changes import (
     diff_lines,
     transition,
 )
+from ironclawd.domain.egress import rule_from_mapping
 from ironclawd.domain.tools import CATALOG
 from ironclawd.errors import Conflict, InvalidArgument, NotFound, PolicyDenied, RateLimited
 from ironclawd.host.mounts import HostMounts
@@ -187,6 +188,60 @@ def test_diff_of_create_agent_is_all_additions_and_tools_are_listed() -> None:
         '+provider: "mock"',
         '+tools: ["read_file"]',
     ]
+
+
+def _rules(count: int, widened: int = -1) -> tuple[Any, ...]:
+    return tuple(
+        rule_from_mapping({"host": f"api{i}.example.com", "methods": ["GET"],
+                           "path_prefixes": ["/" if i == widened else f"/repos/acme/docs-{i}"]})
+        for i in range(count)
+    )  # fmt: skip
+
+
+def _changed(lines: list[str]) -> list[str]:
+    return [ln for ln in lines if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+
+
+def test_a_rule_widened_among_twenty_is_a_short_line_among_unchanged_ones() -> None:
+    before = canonical(agent_view(replace(DEMO, egress=_rules(20))))
+    lines = diff_lines(before, canonical(agent_view(replace(DEMO, egress=_rules(20, 13)))))
+    changed = _changed(lines)
+    assert [ln[:10] for ln in changed] == ["-egress[]:", "+egress[]:"]
+    assert '"/repos/acme/docs-13"' in changed[0]
+    assert '"path_prefixes": ["/"]' in changed[1]
+    assert max(len(ln) for ln in lines) < 300
+    context = [ln for ln in lines if ln.startswith(" egress[]: ")]
+    assert len(context) == 6  # difflib's three lines either side, each an unchanged rule
+    for line in lines:
+        assert line.isascii(), line
+        assert line.isprintable(), line
+
+
+def test_a_rule_inserted_first_leaves_every_other_line_unchanged() -> None:
+    rules = _rules(20)
+    after = canonical(agent_view(replace(DEMO, egress=rules)))
+    first = json.dumps(json.loads(after)["egress"][0], sort_keys=True)
+    before = canonical(agent_view(replace(DEMO, egress=rules[1:])))
+    assert _changed(diff_lines(before, after)) == [f"+egress[]: {first}"]
+    # One rule fits a line whole, twenty do not: both sides are split alike, so the one rule
+    # there was before is unchanged context and the 19 new ones are the additions.
+    one = canonical(agent_view(replace(DEMO, egress=rules[:1])))
+    added = _changed(diff_lines(one, after))
+    assert len(added) == 19
+    assert f"+egress[]: {first}" not in added
+
+
+def test_a_long_object_is_a_key_a_line_and_odd_keys_are_quoted() -> None:
+    allow = [f"chat:@user{i}:m.example" for i in range(40)]
+    before = {"name": "demo", "permissions": {"allow": allow, "approvers": {"a.b": "wheel"}}}
+    after = {"name": "demo", "permissions": {"allow": [*allow, "chat:@eve:m.example"],
+                                             "approvers": {"a.b": "wheel"}}}  # fmt: skip
+    lines = diff_lines(canonical(before), canonical(after))
+    assert _changed(lines) == ['+permissions.allow[]: "chat:@eve:m.example"']
+    assert ' permissions.approvers: {"a.b": "wheel"}' in lines  # short: whole, as before
+    assert diff_lines("null", canonical({"x": {"a.b[0]": "y" * 600}}))[-1] == (
+        f'+x["a.b[0]"]: "{"y" * 600}"'
+    )
 
 
 # -- transitions -------------------------------------------------------------------------------
