@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
+from rich.text import Text
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import editor, exitcodes, render, terminal
@@ -73,10 +73,10 @@ def show_change(
     # arrive here already JSON-escaped, and visible() catches anything left.
     # soft_wrap: a diff line is printed whole, never folded at the console's width, which would
     # split escapes ("\u20" / "2e") and make a piped diff differ from what was submitted.
+    # Text, never markup: a line's brackets and :emoji_codes: are shown as submitted.
     for line in change.diff:
         style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
-        text = escape(render.visible(line))
-        console.print(f"[{style}]{text}[/]" if style else text, soft_wrap=True)
+        console.print(Text(render.visible(line), style=style), soft_wrap=True)
 
 
 def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:

@@ -9,7 +9,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
+from rich.text import Text
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render, terminal
@@ -135,9 +135,10 @@ def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
     ]
     render.fields(rows)
     console = terminal.console()
+    # Text, never markup: a server's own words are shown as it sent them (brackets, :codes:).
     for tool in server["tools"]:
-        console.print(f"[bold]{escape(render.visible(tool['name']))}[/]: "
-                      + escape(render.visible(tool["description"], newlines=True)),
+        console.print(Text.assemble((render.visible(tool["name"]), "bold"), ": ",
+                                    render.visible(tool["description"], newlines=True)),
                       soft_wrap=True)  # fmt: skip
-        console.print("  schema: " + escape(render.visible(tool["input_schema"])), soft_wrap=True)
+        console.print(Text("  schema: " + render.visible(tool["input_schema"])), soft_wrap=True)
     return exitcodes.OK

@@ -20,7 +20,11 @@ from ironclawd.ctl.render import EMPTY, Cell, cell_style, cell_text, is_terminal
 def console(width: int | None = None) -> Console:
     # rich already honours NO_COLOR; colour is further limited to a real terminal.
     colour = is_terminal() and "NO_COLOR" not in os.environ
-    return _Console(no_color=not colour, highlight=False, soft_wrap=False, width=width)
+    # Whatever reaches a console is shown as written: no markup, and no :emoji_codes: turned
+    # into pictures (rich.markup.escape stops tags, not those: ":one::zero::zero:" was a 100
+    # drawn in keycaps in the diff an approver read). Styles come only from Text objects.
+    return _Console(no_color=not colour, highlight=False, markup=False, emoji=False,
+                    soft_wrap=False, width=width)  # fmt: skip
 
 
 class _Console(Console):

@@ -5,6 +5,7 @@ summary; on a terminal, rich tables that never split a word, however narrow the 
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 from pathlib import Path
@@ -166,3 +167,27 @@ def test_a_held_message_cannot_hide_words_or_its_sender_in_tag_characters(
     assert not [c for c in out if 0xE0000 <= ord(c) <= 0xE007F], out
     assert "chat:@alice:m.example\\U000e0078" in out
     assert "hi\\U000e0020\\U000e006f" in out
+
+
+PERSONA_LINE = "+persona: " + json.dumps("Spend up to $:one::zero::zero: [b]:white_check_mark:[/b]")
+
+
+@pytest.mark.parametrize("stdout", [io.StringIO, Terminal], ids=["piped", "terminal"])
+def test_the_diff_and_an_mcp_server_are_shown_as_written_never_as_markup_or_emoji(
+    monkeypatch: pytest.MonkeyPatch, stdout: type[io.StringIO]
+) -> None:
+    # rich.markup.escape() stops tags but not :emoji_codes:, which rich drew as pictures.
+    change = admin_pb2.Change()
+    change.CopyFrom(world.CHANGE)
+    del change.diff[:]
+    change.diff.extend(['-persona: "You help."', PERSONA_LINE])
+    view = json.loads(json.dumps(world.MCP_VIEW))
+    view["mcp_servers"][0]["tools"][0]["description"] = "Reads :lock: [red]files[/red] only"
+    monkeypatch.setattr(world.Stub, "GetChange",
+                        lambda *_, **__: admin_pb2.GetChangeResponse(change=change))  # fmt: skip
+    servers = admin_pb2.ListMcpServersResponse(view_json=json.dumps(view))
+    monkeypatch.setattr(world.Stub, "ListMcpServers", lambda *_, **__: servers)
+    assert PERSONA_LINE in run(["change", "diff", world.CHANGE.id], stdout()).splitlines()
+    # (bold is a style, not a colour: NO_COLOR keeps it on a terminal)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", run(["mcp", "show", "time", "--agent", "demo"], stdout()))
+    assert "get_current_time: Reads :lock: [red]files[/red] only" in shown
