@@ -261,6 +261,13 @@ def host_matches(pattern: str, host: str) -> bool:
     return host == pattern
 
 
+def credential_rules_on(rules: Sequence[EgressRule], host: str) -> tuple[EgressRule, ...]:
+    """The rules that inject a credential into requests to ``host`` (any scheme, port, method
+    or path): what an upstream there keeps of one request (a request log, a debug endpoint)
+    it can hand back through any other rule on the same host."""
+    return tuple(r for r in rules if r.credential and host_matches(r.host, host))
+
+
 def path_matches(prefix: str, path: str) -> bool:
     """Prefix match on whole segments: '/v1' covers '/v1' and '/v1/x', never '/v10'."""
     if prefix.endswith("/"):

@@ -7,11 +7,12 @@ time (DNS rebinding) gains nothing. Redirects are **not followed**: a 3xx goes b
 with its Location, and fetching that is a new request checked from scratch. Agent-supplied
 credentials are stripped; a rule may inject a host-held one. The broker asks for identity and
 refuses any other content coding; the reason phrase is always the standard one. On a rule that
-injects a credential, the request may not carry it (or a header of its name), and the answer is
-read whole (it is capped) and refused if it carries the credential in any form
-(domain/egress_secrets.py), masked besides. Caps: body sizes, one deadline for the whole
-exchange, requests per minute and connections per session, connections in total (the last
-three counted by services/egress_budget.py). Every decision is audited.
+injects a credential, the request may not carry it (or a header of its name). Through any rule on
+a host where some rule injects a credential, the answer is read whole (it is capped) and refused
+if it carries any of those credentials in any form (domain/egress_secrets.py), masked besides.
+Caps: body sizes, one deadline for the whole exchange, requests per minute and connections per
+session, connections in total (the last three counted by services/egress_budget.py). Every
+decision is audited.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from ironclawd.domain.agents import AgentSpec, effective_egress, find_agent
 from ironclawd.domain.egress import (
     EgressDecision,
     EgressLimits,
+    EgressRule,
     Target,
     check_header_size,
     check_method,
+    credential_rules_on,
     match_rule,
     parse_url,
     prepare_headers,
@@ -49,6 +52,7 @@ from ironclawd.errors import (
     BudgetExceeded,
     InvalidArgument,
     IronclawError,
+    NotFound,
     PolicyDenied,
     ResponseRefused,
     UpstreamFailed,
@@ -197,7 +201,8 @@ class EgressBroker:
         audit.method = method
         target = parse_url(url)
         audit.target(target)
-        rule = match_rule(effective_egress(self._agent(sid)), method, target)
+        rules = effective_egress(self._agent(sid))
+        rule = match_rule(rules, method, target)
         audit.rule = rule.describe()
         if len(body) > self._limits.max_request_bytes:
             raise PolicyDenied(
@@ -206,14 +211,19 @@ class EgressBroker:
             )
         check_header_size(headers)  # before any header is looked at
         injected = None
-        detector = SecretDetector(())
+        # The answer is checked for the credentials of every rule on the host, not only this
+        # rule's: an upstream that keeps a credential request (a request log, a "last request"
+        # endpoint) handed it back through a plain rule on the same host (found by a review).
+        secrets = self._secrets(credential_rules_on(rules, target.host), rule)
+        detector = SecretDetector(
+            [v for other, secret in secrets.items()
+             for v in secret_variants(secret, other.credential_format)]
+        )  # fmt: skip
+        if detector and detector.find(target.path.encode()):  # nor may the audit record keep it
+            audit.path = "[withheld: it carries the credential]"
         if rule.credential:
-            secret = self._credentials.get(rule.credential)
-            detector = SecretDetector(secret_variants(secret, rule.credential_format))
-            if detector.find(target.path.encode()):  # the audit record must not keep it either
-                audit.path = "[withheld: it carries the credential]"
             check_request(detector, target.path, target.query, headers, body)
-            injected = (rule.credential_header, rule.credential_format.format(secret))
+            injected = (rule.credential_header, rule.credential_format.format(secrets[rule]))
         prepared = prepare_headers(headers, target, method, len(body), injected)
         if prepared.stripped:
             audit.note(f"stripped {', '.join(sorted(set(prepared.stripped)))}")
@@ -231,6 +241,18 @@ class EgressBroker:
             connect_timeout=self._limits.connect_timeout_seconds,
         )
         return request, detector
+
+    def _secrets(self, guarded: Sequence[EgressRule], rule: EgressRule) -> dict[EgressRule, str]:
+        """The credential of each rule of ``guarded``; NotFound only for ``rule``'s own (it
+        cannot be injected): another that is missing was never injected, so nothing to leak."""
+        secrets = {}
+        for other in guarded:
+            try:
+                secrets[other] = self._credentials.get(other.credential)
+            except NotFound:
+                if other == rule:
+                    raise
+        return secrets
 
     async def _resolve_checked(self, target: Target) -> IPAddress:
         return await resolve_checked(self._resolver, target, self._limits)
