@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from ironclawd.ctl import exitcodes
+from ironclawd.ctl import exitcodes, wire
 from ironclawd.ctl.common import CtlError, read_stdin
 
 if TYPE_CHECKING:
@@ -64,7 +65,13 @@ class Reflected:
         return [m for s in self.services() for m in s.methods]
 
 
-def open_reflection(socket_path: str) -> Reflected:
+def open_reflection(socket_path: str, timeout: float | None = None) -> Reflected:
+    # grpcio connects by itself and takes no connected socket, so the kernel is asked who holds
+    # the socket on a connection of ironctl's own first (wire.open_admin_socket: root or you).
+    # Between the two connects the file could be replaced only by someone who may unlink it:
+    # never in root's /run/ironclaw, nor in a sticky /tmp once root's daemon holds the name.
+    deadline = None if timeout is None else time.monotonic() + timeout
+    wire.open_admin_socket(socket_path, deadline).close()
     channel = grpc.insecure_channel(f"unix:{socket_path}")
     database = ProtoReflectionDescriptorDatabase(channel)
     return Reflected(channel, database, DescriptorPool(database))
@@ -219,7 +226,7 @@ def _descriptor_dict(kind: str, desc: Any) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace, _stub: Stub) -> int:
-    reflected = open_reflection(args.socket)
+    reflected = open_reflection(args.socket, args.timeout)
     try:
         if not args.service:
             names = sorted(reflected.database.get_services())
@@ -238,7 +245,7 @@ def cmd_list(args: argparse.Namespace, _stub: Stub) -> int:
 
 
 def cmd_describe(args: argparse.Namespace, _stub: Stub) -> int:
-    reflected = open_reflection(args.socket)
+    reflected = open_reflection(args.socket, args.timeout)
     try:
         kind, desc = _lookup(reflected, args.symbol)
         if args.json:
@@ -258,7 +265,7 @@ def cmd_describe(args: argparse.Namespace, _stub: Stub) -> int:
 
 
 def cmd_call(args: argparse.Namespace, _stub: Stub) -> int:
-    reflected = open_reflection(args.socket)
+    reflected = open_reflection(args.socket, args.timeout)
     try:
         method = find_method(reflected.methods(), args.method)
         text = read_stdin() if args.request == "-" else args.request

@@ -112,7 +112,8 @@ def common_options(*, top: bool, socket_default: str = "") -> argparse.ArgumentP
     common.add_argument(
         "--socket",
         default=socket_default if top else argparse.SUPPRESS,
-        help="admin socket (default: /run/ironclaw/admin.sock; env IRONCLAW_ADMIN_SOCKET)",
+        help="admin socket (default: /run/ironclaw/admin.sock; env IRONCLAW_ADMIN_SOCKET); "
+        "refused unless root or you hold it",
     )
     common.add_argument(
         "--timeout",

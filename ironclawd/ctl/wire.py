@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import socket
 import struct
 import time
@@ -214,18 +215,7 @@ class Channel:
     def _connected(self, deadline: float | None) -> h2.connection.H2Connection:
         if self._conn is not None and not self._went_away():
             return self._conn
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(_remaining(deadline))
-            sock.connect(self.path)
-        except TimeoutError:
-            sock.close()
-            raise _deadline_exceeded() from None
-        except OSError as err:
-            sock.close()
-            raise RpcError(
-                StatusCode.UNAVAILABLE, f"connect to unix:{self.path}: {err.strerror or err}"
-            ) from None
+        sock = open_admin_socket(self.path, deadline)
         conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         )
@@ -375,6 +365,44 @@ class Channel:
             if call.error is None and not call.ended:
                 call.error = RpcError(code, details)
         self._drop_connection()
+
+
+# struct ucred, as getsockopt(SO_PEERCRED) fills it (socket(7), unix(7)): pid, uid, gid.
+_UCRED = struct.Struct("3i")
+
+
+def open_admin_socket(path: str, deadline: float | None) -> socket.socket:
+    """A connection to the admin socket at ``path``, once the kernel says root or this user
+    holds the other end. ironctl sends what the operator types (personas, skill files,
+    ``mcp add --env`` values) and acts on the answers: a socket another user bound (a --socket
+    or IRONCLAW_ADMIN_SOCKET under /tmp or a home, kept through sudo) must get nothing."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(_remaining(deadline))
+        sock.connect(path)
+        _, uid, _ = _UCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        )
+    except TimeoutError:
+        sock.close()
+        raise _deadline_exceeded() from None
+    except OSError as err:
+        sock.close()
+        raise RpcError(
+            StatusCode.UNAVAILABLE, f"connect to unix:{path}: {err.strerror or err}"
+        ) from None
+    except BaseException:
+        sock.close()
+        raise
+    me = os.geteuid()
+    if uid not in (0, me):  # ironclawd runs as root; a daemon of one's own, for development
+        sock.close()
+        raise RpcError(
+            StatusCode.PERMISSION_DENIED,
+            f"unix:{path} is served by uid {uid}, neither root (ironclawd) nor you (uid {me}): "
+            "nothing was sent to it; check --socket and IRONCLAW_ADMIN_SOCKET",
+        )
+    return sock
 
 
 def _deadline_exceeded() -> RpcError:

@@ -6,6 +6,10 @@ the next call on the same connection, a server that is gone or goes away."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,7 +21,8 @@ import grpc
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
-from ironclawd.ctl import rpc, wire
+from ironclawd.ctl import exitcodes, rpc, wire
+from ironclawd.ctl.main import main
 
 BIG = 3 * 1024 * 1024  # over HTTP/2's default window (64 KiB) and frame size (16 KiB)
 
@@ -255,3 +260,61 @@ def test_a_connection_the_server_closed_between_calls_is_replaced(tmp_path: Path
         assert ours == grpcio == ("OK", [42, 42])
     finally:
         server.stop(None)
+
+
+# -- who holds the socket ----------------------------------------------------------------------
+
+STRANGER = 1000 if os.geteuid() != 1000 else 1001
+
+
+def held_by(monkeypatch: pytest.MonkeyPatch, uid: int) -> None:
+    """The kernel's answer to getsockopt(SO_PEERCRED), as if ``uid`` held the socket (no chown
+    in the unit tier)."""
+    real = socket.socket.getsockopt
+
+    def getsockopt(self: socket.socket, level: int, name: int, *rest: Any) -> Any:
+        if level == socket.SOL_SOCKET and name == socket.SO_PEERCRED:
+            return struct.pack("3i", 4242, uid, uid)
+        return real(self, level, name, *rest)
+
+    monkeypatch.setattr(socket.socket, "getsockopt", getsockopt)
+
+
+def test_a_socket_another_user_holds_is_sent_nothing(
+    served: tuple[str, Servicer, grpc.Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, servicer, _ = served
+    held_by(monkeypatch, STRANGER)
+    secret = admin_pb2.SubmitChangeRequest(kind="persona", payload_json='{"persona": "hunter2"}')
+    with ironctl_stub(path) as stub, pytest.raises(wire.RpcError) as caught:
+        stub.SubmitChange(secret, timeout=5)
+    assert servicer.received == []
+    assert caught.value.code() == wire.StatusCode.PERMISSION_DENIED
+    assert caught.value.details() == (
+        f"unix:{path} is served by uid {STRANGER}, neither root (ironclawd) nor you "
+        f"(uid {os.geteuid()}): nothing was sent to it; check --socket and IRONCLAW_ADMIN_SOCKET"
+    )
+
+
+@pytest.mark.parametrize("argv", [["status"], ["api", "list"]], ids=["wire", "grpcio"])
+def test_ironctl_refuses_another_users_socket_with_exit_4(
+    served: tuple[str, Servicer, grpc.Server],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    path, _, _ = served
+    held_by(monkeypatch, STRANGER)
+    assert main([*argv, "--socket", path, "--json"]) == exitcodes.PERMISSION
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "PERMISSION_DENIED"
+    assert f"is served by uid {STRANGER}" in error["message"]
+
+
+def test_a_socket_root_holds_is_ironclawds(
+    served: tuple[str, Servicer, grpc.Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _, _ = served
+    held_by(monkeypatch, 0)
+    with ironctl_stub(path) as stub:
+        assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid == 42
