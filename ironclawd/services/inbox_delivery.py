@@ -7,7 +7,9 @@ f"{sid}-{reply_seq}"``, and is marked ``delivered`` only after that returned: a 
 between delivers again with the same id, which the channel de-duplicates (Matrix: transaction
 id; webhooks: ``X-Ironclaw-Delivery-Id``). A retryable failure backs off (1 s doubling to 5 min,
 kept across restarts in ``next_at``) and holds the session's later replies behind it, in order;
-one that cannot succeed is ``failed`` with its error (``ironctl channel show``).
+one that cannot succeed is ``failed`` with its error (``ironctl channel show``). A failure of the
+bookkeeping itself (the state DB full or failing) backs off the same way and follows again from
+the first reply not settled: only the session's removal ends its task.
 """
 
 from __future__ import annotations
@@ -110,18 +112,31 @@ class Deliverer:
             )
 
     async def _run(self, sid: str) -> None:
-        pending = self._records.pending_deliveries(sid)
-        after = pending[0].reply_seq - 1 if pending else self._records.last_settled(sid)
-        try:
-            async for reply in self._messages.watch(sid, after, True):
-                await self._settle(sid, reply)
-                async with self._settled:
-                    self._settled.notify_all()
-        except NotFound:
-            log.info("session %s: gone; its replies are no longer delivered", sid)
-        except IronclawError as exc:
-            # The next receive for the session (or the next start) follows it again.
-            log.error("session %s: following replies stopped: %s", sid, exc)
+        first, most = self._backoff
+        failures = 0
+        while True:
+            try:
+                # From the first reply not settled: a pending delivery's, or the next one.
+                pending = self._records.pending_deliveries(sid)
+                after = pending[0].reply_seq - 1 if pending else self._records.last_settled(sid)
+                async for reply in self._messages.watch(sid, after, True):
+                    await self._settle(sid, reply)
+                    failures = 0
+                    async with self._settled:
+                        self._settled.notify_all()
+            except NotFound:
+                log.info("session %s: gone; its replies are no longer delivered", sid)
+                return
+            except IronclawError as exc:
+                # The bookkeeping failed (the state DB full, an I/O error): nothing else would
+                # follow the session again until its next channel message or a restart, and
+                # replies already taken in would wait that long (found by a review).
+                failures += 1
+                delay = min(first * 2 ** min(failures - 1, 30), most)
+                log.error("session %s: following replies: %s; again in %gs", sid, exc, delay)
+                await self._sleep(delay)
+            else:
+                return
 
     async def _settle(self, sid: str, reply: Reply) -> None:
         message = self._records.message(sid, reply.in_reply_to)

@@ -50,10 +50,13 @@ class World:
         self.adapter = FakeChannelAdapter("chat", kind)
         self.agents = {s.name: s for s in specs or (agent(),)}
         self.sleeps: list[float] = []
+        self.killed = False  # a sleep never ends: the daemon was killed while it waited
         self.inbox = self._inbox()
 
     async def _sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
+        if self.killed:
+            await asyncio.Event().wait()
         self.clock.advance(seconds)
 
     def _inbox(self) -> Inbox:
@@ -312,8 +315,10 @@ def test_killed_between_deliver_and_mark_the_same_delivery_id_again() -> None:
         await w.adapter.inject("q", sender=ALICE, where=ROOM)
         sid = w.adapter.last_receipt.sid
         w.records.crash.add("save_delivery")
+        w.killed = True  # before the back-off after the failed save ends
         await w.messages.reply(sid, 1, "a")
         await w.adapter.delivered.wait()
+        w.killed = False
         await w.restart()
         await w.inbox.deliverer.idle(sid, 1)
         ids = [d.delivery_id for d in w.adapter.deliveries]
