@@ -12,8 +12,10 @@ nothing. Replies go back through ``Deliverer`` (services/inbox_delivery.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -93,6 +95,9 @@ class Inbox:
             records=records, messages=messages, adapters=self.adapters, clock=clock
         )
         self._key_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        # (channel, event id) of the receives between sending and recording, by how many.
+        self._in_flight: Counter[tuple[str, str]] = Counter()
+        self.deliverer.finish_receives = self.finish_receives
 
     # -- InboxSink -------------------------------------------------------------------------
 
@@ -215,23 +220,61 @@ class Inbox:
 
     async def _complete(self, r: Receiving) -> Receipt:
         try:
-            sent = await self._messages.send(r.sid, r.text, r.client_id)
+            return await self._send(r)
         except NotFound as exc:
             # The session was removed between routing and sending: route again next time.
-            self._records.forget_receive(r.channel, r.event_id)
             raise ChannelFailed(f"channel {r.channel}: {exc}; try again") from exc
-        self._records.complete_receive(
-            ChannelMessage(
-                r.sid, sent.seq, r.channel, r.where, r.thread, r.event_id, r.sender, r.reply_url
-            )
-        )
+
+    async def _send(self, r: Receiving) -> Receipt:
+        """Hand a kept receive to its session's queue and record its message; NotFound (the
+        receive forgotten) if the session is gone."""
+        key = (r.channel, r.event_id)
+        self._in_flight[key] += 1
+        try:
+            try:
+                sent = await self._messages.send(r.sid, r.text, r.client_id)
+                self._records.complete_receive(
+                    ChannelMessage(
+                        r.sid, sent.seq, r.channel, r.where, r.thread, r.event_id, r.sender,
+                        r.reply_url,
+                    )
+                )  # fmt: skip
+            except NotFound:
+                self._records.forget_receive(r.channel, r.event_id)
+                raise
+            except IronclawError:
+                # The queue may have taken it: a reply to it is delivered once its receive is
+                # finished (``finish_receives``), without waiting for the session's next one.
+                self.deliverer.follow(r.sid)
+                raise
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
         self.deliverer.received(r.sid)
         return Receipt(Admission.QUEUED if sent.new else Admission.DUPLICATE, sent.seq, r.sid)
+
+    async def finish_receives(self, sid: str) -> bool:
+        """Finish ``sid``'s receives that no receive of this daemon is working on: one whose
+        send or record raised leaves its row, and its channel may never offer the event again
+        (the sender gave up; the event was held). The message is queued once (the queue
+        de-duplicates its client id), as a restart would. Whether a receive of ``sid`` is still
+        being worked on; an error of a send or record is raised."""
+        for r in self._records.receiving():
+            if r.sid == sid and (r.channel, r.event_id) not in self._in_flight:
+                with contextlib.suppress(NotFound):  # the session is gone: nothing to finish
+                    await self._send(r)
+        return any(
+            r.sid == sid and (r.channel, r.event_id) in self._in_flight
+            for r in self._records.receiving()
+        )
 
     async def resume(self) -> None:
         """After a restart: finish the receives a dead daemon left, then follow every channel
         session's replies (deliveries pending resume with their own delivery ids)."""
         for r in self._records.receiving():
+            if (r.channel, r.event_id) in self._in_flight:
+                continue  # a receive of the channel's is finishing it
             try:
                 await self._complete(r)
             except IronclawError as exc:

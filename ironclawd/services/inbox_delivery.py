@@ -31,6 +31,10 @@ log = logging.getLogger("ironclawd.inbox")
 
 BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 300.0
+# The longest a reply waits for a receive of this daemon to record the message it may answer
+# (the agent can answer before the receive that queued the message recorded it); past it the
+# reply is taken for an answer to an operator's message.
+RECEIVE_WAIT = 30.0
 
 
 class Sent(Protocol):
@@ -67,6 +71,10 @@ class Deliverer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._received = asyncio.Condition()
         self._settled = asyncio.Condition()
+        # Finishes ``sid``'s receives that no receive of this daemon is working on and says
+        # whether one still is (the inbox's ``finish_receives``). Alone, every receive is taken
+        # for one being worked on.
+        self.finish_receives: Callable[[str], Awaitable[bool]] = self._records_in_flight
 
     def follow(self, sid: str) -> None:
         """Make sure a task follows ``sid``'s replies (one that died of an error restarts)."""
@@ -139,13 +147,7 @@ class Deliverer:
                 return
 
     async def _settle(self, sid: str, reply: Reply) -> None:
-        message = self._records.message(sid, reply.in_reply_to)
-        while message is None and self._records.has_receiving(sid):
-            # The receive that queued what this answers has not recorded it yet.
-            async with self._received:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._received.wait(), 1.0)
-            message = self._records.message(sid, reply.in_reply_to)
+        message = await self._answered(sid, reply.in_reply_to)
         adapter = self._adapters.get(message.channel) if message else None
         if message is None or (adapter is not None and adapter.kind == "webhook"
                                and not message.reply_url):  # fmt: skip
@@ -157,6 +159,35 @@ class Deliverer:
         )
         if delivery.state == "pending":
             await self._attempt(delivery, message, reply.body)
+
+    async def _answered(self, sid: str, seq: int) -> ChannelMessage | None:
+        """The channel message at ``seq`` of ``sid``'s queue; None for any other (an
+        operator's). A receive of the session's that failed (its send or its record raised)
+        left a row that only a restart finished, and every reply of the session waited on it
+        for ever (found by a review): such receives are finished now, and only one being worked
+        on is waited for, at most ``RECEIVE_WAIT``."""
+        message = self._records.message(sid, seq)
+        deadline = asyncio.get_running_loop().time() + RECEIVE_WAIT
+        while message is None and self._records.has_receiving(sid):
+            working = await self.finish_receives(sid)
+            message = self._records.message(sid, seq)
+            if message is not None or not working:
+                break
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("session %s: reply to message %d: a receive of the session has not "
+                            "recorded its message after %gs; taken for an operator's", sid, seq,
+                            RECEIVE_WAIT)  # fmt: skip
+                break
+            # The receive that queued what this answers has not recorded it yet.
+            async with self._received:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._received.wait(), min(1.0, left))
+            message = self._records.message(sid, seq)
+        return message
+
+    async def _records_in_flight(self, sid: str) -> bool:
+        return self._records.has_receiving(sid)
 
     async def _attempt(self, delivery: Delivery, message: ChannelMessage, text: str) -> None:
         out = OutboundReply(
