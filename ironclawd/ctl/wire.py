@@ -39,6 +39,12 @@ MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 _WINDOW = 2 * MAX_RECEIVE_BYTES
 _PREFIX = struct.Struct(">BI")  # compressed flag, length
 _READ_BYTES = 256 * 1024
+# Between calls on a kept connection, what the server sent meanwhile is applied first (pings,
+# a GOAWAY): a few frames. A server that keeps sending (pings without end) or stops reading the
+# answers gets the connection dropped past either bound, and the call a new connection.
+_DRAIN_BYTES = 1024 * 1024
+# What housekeeping may take, on top of or before a call's deadline: that drain, a cancel.
+_GRACE_SECONDS = 1.0
 
 
 class StatusCode(enum.IntEnum):
@@ -213,7 +219,7 @@ class Channel:
     # -- the connection ---------------------------------------------------------------------
 
     def _connected(self, deadline: float | None) -> h2.connection.H2Connection:
-        if self._conn is not None and not self._went_away():
+        if self._conn is not None and not self._went_away(deadline):
             return self._conn
         sock = open_admin_socket(self.path, deadline)
         conn = h2.connection.H2Connection(
@@ -230,13 +236,18 @@ class Channel:
         self._flush(deadline)
         return conn
 
-    def _went_away(self) -> bool:
+    def _went_away(self, deadline: float | None) -> bool:
         """Before a call on a kept connection: apply what the server sent while nobody read (its
         pings, a GOAWAY, the end of the connection), and say whether the connection is gone.
         grpcio's client reads in a thread of its own; this one reads only during calls, so an
         ``ironctl chat`` left at its prompt longer than the server's keepalive (a ping not
         answered) or idle limit finds its connection closed and makes a new one, as grpcio
-        does."""
+        does. Bounded by the call's deadline, _GRACE_SECONDS and _DRAIN_BYTES: past any of
+        them the connection is dropped as gone, and the call opens a new one."""
+        bound = time.monotonic() + _GRACE_SECONDS
+        if deadline is not None:
+            bound = min(bound, deadline)
+        drained = 0
         while self._sock is not None:
             try:
                 self._sock.settimeout(0.0)
@@ -245,10 +256,14 @@ class Channel:
                 return False
             except OSError:
                 pending = b""
-            if not pending:
+            if not pending or drained > _DRAIN_BYTES:
                 self.close()
                 return True
-            self._receive(None)  # readable: returns at once with what came
+            try:
+                drained += self._receive(bound)  # readable: returns at once with what came
+            except RpcError:  # its answers could not be sent in time: a connection in doubt
+                self.close()
+                return True
         return True
 
     def _send_data(self, stream_id: int, data: bytes, deadline: float | None) -> None:
@@ -275,7 +290,7 @@ class Channel:
             return
         try:
             self._conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
-            self._flush(None)
+            self._flush(time.monotonic() + _GRACE_SECONDS)  # (a server not reading: dropped)
         except (h2.exceptions.ProtocolError, OSError, RpcError):
             self.close()  # a connection in doubt is not reused
 
@@ -295,8 +310,8 @@ class Channel:
             self.close()
             raise RpcError(StatusCode.UNAVAILABLE, f"unix:{self.path}: {err}") from None
 
-    def _receive(self, deadline: float | None) -> None:
-        """Read once from the socket and apply what came to the calls."""
+    def _receive(self, deadline: float | None) -> int:
+        """Read once from the socket and apply what came to the calls; the bytes read."""
         assert self._sock is not None
         assert self._conn is not None
         try:
@@ -306,10 +321,10 @@ class Channel:
             raise _deadline_exceeded() from None
         except OSError as err:
             self._fail_all(StatusCode.UNAVAILABLE, f"unix:{self.path}: {err}")
-            return
+            return 0
         if not data:
             self._fail_all(StatusCode.UNAVAILABLE, "Socket closed")
-            return
+            return 0
         try:
             events = self._conn.receive_data(data)
         except h2.exceptions.ProtocolError as err:
@@ -318,11 +333,12 @@ class Channel:
                 self._fail_all(StatusCode.UNAVAILABLE, "the server closed the connection")
             else:
                 self._fail_all(StatusCode.INTERNAL, f"HTTP/2 protocol error from the server: {err}")
-            return
+            return len(data)
         for event in events:
             self._apply(event)
         if self._sock is not None:  # (a GOAWAY among the events ended the connection)
             self._flush(deadline)
+        return len(data)
 
     def _apply(self, event: Any) -> None:
         assert self._conn is not None

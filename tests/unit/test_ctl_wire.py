@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -318,3 +321,84 @@ def test_a_socket_root_holds_is_ironclawds(
     held_by(monkeypatch, 0)
     with ironctl_stub(path) as stub:
         assert stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid == 42
+
+
+# -- a server that keeps sending between calls ---------------------------------------------------
+
+PING = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"12345678"  # an HTTP/2 PING frame, 17 bytes
+
+
+def answer_one_call(sock: socket.socket) -> None:
+    """Serve one GetStatus on a new connection, as grpcio would (h2's server side)."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.StreamEnded):
+                body = admin_pb2.GetStatusResponse(pid=42).SerializeToString()
+                headers = [(":status", "200"), ("content-type", "application/grpc")]
+                conn.send_headers(event.stream_id, headers)
+                conn.send_data(event.stream_id, struct.pack(">BI", 0, len(body)) + body)
+                conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+                sock.sendall(conn.data_to_send())
+                return
+        sock.sendall(conn.data_to_send())
+
+
+def flooding_daemon(listener: socket.socket, stop: threading.Event) -> None:
+    """Answers the first call, then sends PINGs without end and never reads that connection
+    again; a connection after it is answered as usual (in a thread of its own)."""
+    first, _ = listener.accept()
+    answer_one_call(first)
+
+    def answer_the_next() -> None:
+        with contextlib.suppress(OSError):
+            second, _ = listener.accept()
+            with second:
+                second.settimeout(5)
+                answer_one_call(second)
+
+    threading.Thread(target=answer_the_next, daemon=True).start()
+    first.settimeout(0.2)
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            first.sendall(PING * 512)
+    first.close()
+
+
+def test_a_flood_between_calls_does_not_outlast_the_next_calls_deadline(tmp_path: Path) -> None:
+    # Before, the next call drained what came meanwhile with no deadline, and sent the PING
+    # acks with a blocking sendall: held for ever by a server that keeps sending, not reading.
+    path = str(tmp_path / "flood.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(2)
+        stop = threading.Event()
+        server = threading.Thread(target=flooding_daemon, args=(listener, stop), daemon=True)
+        server.start()
+        outcome: list[Any] = []
+
+        def two_calls() -> None:
+            with ironctl_stub(path) as stub:
+                outcome.append(stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).pid)
+                time.sleep(0.2)  # the flood fills both ways meanwhile
+                try:
+                    outcome.append(stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=1).pid)
+                except wire.RpcError as err:
+                    outcome.append(err.code().name)
+
+        client = threading.Thread(target=two_calls, daemon=True)
+        client.start()
+        client.join(10)
+        hung = client.is_alive()
+        stop.set()
+        server.join(5)
+        client.join(5)
+    assert not hung, "the second call (timeout 1 s) was still waiting after 10 s"
+    # Answered on a new connection (the flooded one dropped), or out of time: never held.
+    assert outcome[0] == 42
+    assert outcome[1] in (42, "DEADLINE_EXCEEDED")
