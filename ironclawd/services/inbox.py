@@ -25,8 +25,14 @@ from ironclawd.domain.channels import Route, admission, engages, session_key
 from ironclawd.domain.checks import CheckResult, failed, passed
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
-from ironclawd.domain.session import Session
-from ironclawd.errors import ChannelFailed, InvalidArgument, IronclawError, NotFound
+from ironclawd.domain.session import Session, new_sid
+from ironclawd.errors import (
+    ChannelFailed,
+    InvalidArgument,
+    IronclawError,
+    NotFound,
+    SandboxError,
+)
 from ironclawd.ports import Clock
 from ironclawd.ports.channel_records import (
     ChannelMessage,
@@ -50,11 +56,22 @@ RECENT_FAILURES = 5
 # Sessions of one room (a per-room route: the room's, and one per thread) at most; the threads
 # past it share the room's session.
 MAX_ROOM_SESSIONS = 32
+MAX_START_FAILED = 1024  # session keys remembered for a failed start of a pooled sandbox
+
+
+class PoolView(Protocol):
+    """What the inbox asks of the warm pool (services/pool.py ``WarmPool``)."""
+
+    def status(self) -> list[tuple[str, int]]:
+        """(agent, ready sandboxes) for each agent the pool holds or fills."""
+        ...
 
 
 class SessionPort(Protocol):
     """What the inbox needs of ``SessionService``."""
 
+    @property
+    def pool(self) -> PoolView | None: ...
     def get(self, sid: str) -> Session: ...
     async def create(self, agent: str, sid: str | None = None) -> Session: ...
 
@@ -95,6 +112,9 @@ class Inbox:
             records=records, messages=messages, adapters=self.adapters, clock=clock
         )
         self._key_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        # Session keys whose last create (of a pooled sandbox) failed to start: the next one
+        # is recorded first (``_session_for``).
+        self._start_failed: set[tuple[str, str, str]] = set()
         # (channel, event id) of the receives between sending and recording, by how many.
         self._in_flight: Counter[tuple[str, str]] = Counter()
         self.deliverer.finish_receives = self.finish_receives
@@ -197,10 +217,32 @@ class Inbox:
             sid = self._records.channel_session(channel, where, key)
             if sid is not None and self._usable(sid, agent):
                 return sid
-            session = await self._sessions.create(agent)
+            if self._pooled(agent) and (channel, where, key) not in self._start_failed:
+                # Only a create that lets the service pick the id can take a pooled sandbox.
+                try:
+                    session = await self._sessions.create(agent)
+                except SandboxError:
+                    if len(self._start_failed) >= MAX_START_FAILED:  # keys a sender can name
+                        self._start_failed.clear()
+                    self._start_failed.add((channel, where, key))
+                    raise
+            else:
+                # The session is recorded before it is made: one whose start fails is kept,
+                # FAILED, and the channel's next try of the message starts it again (its send
+                # does) rather than making one more failed session each time (found by a
+                # review: one a minute for as long as the cause lasted).
+                sid = new_sid()
+                self._records.set_channel_session(channel, where, key, sid)
+                session = await self._sessions.create(agent, sid)
+            self._start_failed.discard((channel, where, key))
             self._records.set_channel_session(channel, where, key, session.sid)
             log.info("channel %s: session %s of agent %s for %r", channel, session.sid, agent, key)
             return session.sid
+
+    def _pooled(self, agent: str) -> bool:
+        """Whether the warm pool holds a ready sandbox of ``agent``."""
+        pool = self._sessions.pool
+        return pool is not None and dict(pool.status()).get(agent, 0) > 0
 
     def _threads_full(self, channel: str, where: str, key: str, agent: str) -> bool:
         """Whether a new thread of (channel, where) must share the room's session: the room

@@ -129,6 +129,10 @@ async def test_a_session_is_created_for_an_agent_and_found_by_its_id(ports: Port
         ports.sessions.get("../../etc")
 
 
+async def test_a_service_without_a_warm_pool_shows_none(ports: Ports) -> None:
+    assert ports.sessions.pool is None
+
+
 async def test_messages_are_numbered_and_a_repeated_client_id_is_the_same_message(
     ports: Ports,
 ) -> None:

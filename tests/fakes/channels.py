@@ -259,6 +259,8 @@ class FakeMessages:
 
 
 class FakeChannelSessions:
+    pool: None = None  # no warm pool
+
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
 
