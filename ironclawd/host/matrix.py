@@ -3,9 +3,12 @@
 The bot logs in with the access token of its credential (read at each use, so a rotated token is
 picked up; never logged) and long-polls ``/sync``. Exactly once, from the homeserver's side:
 - the sync token (the cursor) is saved through the inbox only after every message of the batch
-  was handed to ``InboxSink.receive`` and it returned; a receive that raises stops the batch and
-  the same ``since`` is synced again after a back-off (1 s doubling to 60 s), so nothing is
-  skipped, and what was received before the failure comes again and is a DUPLICATE;
+  was handed to ``InboxSink.receive`` and it returned; a receive that raises stops its room's
+  part of the batch (the other rooms go on: one room whose messages cannot be taken must not
+  stop every other room of the bot) and the same ``since`` is synced again after a back-off (1 s
+  doubling to 60 s), so nothing is skipped, and what was received before the failure comes
+  again and is a DUPLICATE (the inbox holds a message whose receive keeps failing for an
+  operator, and the batch then moves on); a full disk stops the whole batch at once;
 - a timeline the server cut short (``limited``: more events than the filter's 100 since the last
   sync) is completed by paging back to the previous token before anything is handed on;
 - with no saved cursor, the first sync only positions the channel: messages from before the
@@ -35,7 +38,7 @@ import aiohttp
 import nio
 
 from ironclawd.domain.channels import ChannelConfig
-from ironclawd.errors import ChannelFailed, IronclawError
+from ironclawd.errors import ChannelFailed, DiskFull, IronclawError
 from ironclawd.host import matrix_events as ev
 from ironclawd.ports import Clock
 from ironclawd.ports.channels import ChannelStatus, InboxSink, OutboundReply
@@ -264,8 +267,7 @@ class MatrixChannel:
         batch = await self._sync(since, timeout, self._filter)
         self._handing = True
         try:
-            for room in batch.joined:
-                await self._hand_room(sink, room, since)
+            await self._hand_rooms(sink, batch, since)
             await sink.save_cursor(self.name, batch.next_batch)
             self._metered.clear()
         finally:
@@ -288,6 +290,23 @@ class MatrixChannel:
             raise _failure(self.name, "syncing", response)
         self._connected = True
         return ev.sync_batch(response)
+
+    async def _hand_rooms(self, sink: InboxSink, batch: ev.SyncBatch, since: str) -> None:
+        """Hand every room's new messages to the inbox. A room whose receive (or gap) raises
+        stops there and the next room goes on: one room whose agent cannot take its messages
+        stopped every room of the bot, of every agent (found by a review). The first error is
+        raised once every room had its turn, so the batch comes again; a full disk at once."""
+        failed: list[Exception] = []
+        for room in batch.joined:
+            try:
+                await self._hand_room(sink, room, since)
+            except DiskFull:
+                raise  # no room's messages can be taken: the batch waits for space
+            except Exception as exc:  # the room's part of the batch comes again
+                self._counters["room_failed"] += 1
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     async def _hand_room(self, sink: InboxSink, room: ev.RoomTimeline, since: str) -> None:
         events = list(room.events)

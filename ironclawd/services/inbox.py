@@ -17,7 +17,7 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ironclawd.domain.agents import AgentSpec
@@ -28,6 +28,7 @@ from ironclawd.domain.messages import check_body
 from ironclawd.domain.session import Session, new_sid
 from ironclawd.errors import (
     ChannelFailed,
+    DiskFull,
     InvalidArgument,
     IronclawError,
     NotFound,
@@ -57,6 +58,12 @@ RECENT_FAILURES = 5
 # past it share the room's session.
 MAX_ROOM_SESSIONS = 32
 MAX_START_FAILED = 1024  # session keys remembered for a failed start of a pooled sandbox
+# A message whose receive raised this many times (the channel offering it again after each) is
+# held for an operator instead: one that can never be taken (its agent's sessions cannot start)
+# must not stop its channel (Matrix hands every room of a sync over together).
+MAX_RECEIVE_TRIES = 5
+MAX_FAILING_EVENTS = 1024  # events remembered with their failed tries
+HELD_FAILED = "held for an operator: it could not be queued"
 
 
 class PoolView(Protocol):
@@ -117,6 +124,8 @@ class Inbox:
         self._start_failed: set[tuple[str, str, str]] = set()
         # (channel, event id) of the receives between sending and recording, by how many.
         self._in_flight: Counter[tuple[str, str]] = Counter()
+        self._failed_tries: dict[tuple[str, str], int] = {}  # (channel, event id): receives raised
+        self._counters: dict[str, Counter[str]] = {}  # per channel, shown with its adapter's
         self.deliverer.finish_receives = self.finish_receives
 
     # -- InboxSink -------------------------------------------------------------------------
@@ -132,7 +141,42 @@ class Inbox:
         found = self.route(event.channel, event.where)
         if found is None:
             return Receipt(Admission.NOT_WIRED, reason=f"nothing is wired to {event.where!r}")
-        return await self._admit(event, *found)
+        key = (event.channel, event.event_id)
+        tries = self._failed_tries.get(key, 0)
+        if tries >= MAX_RECEIVE_TRIES:  # held already: offered again with the rest of a batch
+            self._records.hold(_held(event, self._clock.time()))
+            return Receipt(Admission.HELD, reason=HELD_FAILED)
+        try:
+            receipt = await self._admit(event, *found)
+        except DiskFull:
+            raise  # the whole channel waits for space, and nothing is counted against this one
+        except IronclawError as exc:
+            tries += 1
+            self._failed_tries.pop(key, None)
+            if len(self._failed_tries) >= MAX_FAILING_EVENTS:
+                del self._failed_tries[next(iter(self._failed_tries))]  # the oldest
+            self._failed_tries[key] = tries
+            if tries < MAX_RECEIVE_TRIES:
+                raise
+            return self._hold_failed(event, tries, exc)
+        self._failed_tries.pop(key, None)
+        return receipt
+
+    def _hold_failed(self, event: InboundEvent, tries: int, exc: IronclawError) -> Receipt:
+        """Hold a message whose receive keeps failing: its channel goes on with the others, and
+        an operator can try it again (``ironctl channel admit``) or drop it."""
+        held = self._records.hold(_held(event, self._clock.time()))
+        self._count(event.channel, "receive_failed_held")
+        log.error(
+            "channel %s: event %s of %r in %s: receiving it failed %d times (%s); held as %d "
+            "for an operator (ironctl channel admit %d tries it again)",
+            event.channel, event.event_id, event.sender, event.where, tries, exc, held.id,
+            held.id, extra=message_id(MessageId.CHANNEL_FAILED, IRONCLAW_CHANNEL=event.channel),
+        )  # fmt: skip
+        return Receipt(Admission.HELD, reason=HELD_FAILED)
+
+    def _count(self, channel: str, name: str) -> None:
+        self._counters.setdefault(channel, Counter())[name] += 1
 
     async def _admit(self, event: InboundEvent, spec: AgentSpec, route: Route) -> Receipt:
         decision = admission(spec.permissions, f"{event.channel}:{event.sender}")
@@ -348,11 +392,13 @@ class Inbox:
         else:
             receipt = Receipt(Admission.DUPLICATE, done.seq, done.sid)
         self._records.delete_held(held_id)
+        self._failed_tries.pop((h.channel, h.event_id), None)
         return receipt
 
     def drop_held(self, held_id: int) -> HeldMessage:
         h = self._records.get_held(held_id)
         self._records.delete_held(held_id)
+        self._failed_tries.pop((h.channel, h.event_id), None)
         return h
 
     # -- status ----------------------------------------------------------------------------
@@ -366,6 +412,8 @@ class Inbox:
 
     def report(self, name: str) -> ChannelReport:
         status = self.adapter(name).status()
+        if name in self._counters:
+            status = replace(status, counters={**status.counters, **self._counters[name]})
         held = sum(1 for h in self._records.held() if h.channel == name)
         return ChannelReport(
             status,
