@@ -2,7 +2,7 @@
 
 A message is routed by (channel, where) over the agents' wiring, admitted by the agent's
 permissions (drop, or hold for an operator), engaged by the route's rule, and sent to the
-session its route's session key names (created when missing or gone) through
+session its route's session key names (services/inbox_sessions.py) through
 ``MessageService.send`` with a client id derived from the channel's event id: that id's
 uniqueness in the session's queue is the durable de-duplication. Receiving is a redo log
 (ports/channel_records.py), so a daemon killed between any two steps loses and duplicates
@@ -18,21 +18,18 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.channels import Route, admission, engages, session_key
+from ironclawd.domain.channels import Route, admission, engages
 from ironclawd.domain.checks import CheckResult, failed, passed
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
-from ironclawd.domain.session import Session, new_sid
 from ironclawd.errors import (
     ChannelFailed,
     DiskFull,
     InvalidArgument,
     IronclawError,
     NotFound,
-    SandboxError,
 )
 from ironclawd.ports import Clock
 from ironclawd.ports.channel_records import (
@@ -50,37 +47,17 @@ from ironclawd.ports.channels import (
     Receipt,
 )
 from ironclawd.services.inbox_delivery import Deliverer, MessagePort
+from ironclawd.services.inbox_sessions import ChannelSessions, SessionPort
 
 log = logging.getLogger("ironclawd.inbox")
 
 RECENT_FAILURES = 5
-# Sessions of one room (a per-room route: the room's, and one per thread) at most; the threads
-# past it share the room's session.
-MAX_ROOM_SESSIONS = 32
-MAX_START_FAILED = 1024  # session keys remembered for a failed start of a pooled sandbox
 # A message whose receive raised this many times (the channel offering it again after each) is
 # held for an operator instead: one that can never be taken (its agent's sessions cannot start)
 # must not stop its channel (Matrix hands every room of a sync over together).
 MAX_RECEIVE_TRIES = 5
 MAX_FAILING_EVENTS = 1024  # events remembered with their failed tries
 HELD_FAILED = "held for an operator: it could not be queued"
-
-
-class PoolView(Protocol):
-    """What the inbox asks of the warm pool (services/pool.py ``WarmPool``)."""
-
-    def status(self) -> list[tuple[str, int]]:
-        """(agent, ready sandboxes) for each agent the pool holds or fills."""
-        ...
-
-
-class SessionPort(Protocol):
-    """What the inbox needs of ``SessionService``."""
-
-    @property
-    def pool(self) -> PoolView | None: ...
-    def get(self, sid: str) -> Session: ...
-    async def create(self, agent: str, sid: str | None = None) -> Session: ...
 
 
 def client_id(channel: str, event_id: str) -> str:
@@ -111,17 +88,13 @@ class Inbox:
     ) -> None:
         self._records = records
         self._messages = messages
-        self._sessions = sessions
         self._agents = agents
         self.adapters = dict(adapters)
         self._clock = clock
         self.deliverer = deliverer or Deliverer(
             records=records, messages=messages, adapters=self.adapters, clock=clock
         )
-        self._key_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
-        # Session keys whose last create (of a pooled sandbox) failed to start: the next one
-        # is recorded first (``_session_for``).
-        self._start_failed: set[tuple[str, str, str]] = set()
+        self._channel_sessions = ChannelSessions(records, sessions)
         # (channel, event id) of the receives between sending and recording, by how many.
         self._in_flight: Counter[tuple[str, str]] = Counter()
         self._failed_tries: dict[tuple[str, str], int] = {}  # (channel, event id): receives raised
@@ -237,14 +210,7 @@ class Inbox:
             None,
         )  # fmt: skip
         if kept is None:
-            key = session_key(route, f"{event.channel}:{event.sender}", event.where, event.thread)
-            if (
-                route.sessions == "per_room"
-                and event.thread
-                and self._threads_full(event.channel, event.where, key, spec.name)
-            ):
-                key = session_key(route, "", event.where, "")  # the room's own session
-            sid = await self._session_for(event.channel, event.where, key, spec.name)
+            sid = await self._channel_sessions.session_for(event, spec.name, route)
             kept = self._records.begin_receive(
                 Receiving(
                     event.channel, event.event_id, sid, cid, event.where, event.thread,
@@ -254,55 +220,6 @@ class Inbox:
         if sending is not None:
             sending(kept.sid)
         return await self._complete(kept)
-
-    async def _session_for(self, channel: str, where: str, key: str, agent: str) -> str:
-        lock = self._key_locks.setdefault((channel, where, key), asyncio.Lock())
-        async with lock:
-            sid = self._records.channel_session(channel, where, key)
-            if sid is not None and self._usable(sid, agent):
-                return sid
-            if self._pooled(agent) and (channel, where, key) not in self._start_failed:
-                # Only a create that lets the service pick the id can take a pooled sandbox.
-                try:
-                    session = await self._sessions.create(agent)
-                except SandboxError:
-                    if len(self._start_failed) >= MAX_START_FAILED:  # keys a sender can name
-                        self._start_failed.clear()
-                    self._start_failed.add((channel, where, key))
-                    raise
-            else:
-                # The session is recorded before it is made: one whose start fails is kept,
-                # FAILED, and the channel's next try of the message starts it again (its send
-                # does) rather than making one more failed session each time (found by a
-                # review: one a minute for as long as the cause lasted).
-                sid = new_sid()
-                self._records.set_channel_session(channel, where, key, sid)
-                session = await self._sessions.create(agent, sid)
-            self._start_failed.discard((channel, where, key))
-            self._records.set_channel_session(channel, where, key, session.sid)
-            log.info("channel %s: session %s of agent %s for %r", channel, session.sid, agent, key)
-            return session.sid
-
-    def _pooled(self, agent: str) -> bool:
-        """Whether the warm pool holds a ready sandbox of ``agent``."""
-        pool = self._sessions.pool
-        return pool is not None and dict(pool.status()).get(agent, 0) > 0
-
-    def _threads_full(self, channel: str, where: str, key: str, agent: str) -> bool:
-        """Whether a new thread of (channel, where) must share the room's session: the room
-        has ``MAX_ROOM_SESSIONS`` of the agent's already. A sender names threads at will, and
-        each session is a sandbox (stop 47's review: one per message)."""
-        sid = self._records.channel_session(channel, where, key)
-        if sid is not None and self._usable(sid, agent):
-            return False
-        live = sum(self._usable(s, agent) for s in self._records.channel_sessions(channel, where))
-        return live >= MAX_ROOM_SESSIONS
-
-    def _usable(self, sid: str, agent: str) -> bool:
-        try:
-            return self._sessions.get(sid).agent == agent  # rewired: a session of the new agent
-        except NotFound:
-            return False
 
     async def _complete(self, r: Receiving) -> Receipt:
         try:

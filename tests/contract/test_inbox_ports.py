@@ -1,6 +1,7 @@
-"""The ports the inbox takes (services/inbox.py ``SessionPort``, services/inbox_delivery.py
-``MessagePort``): the fakes of tests/fakes/channels.py (``FakeChannelSessions``,
-``FakeMessages``) and the real ``SessionService`` and ``MessageService`` answer alike.
+"""The ports the inbox takes (services/inbox_sessions.py ``SessionPort``,
+services/inbox_delivery.py ``MessagePort``): the fakes of tests/fakes/channels.py
+(``FakeChannelSessions``, ``FakeMessages``) and the real ``SessionService`` and
+``MessageService`` answer alike.
 
 The real services run in-process over the host-effect fakes (tests/fakes), which pass their
 own contracts in this directory against the real adapters: a session is created through the
@@ -22,8 +23,8 @@ from ironclawd.domain.messages import Reply
 from ironclawd.domain.session import State
 from ironclawd.errors import InvalidArgument, NotFound
 from ironclawd.ports import SessionLookup
-from ironclawd.services.inbox import SessionPort
 from ironclawd.services.inbox_delivery import MessagePort
+from ironclawd.services.inbox_sessions import SessionPort
 from ironclawd.services.messaging import MessageService
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import SandboxLayout, SandboxLifecycle

@@ -14,7 +14,7 @@ from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import Permissions, Route
 from ironclawd.errors import ChannelFailed, HostError, NotFound
 from ironclawd.ports.channels import Admission
-from ironclawd.services import inbox as inbox_module
+from ironclawd.services import inbox_sessions
 from ironclawd.services.inbox import Inbox, client_id
 from ironclawd.services.inbox_delivery import Deliverer
 from tests.fakes import FakeClock
@@ -224,7 +224,7 @@ def test_threads_past_a_rooms_cap_share_the_rooms_session(
     """A per-room route makes a session per thread, and a sender names threads at will: each
     was a sandbox (stop 47's review). Past ``MAX_ROOM_SESSIONS`` live ones, a new thread goes
     to the room's own session; a thread that has a session keeps it."""
-    monkeypatch.setattr(inbox_module, "MAX_ROOM_SESSIONS", 3)
+    monkeypatch.setattr(inbox_sessions, "MAX_ROOM_SESSIONS", 3)
 
     async def test(w: World) -> None:
         sids = []
