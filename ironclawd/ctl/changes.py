@@ -12,7 +12,7 @@ from rich.text import Text
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import editor, exitcodes, render, terminal
 from ironclawd.ctl.caller import confirm_caller
-from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_stdin
+from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_file, read_stdin
 from ironclawd.ctl.shapes import print_json
 
 if TYPE_CHECKING:
@@ -32,10 +32,15 @@ def _payload(args: argparse.Namespace) -> str:
     return json.dumps(fields)
 
 
+# The daemon takes a persona of at most 16000 characters (domain/kinds/persona.py MAX_PERSONA),
+# each at most 4 bytes of UTF-8: more is refused here, before it is read whole and sent.
+MAX_PERSONA_BYTES = 4 * 16_000
+
+
 def _persona_from_file(args: argparse.Namespace) -> None:
     try:
-        with open(args.persona_file, "rb") as handle:
-            args.persona = decode_stdin(handle.read()).removesuffix("\n")
+        data = read_file(args.persona_file, MAX_PERSONA_BYTES)
+        args.persona = decode_stdin(data).removesuffix("\n")
     except OSError as exc:
         raise CtlError("INVALID_INPUT", exitcodes.INVALID,
                        f"--persona-file {args.persona_file}: {exc.strerror}") from None  # fmt: skip

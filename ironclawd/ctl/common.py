@@ -5,8 +5,10 @@ input. Standard library only: building the parser imports nothing of grpc, proto
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import os
+import stat
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -91,6 +93,33 @@ def decode_stdin(data: bytes) -> str:
             exitcodes.INVALID,
             f"standard input is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}",
         ) from None
+
+
+# A key or signature file (minisign's: a few lines of base64 and a comment) is never near this.
+SMALL_FILE_BYTES = 64 * 1024
+
+
+class FileRefused(OSError):
+    """A file read_file will not read: not a regular file, or larger than its limit. An
+    OSError, so that it is reported as open(2)'s errors are: its filename and its strerror."""
+
+
+def read_file(path: str, limit: int) -> bytes:
+    """The bytes of the regular file at ``path``, refused (FileRefused) if it holds more than
+    ``limit``. Opened without waiting (O_NONBLOCK): a FIFO, a device or a directory is refused,
+    never waited on or read; at most ``limit + 1`` bytes are read, so /dev/zero or a huge file
+    is refused, not read whole into memory. Other failures are open(2)'s and read(2)'s."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+        raise FileRefused(errno.EINVAL, f"{kind}; expected a regular file", path)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileRefused(errno.EFBIG, f"more than {limit} bytes; expected at most {limit}", path)
+    return data
 
 
 def common_options(*, top: bool, socket_default: str = "") -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ironclawd.ctl import exitcodes
+from ironclawd.ctl.common import SMALL_FILE_BYTES, read_file
 from ironclawd.ctl.parsers.containment import PUBKEY_ENV
 from ironclawd.errors import MalformedReport, MinisignFormatError, SignatureMismatch
 from ironclawd.formats import containment, minisign
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
 
 REPORT_TIME = "%Y-%m-%dT%H:%M:%SZ"  # generated_at, as formats/containment.py checks it
+# A red-team run's report is tens of kilobytes (a line of evidence per attack); far more is
+# refused before it is read whole.
+MAX_REPORT_BYTES = 16 * 1024 * 1024
 _OUTCOME_EXIT = {
     containment.Outcome.CONTAINED: exitcodes.OK,
     containment.Outcome.INCONCLUSIVE: exitcodes.INCONCLUSIVE,
@@ -90,13 +94,14 @@ def verify_files(args: argparse.Namespace) -> dict[str, Any]:
     report_path = Path(args.report)
     sig_path = Path(args.signature or f"{report_path}{minisign.SIG_SUFFIX}")
     try:
-        data = report_path.read_bytes()
+        data = read_file(args.report, MAX_REPORT_BYTES)
     except OSError as exc:
         raise VerifyFailed(
             exitcodes.MALFORMED_REPORT, f"reading report {report_path}: {exc.strerror}"
         ) from None
     try:
-        signature = minisign.parse_signature(sig_path.read_text(encoding="utf-8"))
+        text = read_file(str(sig_path), SMALL_FILE_BYTES).decode("utf-8")
+        signature = minisign.parse_signature(text)
         trusted = minisign.verify(key, data, signature, allow_legacy=False)
     except OSError as exc:
         raise VerifyFailed(
@@ -128,7 +133,7 @@ def _public_key(path: str) -> minisign.PublicKey:
             "cannot vouch for it",
         )
     try:
-        return minisign.parse_public_key(Path(path).read_text(encoding="utf-8"))
+        return minisign.parse_public_key(read_file(path, SMALL_FILE_BYTES).decode("utf-8"))
     except OSError as exc:
         raise VerifyFailed(exitcodes.USAGE, f"reading public key {path}: {exc.strerror}") from None
     except (UnicodeDecodeError, MinisignFormatError) as exc:

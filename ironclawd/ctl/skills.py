@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.changes import show_change
-from ironclawd.ctl.common import CtlError
+from ironclawd.ctl.common import SMALL_FILE_BYTES, CtlError, read_file
 from ironclawd.errors import IronclawError, PolicyDenied, SignatureMismatch
 from ironclawd.formats import minisign
 from ironclawd.formats import skill as skill_format
@@ -184,7 +184,7 @@ def cmd_sign(args: argparse.Namespace, _stub: Stub) -> int:
     try:
         name, files, _ = _folder(args.path, fd)
         try:
-            key = minisign.parse_secret_key(Path(args.key).read_text())
+            key = minisign.parse_secret_key(read_file(args.key, SMALL_FILE_BYTES).decode())
         except (IronclawError, OSError, UnicodeDecodeError) as exc:
             raise CtlError("INVALID_ARGUMENT", exitcodes.INVALID,
                            f"--key {args.key}: {exc}") from None  # fmt: skip
@@ -209,7 +209,8 @@ def cmd_sign(args: argparse.Namespace, _stub: Stub) -> int:
 def cmd_verify(args: argparse.Namespace, _stub: Stub) -> int:
     skill = _signed(args.path)
     try:
-        trusted = {args.pubkey: Path(args.pubkey).read_text(errors="replace")}
+        public = read_file(args.pubkey, SMALL_FILE_BYTES).decode(errors="replace")
+        trusted = {args.pubkey: public}
         signer = skill_format.verify(skill, trusted)
     except (IronclawError, OSError) as exc:
         raise _local(exc) from None

@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
     persona.add_argument("--persona", help="shortcut for a persona payload: the text, or - for "
                          "standard input; without it (and --payload), $EDITOR opens on the "
                          "current persona when run on a terminal")  # fmt: skip
-    persona.add_argument("--persona-file", metavar="FILE", help="the persona from a UTF-8 file")
+    persona.add_argument("--persona-file", metavar="FILE",
+                         help="the persona from a UTF-8 file (at most 64000 bytes)")  # fmt: skip
     submit.add_argument("--tools", help="shortcut for a tools payload: comma-separated names")
     submit.add_argument("--reason", help="why (shown to the approver)")
     submit.add_argument("--by", metavar="NAME", help=BY_HELP)
