@@ -16,10 +16,15 @@ finds any of them (or its core: all but two characters at either end) in bytes, 
 - all of these inside a gzip, zlib, bzip2 or xz body (one level).
 
 Escapes are undone by C-speed decoders (``escape_decode``, ``unicode_escape``) into a handful of
-*views* of the data, each searched with ``bytes.find``, so a hostile 8 MiB body of nothing but
-escapes costs tens of milliseconds per view, not seconds. What no detector can see: a transform
-the upstream applies at the agent's request that we did not think of (reversal, encryption,
-the value split over several answers). Credential rules belong on hosts that do not reflect.
+*views* of the data, each searched with ``bytes.find``. What costs is an escape character: a lone
+``%`` or a broken ``\\x`` takes a decoder's slow path (~0.25 µs a byte, in one call that keeps
+the GIL), so ``%\\`` repeated over 8 MiB took 8 s and held the daemon's event loop 2 s at a
+time, even from a thread (found by a review). The egress checks therefore refuse text with more
+than :data:`MAX_ESCAPES` of ``%`` and ``\\`` as one that cannot be inspected (as they refuse a
+content coding): within that, a view of 8 MiB costs tens of milliseconds. What no detector can
+see: a transform the upstream applies at the agent's request that we did not think of
+(reversal, encryption, the value split over several answers). Credential rules belong on hosts
+that do not reflect.
 """
 
 from __future__ import annotations
@@ -66,7 +71,13 @@ _COMPRESSED = ((b"\x1f\x8b\x08", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "
 _TRIES = 8
 _LONE_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _TEXT_RUN = re.compile(rb"[\t\n\r\x20-\x7e]{%d,}" % MIN_SECRET)
+_NOT_TEXT = re.compile(rb"[^\t\n\r\x20-\x7e]")
 _WHOLE_BELOW = 64 * 1024
+# The '%' and '\' a credential rule's text (request or answer, each header, each decompressed
+# body) may hold: every escape in every view comes from one of them, so this bounds what the
+# decoders' slow paths can be made to do (under 0.1 s a call, half a second a check, for 8 MiB).
+# Text with more is refused as one that cannot be inspected.
+MAX_ESCAPES = 64 * 1024
 
 
 def secret_variants(credential: str, credential_format: str) -> tuple[str, ...]:
@@ -97,10 +108,8 @@ def base64_inner(value: bytes) -> set[bytes]:
 
 
 def _views(data: bytes) -> Iterator[tuple[str, bytes]]:
-    """``data`` as the agent could read it after undoing transit escapes, one view per decoder
-    chain (each view a single C-speed pass)."""
-    yield "raw", data
-    data = _text_runs(data)
+    """``data`` (its text runs: :func:`_text_runs`) as the agent could read it after undoing
+    transit escapes, one view per decoder chain (each view a single C-speed pass)."""
     bases = [("", data)]
     if b"%" in data:
         pct = _percent_decoded(data)
@@ -138,7 +147,16 @@ def _text_runs(data: bytes) -> bytes:
     have little to do there. Small bodies are used whole."""
     if len(data) <= _WHOLE_BELOW:
         return data
-    return b"\0".join(_TEXT_RUN.findall(data))
+    # In slices of about _WHOLE_BELOW, each cut at a byte that no run holds: findall over 8 MiB
+    # of short runs ("abcdef\0" repeated) was one call of 0.3 s, keeping the GIL.
+    runs: list[bytes] = []
+    start = 0
+    while start < len(data):
+        cut = _NOT_TEXT.search(data, start + _WHOLE_BELOW)
+        end = cut.start() if cut is not None else len(data)
+        runs += _TEXT_RUN.findall(data, start, end)
+        start = end + 1
+    return b"\0".join(runs)
 
 
 def _percent_decoded(data: bytes) -> bytes:
@@ -191,9 +209,19 @@ class Finding:
     """Where a variant of the credential was found (never the value itself)."""
 
     form: str  # e.g. "base64url in the JSON-escaped view"
+    # False: not a form of the credential, but text with more escapes than can be inspected
+    # (MAX_ESCAPES): it is refused all the same, worded so.
+    inspected: bool = True
 
     def __str__(self) -> str:
         return self.form
+
+    def says(self, credential: str) -> str:
+        """What the checked text does, for a refusal: carries ``credential``, or cannot be
+        inspected for it."""
+        if self.inspected:
+            return f"carries {credential} ({self.form})"
+        return f"cannot be inspected for {credential} ({self.form})"
 
 
 class SecretDetector:
@@ -224,33 +252,52 @@ class SecretDetector:
         """Bytes a fragment of some form could span, escaped (at most 10 bytes per byte)."""
         return 10 * max((len(f) for f in self._literal), default=0)
 
-    def find(self, data: bytes, decompress_limit: int = 0) -> Finding | None:
+    def find(self, data: bytes, decompress_limit: int = 0, max_escapes: int = 0) -> Finding | None:
         """The first form of the credential in ``data``, or None. ``decompress_limit`` > 0 also
-        looks inside a compressed body (up to that many decompressed bytes)."""
+        looks inside a compressed body (up to that many decompressed bytes). ``max_escapes``
+        > 0: text (or a decompressed body) with more ``%`` and ``\\`` than that is not decoded;
+        a Finding with ``inspected`` False says so."""
         if not self:
             return None
-        found = self._find_in_views(data)
+        found = self._find_in_views(data, max_escapes)
         if found is None and decompress_limit > 0:
             for name, inner in _decompressed(data, decompress_limit):
-                deeper = self._find_in_views(inner)
+                deeper = self._find_in_views(inner, max_escapes)
                 if deeper is not None:
-                    return Finding(f"{deeper.form}, inside {name}")
+                    return Finding(f"{deeper.form}, inside {name}", deeper.inspected)
         return found
 
-    def _find_in_views(self, data: bytes) -> Finding | None:
-        for view_name, view in _views(data):
-            folded = view.lower()
-            for form, kind in self._folded.items():
+    def _find_in_views(self, data: bytes, max_escapes: int) -> Finding | None:
+        found = self._find_in_view("raw", data)
+        if found is not None:
+            return found
+        text = _text_runs(data)
+        escapes = text.count(b"%") + text.count(b"\\") if max_escapes else 0
+        if escapes > max_escapes:
+            return Finding(
+                f"{escapes} '%' and '\\' in its text, more than the {max_escapes} that can be "
+                "inspected",
+                inspected=False,
+            )
+        for view_name, view in _views(text):
+            found = self._find_in_view(view_name, view)
+            if found is not None:
+                return found
+        return None
+
+    def _find_in_view(self, view_name: str, view: bytes) -> Finding | None:
+        folded = view.lower()
+        for form, kind in self._folded.items():
+            if form in folded:
+                return Finding(f"{kind} ({view_name})")
+        for form in self._base64:
+            if form in view:
+                kind = "base64url" if b"-" in form or b"_" in form else "base64"
+                return Finding(f"{kind} ({view_name})")
+        if view_name == "raw":
+            for form in self._html:
                 if form in folded:
-                    return Finding(f"{kind} ({view_name})")
-            for form in self._base64:
-                if form in view:
-                    kind = "base64url" if b"-" in form or b"_" in form else "base64"
-                    return Finding(f"{kind} ({view_name})")
-            if view_name == "raw":
-                for form in self._html:
-                    if form in folded:
-                        return Finding("text (HTML-escaped)")
+                    return Finding("text (HTML-escaped)")
         return None
 
     def mask(self, data: bytes) -> bytes:
@@ -318,13 +365,14 @@ def check_request(
         )
     parts = [("path", path.encode()), ("query", query.encode()), ("body", body)]
     for name, value in headers:
-        named = "a header name" if detector.find(name.encode("latin-1", "replace")) else name
+        hidden = detector.find(name.encode("latin-1", "replace"), max_escapes=MAX_ESCAPES)
+        named = "a header name" if hidden else name
         parts.append((f"header {named}", f"{name}: {value}".encode("utf-8", "replace")))
     for where, data in parts:
-        found = detector.find(data)
+        found = detector.find(data, max_escapes=MAX_ESCAPES)
         if found is not None:
-            raise PolicyDenied(f"egress: the request's {where} carries the rule's credential "
-                               f"({found}); refused")  # fmt: skip
+            says = found.says("the rule's credential")
+            raise PolicyDenied(f"egress: the request's {where} {says}; refused")
 
 
 MAX_RESPONSE_HEADERS = 256
@@ -357,12 +405,12 @@ def checked_head(
     for index, (name, value) in enumerate(headers):
         if name.lower() in DROPPED_RESPONSE_HEADERS:
             continue
-        found = detector.find(f"{name}: {value}".encode("latin-1", "replace"))
+        found = detector.find(f"{name}: {value}".encode("latin-1", "replace"), 0, MAX_ESCAPES)
         if found is not None:
-            named = f"#{index + 1}" if detector.find(name.encode("latin-1", "replace")) else name
+            hidden = detector.find(name.encode("latin-1", "replace"), 0, MAX_ESCAPES)
+            named = f"#{index + 1}" if hidden else name
             raise ResponseRefused(
-                f"egress: response refused: header {named} carries the injected credential "
-                f"({found})"
+                f"egress: response refused: header {named} {found.says('the injected credential')}"
             )
         kept.append((detector.mask_text(name), detector.mask_text(value)))
     return reason, tuple(kept)
@@ -372,10 +420,10 @@ def checked_body(body: bytes, truncated: bool, detector: SecretDetector, limit: 
     """The body the agent may see (a credential rule's, read whole): ResponseRefused if it
     carries the credential in any form; masked besides. A body cut at the cap also loses its
     last ``detector.tail`` bytes: a credential cut in half there would pass unrecognised."""
-    found = detector.find(body, decompress_limit=limit)
+    found = detector.find(body, decompress_limit=limit, max_escapes=MAX_ESCAPES)
     if found is not None:
         raise ResponseRefused(
-            f"egress: response refused: the body carries the injected credential ({found})"
+            f"egress: response refused: the body {found.says('the injected credential')}"
         )
     if truncated:
         body = body[: max(0, len(body) - detector.tail)]

@@ -10,6 +10,8 @@ refuses any other content coding; the reason phrase is always the standard one. 
 injects a credential, the request may not carry it (or a header of its name). Through any rule on
 a host where some rule injects a credential, the answer is read whole (it is capped) and refused
 if it carries any of those credentials in any form (domain/egress_secrets.py), masked besides.
+Those checks run in the broker's own threads (services/egress_checks.py), never on the event
+loop, and a request keeps its connection slot until its check has ended.
 Caps: body sizes, one deadline for the whole exchange, requests per minute and connections per
 session, connections in total (the last three counted by services/egress_budget.py). Every
 decision is audited.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -31,7 +34,6 @@ from ironclawd.domain.agents import AgentSpec, effective_egress, find_agent
 from ironclawd.domain.egress import (
     EgressDecision,
     EgressLimits,
-    EgressRule,
     Target,
     check_header_size,
     check_method,
@@ -45,14 +47,12 @@ from ironclawd.domain.egress_secrets import (
     check_request,
     checked_body,
     checked_head,
-    secret_variants,
 )
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import (
     BudgetExceeded,
     InvalidArgument,
     IronclawError,
-    NotFound,
     PolicyDenied,
     ResponseRefused,
     UpstreamFailed,
@@ -68,6 +68,7 @@ from ironclawd.ports import (
 )
 from ironclawd.services.audit import RateWindow
 from ironclawd.services.egress_budget import EgressBudget
+from ironclawd.services.egress_checks import CheckThreads, host_detector, host_secrets
 
 log = logging.getLogger("ironclawd.egress")
 _DENIED = message_id(MessageId.EGRESS_DENIED)
@@ -117,6 +118,11 @@ class EgressBroker:
         # Requests refused for the session's rate are the one decision a box can cause without
         # bound: their records are metered here (every other decision is within that rate).
         self._over_rate = RateWindow(clock)
+        self._checks = CheckThreads()
+
+    def close(self) -> None:
+        """Stop the check threads (at shutdown)."""
+        self._checks.close()
 
     @property
     def timeout_seconds(self) -> float:
@@ -150,10 +156,14 @@ class EgressBroker:
         audit = _Audit(sid, method[:16], url)
         detector = SecretDetector(())
         try:
-            request, detector = await self._admit(sid, method, url, headers, body=body,
-                                                  audit=audit)  # fmt: skip
-            audit.allowed()
+            # Every request counts against the session's rate, a denied one too: each is a
+            # record in the audit log, and a box probing hosts and paths is slowed as any.
+            self._budget.admit_request(sid)
+            # The slot is taken before the checks: they count as the request in flight.
             async with self._budget.slot(sid):
+                request, detector = await self._admit(sid, method, url, headers, body=body,
+                                                      audit=audit)  # fmt: skip
+                audit.allowed()
                 async for event in self._exchange(request, detector, deadline, audit):
                     yield event
         except ResponseRefused as exc:
@@ -194,9 +204,6 @@ class EgressBroker:
         body: bytes,
         audit: _Audit,
     ) -> tuple[UpstreamRequest, SecretDetector]:
-        # Every request counts against the session's rate, a denied one too: each is a record in
-        # the audit log, and a box probing hosts and paths through the broker is slowed as any.
-        self._budget.admit_request(sid)
         method = check_method(method)
         audit.method = method
         target = parse_url(url)
@@ -214,15 +221,15 @@ class EgressBroker:
         # The answer is checked for the credentials of every rule on the host, not only this
         # rule's: an upstream that keeps a credential request (a request log, a "last request"
         # endpoint) handed it back through a plain rule on the same host (found by a review).
-        secrets = self._secrets(credential_rules_on(rules, target.host), rule)
-        detector = SecretDetector(
-            [v for other, secret in secrets.items()
-             for v in secret_variants(secret, other.credential_format)]
-        )  # fmt: skip
+        secrets = host_secrets(self._credentials, credential_rules_on(rules, target.host), rule)
+        detector = host_detector(secrets)
         if detector and detector.find(target.path.encode()):  # nor may the audit record keep it
             audit.path = "[withheld: it carries the credential]"
         if rule.credential:
-            check_request(detector, target.path, target.query, headers, body)
+            await self._checks.run(
+                functools.partial(check_request, detector, target.path, target.query, headers,
+                                  body)
+            )  # fmt: skip
             injected = (rule.credential_header, rule.credential_format.format(secrets[rule]))
         prepared = prepare_headers(headers, target, method, len(body), injected)
         if prepared.stripped:
@@ -242,18 +249,6 @@ class EgressBroker:
         )
         return request, detector
 
-    def _secrets(self, guarded: Sequence[EgressRule], rule: EgressRule) -> dict[EgressRule, str]:
-        """The credential of each rule of ``guarded``; NotFound only for ``rule``'s own (it
-        cannot be injected): another that is missing was never injected, so nothing to leak."""
-        secrets = {}
-        for other in guarded:
-            try:
-                secrets[other] = self._credentials.get(other.credential)
-            except NotFound:
-                if other == rule:
-                    raise
-        return secrets
-
     async def _resolve_checked(self, target: Target) -> IPAddress:
         return await resolve_checked(self._resolver, target, self._limits)
 
@@ -266,14 +261,19 @@ class EgressBroker:
         )
         try:
             audit.status = response.status
-            reason, headers = checked_head(response.status, response.headers, detector)
+            head_check = functools.partial(checked_head, response.status, response.headers,
+                                           detector)  # fmt: skip
+            # Without a credential on the host it only reads the coding: no thread for that.
+            reason, headers = await self._checks.run(head_check) if detector else head_check()
             head = Head(response.status, reason, headers)
             cap = self._limits.max_response_bytes
             if detector:
                 # Read whole (it is capped) and checked before a byte is released: a response
                 # carrying the credential is refused entirely, and the decoders see it at once.
                 body, truncated = await self._read_all(response, cap, deadline, audit)
-                body = await asyncio.to_thread(checked_body, body, truncated, detector, cap)
+                body = await self._checks.run(
+                    functools.partial(checked_body, body, truncated, detector, cap)
+                )
                 yield head
                 for start in range(0, len(body), CHUNK_BYTES):
                     yield body[start : start + CHUNK_BYTES]
