@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -126,25 +127,34 @@ def cmd_show(args: argparse.Namespace, stub: Stub) -> int:
     return exitcodes.OK
 
 
-def _confirm(args: argparse.Namespace, change: admin_pb2.Change, verb: str) -> bool:
+def _confirm(args: argparse.Namespace, change: admin_pb2.Change, verb: str) -> None:
+    """Return if --yes, or if a person at a terminal, shown the change, answers yes; else raise
+    NOT_CONFIRMED (under --json, a JSON error on standard output like every other failure)."""
     if args.yes:
-        return True
+        return
     if not sys.stdin.isatty():
-        print(f"ironctl: change {verb}: not a terminal; pass --yes to {verb} without asking",
-              file=sys.stderr)  # fmt: skip
-        return False
-    show_change(args, change)
+        raise CtlError("NOT_CONFIRMED", exitcodes.FAILED,
+                       f"{verb} {change.id}: not a terminal; pass --yes to {verb} without "
+                       "asking")  # fmt: skip
+    if args.json:
+        # Standard output is for the one JSON document (the change decided): the person asked
+        # reads the change, as people read it, where they read the question.
+        with contextlib.redirect_stdout(sys.stderr):
+            show_change(argparse.Namespace(**{**vars(args), "json": False}), change)
+    else:
+        show_change(args, change)
     question = f"{verb} change {change.id} ({change.kind} on {change.agent})? [y/N] "
-    print(render.visible(question), end="", flush=True)
+    print(render.visible(question), end="", file=sys.stderr, flush=True)
     answer = decode_stdin(sys.stdin.buffer.readline())
-    return answer.strip().lower() in ("y", "yes")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CtlError("NOT_CONFIRMED", exitcodes.FAILED,
+                       f"{verb} {change.id}: not confirmed; nothing decided")  # fmt: skip
 
 
 def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
     confirm_caller(args, stub)
     change = stub.GetChange(admin_pb2.GetChangeRequest(id=args.id), timeout=args.timeout).change
-    if not _confirm(args, change, args.verb):
-        return exitcodes.FAILED
+    _confirm(args, change, args.verb)
     if args.verb == "approve":
         # The hash is the one shown to the approver; a change altered since fails the approval.
         expected = args.hash or change.hash

@@ -188,3 +188,78 @@ def test_enum_names_follow_the_enum_type() -> None:
     assert shapes.enum_name(state, 99) == "unknown"
     check = admin_pb2.CheckStatus.DESCRIPTOR
     assert shapes.enum_name(check, admin_pb2.CHECK_STATUS_WARN) == "warn"
+
+
+# -- a decision nobody confirmed -----------------------------------------------------------------
+
+
+class Keyboard(io.TextIOWrapper):
+    """Standard input on a terminal: what it holds is what a person types."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+decided: list[str] = []
+
+
+class Deciding(world.Stub):
+    def ApproveChange(self, *_: Any, **__: Any) -> Any:
+        decided.append("approve")
+        return self._change()
+
+    def RejectChange(self, *_: Any, **__: Any) -> Any:
+        decided.append("reject")
+        return self._change()
+
+
+@pytest.fixture
+def deciding(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rpc, "stub_for", Deciding)
+    decided.clear()
+
+
+@pytest.mark.usefixtures("deciding")
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+def test_a_decision_off_a_terminal_without_yes_is_a_json_error(
+    verb: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"y\n"), encoding="utf-8"))
+    assert main(["change", verb, world.CHANGE.id, "--json"]) == exitcodes.FAILED
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert json.loads(out) == {"error": {
+        "code": "NOT_CONFIRMED", "exit": exitcodes.FAILED,
+        "message": f"{verb} {world.CHANGE.id}: not a terminal; pass --yes to {verb} without asking",
+    }}  # fmt: skip
+    assert main(["change", verb, world.CHANGE.id]) == exitcodes.FAILED
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"ironctl: change: {verb} {world.CHANGE.id}: not a terminal; "
+                              f"pass --yes to {verb} without asking\n")  # fmt: skip
+    assert decided == []
+
+
+@pytest.mark.usefixtures("deciding")
+@pytest.mark.parametrize(("typed", "decision"), [(b"y\n", "approve"), (b"n\n", None)])
+def test_on_a_terminal_json_keeps_standard_output_for_its_one_document(
+    typed: bytes,
+    decision: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.stdin", Keyboard(io.BytesIO(typed), encoding="utf-8"))
+    code = main(["change", "approve", world.CHANGE.id, "--json"])
+    out, err = capsys.readouterr()
+    # The person reads the change and the question where they type: standard error.
+    assert '+persona: "You are terse."' in err
+    assert err.endswith(f"approve change {world.CHANGE.id} (persona on demo)? [y/N] ")
+    doc = json.loads(out)  # one document, nothing else
+    if decision:
+        assert (code, doc["id"], decided) == (exitcodes.OK, world.CHANGE.id, [decision])
+    else:
+        assert code == exitcodes.FAILED
+        assert doc["error"]["code"] == "NOT_CONFIRMED"
+        assert (
+            doc["error"]["message"] == f"approve {world.CHANGE.id}: not confirmed; nothing decided"
+        )
+        assert decided == []
