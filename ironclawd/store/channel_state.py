@@ -154,13 +154,27 @@ class ChannelState:
         return ChannelMessage(*row) if row else None
 
     def message_by_event(self, channel: str, event_id: str) -> ChannelMessage | None:
+        """The message of the event; for one of a removed session (kept in
+        ``channel_events_gone``, store/state.py), its session and seq only."""
+        doing = f"looking up an event of channel {channel}"
         row = self._one(
-            f"looking up an event of channel {channel}",
+            doing,
             f"SELECT {_MESSAGE} FROM channel_messages "  # noqa: S608
             "WHERE channel = ? AND event_id = ?",
             (channel, event_id),
         )
-        return ChannelMessage(*row) if row else None
+        if row:
+            return ChannelMessage(*row)
+        gone = self._one(
+            doing,
+            "SELECT sid, seq FROM channel_events_gone WHERE channel = ? AND event_id = ?",
+            (channel, event_id),
+        )
+        return (
+            ChannelMessage(str(gone[0]), int(gone[1]), channel, "", "", event_id, "")
+            if gone
+            else None
+        )
 
     def channel_sids(self) -> list[str]:
         rows = self._all(

@@ -25,7 +25,10 @@ from ironclawd.store.translate import translated
 if TYPE_CHECKING:
     from ironclawd.domain.changes import Change
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+# The event ids of removed sessions' channel messages kept, newest first: one its channel offers
+# again (a Matrix batch synced again, a webhook sender's retry) is still a duplicate.
+KEEP_GONE_EVENTS = 10_000
 _MIGRATIONS = {
     1: """
         CREATE TABLE sessions (
@@ -116,6 +119,24 @@ _MIGRATIONS = {
         ALTER TABLE changes ADD COLUMN drivers TEXT NOT NULL DEFAULT '[]';
         CREATE TABLE session_senders (sid TEXT NOT NULL, sender TEXT NOT NULL,
                                       PRIMARY KEY (sid, sender));
+    """,
+    # A session's channel rows go with it (destroy_session_data); the (channel, event id) of
+    # its messages stay, bounded (KEEP_GONE_EVENTS), for the de-duplication of events offered
+    # again. Rows that sessions removed before this left are taken away here.
+    7: """
+        CREATE TABLE channel_events_gone (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT NOT NULL, event_id TEXT NOT NULL,
+            sid TEXT NOT NULL, seq INTEGER NOT NULL, UNIQUE (channel, event_id)
+        );
+        INSERT OR IGNORE INTO channel_events_gone (channel, event_id, sid, seq)
+            SELECT channel, event_id, sid, seq FROM channel_messages
+            WHERE sid NOT IN (SELECT sid FROM sessions) ORDER BY rowid;
+        DELETE FROM channel_events_gone
+            WHERE id <= (SELECT max(id) FROM channel_events_gone) - 10000;
+        DELETE FROM channel_messages WHERE sid NOT IN (SELECT sid FROM sessions);
+        DELETE FROM deliveries WHERE sid NOT IN (SELECT sid FROM sessions);
+        DELETE FROM channel_receiving WHERE sid NOT IN (SELECT sid FROM sessions);
+        DELETE FROM channel_sessions WHERE sid NOT IN (SELECT sid FROM sessions);
     """,
 }
 _CHANGE_COLUMNS = (
@@ -264,13 +285,35 @@ class StateStore:
         return bytes(row[0]) if row else None
 
     def destroy_session_data(self, sid: str) -> None:
-        """Forget a session's key and ingested replies (secure_delete scrubs the pages)."""
+        """Forget a session's key, ingested replies and channel rows (secure_delete scrubs the
+        pages). The channel rows grew by a message and a delivery per channel message for the
+        host's life, every start followed each removed session again, and a later session of
+        the same id took over its deliveries (found by a review). Only the (channel, event id)
+        of its messages stay, for ``KEEP_GONE_EVENTS`` of them over all sessions: an event
+        offered again after the removal is still a duplicate (store/channel_state.py)."""
         with self._op(f"destroying the data of session {sid}"):
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM session_keys WHERE sid = ?", (sid,))
-            self._db.execute("DELETE FROM replies WHERE sid = ?", (sid,))
-            self._db.execute("DELETE FROM outbound_pruned WHERE sid = ?", (sid,))
-            self._db.execute("DELETE FROM session_senders WHERE sid = ?", (sid,))
+            try:
+                for table in ("session_keys", "replies", "outbound_pruned", "session_senders"):
+                    self._db.execute(f"DELETE FROM {table} WHERE sid = ?", (sid,))  # noqa: S608
+                self._db.execute(
+                    "INSERT OR IGNORE INTO channel_events_gone (channel, event_id, sid, seq) "
+                    "SELECT channel, event_id, sid, seq FROM channel_messages WHERE sid = ? "
+                    "ORDER BY seq",
+                    (sid,),
+                )
+                self._db.execute(
+                    "DELETE FROM channel_events_gone "
+                    "WHERE id <= (SELECT max(id) FROM channel_events_gone) - ?",
+                    (KEEP_GONE_EVENTS,),
+                )
+                for table in ("channel_messages", "deliveries", "channel_receiving",
+                              "channel_sessions"):  # fmt: skip
+                    self._db.execute(f"DELETE FROM {table} WHERE sid = ?", (sid,))  # noqa: S608
+            except BaseException:
+                if self._db.in_transaction:  # a full disk rolled it back already
+                    self._db.execute("ROLLBACK")
+                raise
             self._db.execute("COMMIT")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
