@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from dataclasses import dataclass
 
 from ironclawd import ratelog
-from ironclawd.domain.addresses import IPAddress, refusal_reason
+from ironclawd.domain.addresses import METADATA, IPAddress, refusal_reason
 from ironclawd.domain.agents import AgentSpec, effective_egress, find_agent
 from ironclawd.domain.egress import (
     EgressDecision,
@@ -171,7 +171,7 @@ class EgressBroker:
             audit.note(str(exc))
             raise
         except (PolicyDenied, InvalidArgument) as exc:
-            audit.verdict, audit.reason = "denied", str(exc)
+            audit.verdict, audit.reason = "denied", audit.withheld or str(exc)
             audit.over_rate = isinstance(exc, BudgetExceeded)
             raise
         except (UpstreamFailed, TimeoutError) as exc:
@@ -234,7 +234,7 @@ class EgressBroker:
         prepared = prepare_headers(headers, target, method, len(body), injected)
         if prepared.stripped:
             audit.note(f"stripped {', '.join(sorted(set(prepared.stripped)))}")
-        address = await self._resolve_checked(target)
+        address = await self._resolve_checked(target, audit)
         audit.address = str(address)
         request = UpstreamRequest(
             scheme=target.scheme,
@@ -249,8 +249,8 @@ class EgressBroker:
         )
         return request, detector
 
-    async def _resolve_checked(self, target: Target) -> IPAddress:
-        return await resolve_checked(self._resolver, target, self._limits)
+    async def _resolve_checked(self, target: Target, audit: _Audit) -> IPAddress:
+        return await resolve_checked(self._resolver, target, self._limits, audit.withhold)
 
     async def _exchange(
         self, request: UpstreamRequest, detector: SecretDetector, deadline: float, audit: _Audit
@@ -358,9 +358,16 @@ class EgressBroker:
             log.error("egress: recording a decision failed: %s", exc)
 
 
-async def resolve_checked(resolver: Resolver, target: Target, limits: EgressLimits) -> IPAddress:
+async def resolve_checked(
+    resolver: Resolver,
+    target: Target,
+    limits: EgressLimits,
+    withhold: Callable[[str], None] | None = None,
+) -> IPAddress:
     """The one address to connect to for ``target``; PolicyDenied if any answer may not be
-    reached (also the webhook channel's outbound rule: services/webhook_delivery.py)."""
+    reached (also the webhook channel's outbound rule: services/webhook_delivery.py). With
+    ``withhold``, a refused answer that could map the inside network (a private or CGNAT
+    address, say) is named only to ``withhold`` (the audit), not in the error."""
     if target.address is not None:
         answers: list[IPAddress] = [target.address]
     else:
@@ -378,8 +385,21 @@ async def resolve_checked(resolver: Resolver, target: Target, limits: EgressLimi
         if reason is not None:
             # One bad answer spoils the name: a resolver that mixes a loopback answer in
             # with good ones is hostile, and which answer a client picks is not ours to bet on.
-            raise PolicyDenied(f"egress: {target.host} resolves to {answer}, a {reason}; refused")
+            said = f"egress: {target.host} resolves to {answer}, a {reason}; refused"
+            if withhold is None or target.address is not None or _well_known(answer):
+                raise PolicyDenied(said)
+            # The agent asked for a name: its internal answers (10.x.y.z) are the operator's,
+            # not the agent's to learn (found by a review).
+            withhold(said)
+            raise PolicyDenied(
+                f"egress: {target.host} resolves to a refused address (a {reason}); refused"
+            )
     return answers[0]
+
+
+def _well_known(address: IPAddress) -> bool:
+    """An address the same on every network: naming it tells nothing of the inside one."""
+    return address.is_loopback or address.is_unspecified or address in METADATA
 
 
 class _Audit:
@@ -400,6 +420,7 @@ class _Audit:
         self.bytes_out = 0
         self.duration_ms = 0.0
         self.over_rate = False  # refused for the session's rate (its record is metered)
+        self.withheld = ""  # a refusal as the audit keeps it, told to the agent without details
 
     def target(self, target: Target) -> None:
         # The path, never the query: queries carry tokens often enough.
@@ -407,6 +428,9 @@ class _Audit:
 
     def allowed(self) -> None:
         self.verdict = "allowed"
+
+    def withhold(self, reason: str) -> None:
+        self.withheld = reason
 
     def note(self, text: str) -> None:
         self.reason = f"{self.reason}; {text}" if self.reason else text

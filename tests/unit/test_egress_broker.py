@@ -165,6 +165,27 @@ def test_any_refused_answer_spoils_the_name(answers: list[str]) -> None:
     assert "resolves to" in decisions[-1].reason
 
 
+@pytest.mark.parametrize(
+    ("answers", "kind"),
+    [(["10.1.2.3"], "a private address"), ([PUBLIC, "100.64.7.7"], "CGNAT"),
+     (["fd12:3456::5"], "a private address"), (["::ffff:10.1.2.3"], "IPv4-mapped")],
+)  # fmt: skip
+def test_a_names_internal_answer_goes_to_the_audit_not_to_the_agent(
+    answers: list[str], kind: str
+) -> None:
+    """The denial told the agent "<host> resolves to 10.x.y.z, a private address": the inside
+    network's addresses, one name at a time (found by a review)."""
+    broker, upstream, _, decisions = make(resolver=HostileResolver({"api.example.com": [answers]}))
+    with pytest.raises(PolicyDenied, match=r"api\.example\.com resolves to a refused") as e:
+        run(broker, "https://api.example.com/v1/")
+    internal = ipaddress.ip_address(answers[-1])
+    assert kind in str(e.value)
+    assert not any(form in str(e.value) for form in (answers[-1], str(internal), "10.1.2.3"))
+    assert f"resolves to {internal}, a" in decisions[-1].reason
+    assert decisions[-1].verdict == "denied"
+    assert upstream.sent == []
+
+
 def test_internal_cidrs_open_a_documentation_range() -> None:
     docs = (ipaddress.ip_network("198.51.100.0/24"),)
     broker, upstream, _, _ = make(internal_cidrs=docs)
