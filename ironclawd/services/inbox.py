@@ -6,13 +6,13 @@ session its route's session key names (services/inbox_sessions.py) through
 ``MessageService.send`` with a client id derived from the channel's event id: that id's
 uniqueness in the session's queue is the durable de-duplication. Receiving is a redo log
 (ports/channel_records.py), so a daemon killed between any two steps loses and duplicates
-nothing. Replies go back through ``Deliverer`` (services/inbox_delivery.py).
+nothing (services/inbox_receive.py). Replies go back through ``Deliverer``
+(services/inbox_delivery.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections import Counter
@@ -25,7 +25,6 @@ from ironclawd.domain.checks import CheckResult, failed, passed
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
 from ironclawd.errors import (
-    ChannelFailed,
     DiskFull,
     InvalidArgument,
     IronclawError,
@@ -33,7 +32,6 @@ from ironclawd.errors import (
 )
 from ironclawd.ports import Clock
 from ironclawd.ports.channel_records import (
-    ChannelMessage,
     ChannelRecords,
     Delivery,
     HeldMessage,
@@ -47,6 +45,7 @@ from ironclawd.ports.channels import (
     Receipt,
 )
 from ironclawd.services.inbox_delivery import Deliverer, MessagePort
+from ironclawd.services.inbox_receive import Receives
 from ironclawd.services.inbox_sessions import ChannelSessions, SessionPort
 
 log = logging.getLogger("ironclawd.inbox")
@@ -95,11 +94,10 @@ class Inbox:
             records=records, messages=messages, adapters=self.adapters, clock=clock
         )
         self._channel_sessions = ChannelSessions(records, sessions)
-        # (channel, event id) of the receives between sending and recording, by how many.
-        self._in_flight: Counter[tuple[str, str]] = Counter()
+        self._receives = Receives(records, messages, self.deliverer)
         self._failed_tries: dict[tuple[str, str], int] = {}  # (channel, event id): receives raised
         self._counters: dict[str, Counter[str]] = {}  # per channel, shown with its adapter's
-        self.deliverer.finish_receives = self.finish_receives
+        self.deliverer.finish_receives = self._receives.finish
 
     # -- InboxSink -------------------------------------------------------------------------
 
@@ -219,70 +217,12 @@ class Inbox:
             )  # fmt: skip
         if sending is not None:
             sending(kept.sid)
-        return await self._complete(kept)
-
-    async def _complete(self, r: Receiving) -> Receipt:
-        try:
-            return await self._send(r)
-        except NotFound as exc:
-            # The session was removed between routing and sending: route again next time.
-            raise ChannelFailed(f"channel {r.channel}: {exc}; try again") from exc
-
-    async def _send(self, r: Receiving) -> Receipt:
-        """Hand a kept receive to its session's queue and record its message; NotFound (the
-        receive forgotten) if the session is gone."""
-        key = (r.channel, r.event_id)
-        self._in_flight[key] += 1
-        try:
-            try:
-                sent = await self._messages.send(r.sid, r.text, r.client_id)
-                self._records.complete_receive(
-                    ChannelMessage(
-                        r.sid, sent.seq, r.channel, r.where, r.thread, r.event_id, r.sender,
-                        r.reply_url,
-                    )
-                )  # fmt: skip
-            except NotFound:
-                self._records.forget_receive(r.channel, r.event_id)
-                raise
-            except IronclawError:
-                # The queue may have taken it: a reply to it is delivered once its receive is
-                # finished (``finish_receives``), without waiting for the session's next one.
-                self.deliverer.follow(r.sid)
-                raise
-        finally:
-            self._in_flight[key] -= 1
-            if not self._in_flight[key]:
-                del self._in_flight[key]
-        self.deliverer.received(r.sid)
-        return Receipt(Admission.QUEUED if sent.new else Admission.DUPLICATE, sent.seq, r.sid)
-
-    async def finish_receives(self, sid: str) -> bool:
-        """Finish ``sid``'s receives that no receive of this daemon is working on: one whose
-        send or record raised leaves its row, and its channel may never offer the event again
-        (the sender gave up; the event was held). The message is queued once (the queue
-        de-duplicates its client id), as a restart would. Whether a receive of ``sid`` is still
-        being worked on; an error of a send or record is raised."""
-        for r in self._records.receiving():
-            if r.sid == sid and (r.channel, r.event_id) not in self._in_flight:
-                with contextlib.suppress(NotFound):  # the session is gone: nothing to finish
-                    await self._send(r)
-        return any(
-            r.sid == sid and (r.channel, r.event_id) in self._in_flight
-            for r in self._records.receiving()
-        )
+        return await self._receives.complete(kept)
 
     async def resume(self) -> None:
         """After a restart: finish the receives a dead daemon left, then follow every channel
         session's replies (deliveries pending resume with their own delivery ids)."""
-        for r in self._records.receiving():
-            if (r.channel, r.event_id) in self._in_flight:
-                continue  # a receive of the channel's is finishing it
-            try:
-                await self._complete(r)
-            except IronclawError as exc:
-                log.warning("channel %s: finishing a receive for session %s: %s", r.channel,
-                            r.sid, exc)  # fmt: skip
+        await self._receives.resume()
         for sid in self._records.channel_sids():
             self.deliverer.follow(sid)
 
