@@ -75,7 +75,10 @@ def test_a_revoked_mount_is_gone_from_a_session_that_was_starting_when_it_was_ap
     async def go() -> None:
         world.control.hello_gate = asyncio.Event()
         creating = asyncio.create_task(service.create("demo", SID))
-        await _until(lambda: BUNDLE in world.bundles.specs)
+        # The bundle is written before the unit starts: wait for both (the unit's spec was
+        # read too soon in one run of six).
+        await _until(lambda: BUNDLE in world.bundles.specs
+                     and world.store.get(SID).unit in world.units.specs)  # fmt: skip
         assert world.store.get(SID).state is State.STARTING
         assert _mounted(world) == ["/mnt", "/mnt/s"]
         # A read-only grant is a path the unit's runsc reads (ProtectHome= looks at it).
