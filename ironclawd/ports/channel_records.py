@@ -107,11 +107,14 @@ class ChannelRecords(Protocol):
         """Sessions that have channel messages (their replies are followed)."""
         ...
 
-    def hold(self, held: HeldMessage) -> HeldMessage:
-        """Keep it unless (channel, event_id) is held already; return the kept one."""
+    def hold(self, held: HeldMessage, max_rows: int, max_bytes: int) -> HeldMessage | None:
+        """Keep it unless (channel, event_id) is held already; return the kept one. None, and
+        nothing kept, if its channel holds ``max_rows`` messages already or their texts and
+        this one's would pass ``max_bytes`` (UTF-8)."""
         ...
 
     def held(self) -> list[HeldMessage]: ...
+    def held_count(self, channel: str) -> int: ...
     def get_held(self, held_id: int) -> HeldMessage:
         """NotFound if there is none."""
         ...

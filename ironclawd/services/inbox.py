@@ -19,12 +19,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import Route, admission, engages
 from ironclawd.domain.checks import CheckResult, failed, passed
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
 from ironclawd.errors import (
+    ChannelFailed,
     DiskFull,
     InvalidArgument,
     IronclawError,
@@ -57,6 +59,12 @@ RECENT_FAILURES = 5
 MAX_RECEIVE_TRIES = 5
 MAX_FAILING_EVENTS = 1024  # events remembered with their failed tries
 HELD_FAILED = "held for an operator: it could not be queued"
+# Messages held for an operator's decision, per channel, and the UTF-8 bytes of their texts:
+# strangers under `unknown = "hold"` each under the sender rate filled the state DB (600 a
+# minute of 16 KiB), and `ironctl channel held` shows them all in one answer of at most 4 MiB.
+MAX_HELD_MESSAGES = 1000
+MAX_HELD_BYTES = 1024 * 1024
+HELD_FULL = "too many messages wait for an operator's decision already; try again later"
 
 
 def client_id(channel: str, event_id: str) -> str:
@@ -114,9 +122,8 @@ class Inbox:
             return Receipt(Admission.NOT_WIRED, reason=f"nothing is wired to {event.where!r}")
         key = (event.channel, event.event_id)
         tries = self._failed_tries.get(key, 0)
-        if tries >= MAX_RECEIVE_TRIES:  # held already: offered again with the rest of a batch
-            self._records.hold(_held(event, self._clock.time()))
-            return Receipt(Admission.HELD, reason=HELD_FAILED)
+        if tries >= MAX_RECEIVE_TRIES and self._hold(event) is not None:
+            return Receipt(Admission.HELD, reason=HELD_FAILED)  # offered again with a batch
         try:
             receipt = await self._admit(event, *found)
         except DiskFull:
@@ -136,7 +143,13 @@ class Inbox:
     def _hold_failed(self, event: InboundEvent, tries: int, exc: IronclawError) -> Receipt:
         """Hold a message whose receive keeps failing: its channel goes on with the others, and
         an operator can try it again (``ironctl channel admit``) or drop it."""
-        held = self._records.hold(_held(event, self._clock.time()))
+        held = self._hold(event)
+        if held is None:  # it waits in its channel (and holds up its room) until there is room
+            raise ChannelFailed(
+                f"channel {event.channel}: event {event.event_id}: receiving it failed {tries} "
+                f"times ({exc}), and the channel holds {MAX_HELD_MESSAGES} messages or "
+                f"{MAX_HELD_BYTES} bytes for an operator already (ironctl channel held)"
+            ) from exc
         self._count(event.channel, "receive_failed_held")
         log.error(
             "channel %s: event %s of %r in %s: receiving it failed %d times (%s); held as %d "
@@ -145,6 +158,11 @@ class Inbox:
             held.id, extra=message_id(MessageId.CHANNEL_FAILED, IRONCLAW_CHANNEL=event.channel),
         )  # fmt: skip
         return Receipt(Admission.HELD, reason=HELD_FAILED)
+
+    def _hold(self, event: InboundEvent) -> HeldMessage | None:
+        """Hold ``event`` (once) for an operator; None if its channel holds all it may."""
+        held = _held(event, self._clock.time())
+        return self._records.hold(held, MAX_HELD_MESSAGES, MAX_HELD_BYTES)
 
     def _count(self, channel: str, name: str) -> None:
         self._counters.setdefault(channel, Counter())[name] += 1
@@ -155,7 +173,15 @@ class Inbox:
             log.info("channel %s: dropped a message from %r", event.channel, event.sender)
             return Receipt(Admission.DROPPED, reason="this sender may not talk to this agent")
         if decision == "hold":
-            held = self._records.hold(_held(event, self._clock.time()))
+            held = self._hold(event)
+            if held is None:
+                self._count(event.channel, "held_full")
+                ratelog.warning(log, event.channel, "held full",
+                                "channel %s: dropped a message from %r: %d messages or %d bytes "
+                                "are held for an operator already (ironctl channel held)",
+                                event.channel, event.sender, MAX_HELD_MESSAGES,
+                                MAX_HELD_BYTES)  # fmt: skip
+                return Receipt(Admission.DROPPED, reason=HELD_FULL)
             log.info("channel %s: holding message %d from %r", event.channel, held.id,
                      event.sender)  # fmt: skip
             return Receipt(Admission.HELD, reason="held for an operator to admit")
@@ -271,7 +297,7 @@ class Inbox:
         status = self.adapter(name).status()
         if name in self._counters:
             status = replace(status, counters={**status.counters, **self._counters[name]})
-        held = sum(1 for h in self._records.held() if h.channel == name)
+        held = self._records.held_count(name)
         return ChannelReport(
             status,
             self._records.delivery_counts(name),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from ironclawd.errors import NotFound
@@ -184,24 +185,41 @@ class ChannelState:
 
     # -- held ------------------------------------------------------------------------------
 
-    def hold(self, held: HeldMessage) -> HeldMessage:
+    def hold(self, held: HeldMessage, max_rows: int, max_bytes: int) -> HeldMessage | None:
         h = held
+        size = len(h.text.encode("utf-8", "surrogatepass"))
         with self._tx(f"holding an event of channel {h.channel}") as db:
-            db.execute(
-                "INSERT OR IGNORE INTO held (channel, where_, sender, event_id, thread, text, "
-                "mentioned, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (h.channel, h.where, h.sender, h.event_id, h.thread, h.text, int(h.mentioned),
-                 h.received_at),
-            )  # fmt: skip
             row = db.execute(
                 f"SELECT {_HELD} FROM held WHERE channel = ? AND event_id = ?",  # noqa: S608
                 (h.channel, h.event_id),
             ).fetchone()
-        return _held(row)
+            if row is not None:
+                return _held(row)
+            # From the index held_by_channel alone (store/state.py migration 8).
+            count, total = db.execute(
+                "SELECT count(*), total(size) FROM held WHERE channel = ?", (h.channel,)
+            ).fetchone()
+            if count >= max_rows or total + size > max_bytes:
+                return None
+            cursor = db.execute(
+                "INSERT INTO held (channel, where_, sender, event_id, thread, text, mentioned, "
+                "received_at, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (h.channel, h.where, h.sender, h.event_id, h.thread, h.text, int(h.mentioned),
+                 h.received_at, size),
+            )  # fmt: skip
+        return replace(h, id=int(cursor.lastrowid))
 
     def held(self) -> list[HeldMessage]:
         rows = self._all("listing held messages", f"SELECT {_HELD} FROM held ORDER BY id")  # noqa: S608
         return [_held(r) for r in rows]
+
+    def held_count(self, channel: str) -> int:
+        row = self._one(
+            f"counting held messages of channel {channel}",
+            "SELECT count(*) FROM held WHERE channel = ?",
+            (channel,),
+        )
+        return int(row[0])
 
     def get_held(self, held_id: int) -> HeldMessage:
         row = self._one(

@@ -25,7 +25,7 @@ from ironclawd.store.translate import translated
 if TYPE_CHECKING:
     from ironclawd.domain.changes import Change
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # The event ids of removed sessions' channel messages kept, newest first: one its channel offers
 # again (a Matrix batch synced again, a webhook sender's retry) is still a duplicate.
 KEEP_GONE_EVENTS = 10_000
@@ -137,6 +137,13 @@ _MIGRATIONS = {
         DELETE FROM deliveries WHERE sid NOT IN (SELECT sid FROM sessions);
         DELETE FROM channel_receiving WHERE sid NOT IN (SELECT sid FROM sessions);
         DELETE FROM channel_sessions WHERE sid NOT IN (SELECT sid FROM sessions);
+    """,
+    # Each held message's size (UTF-8 bytes of its text), and an index that counts a channel's
+    # held messages and their bytes without reading their texts: holding is capped per channel.
+    8: """
+        ALTER TABLE held ADD COLUMN size INTEGER NOT NULL DEFAULT 0;
+        UPDATE held SET size = length(CAST(text AS BLOB));
+        CREATE INDEX held_by_channel ON held (channel, size);
     """,
 }
 _CHANGE_COLUMNS = (

@@ -105,17 +105,41 @@ def test_receiving_is_kept_once_and_completed_into_a_message(records: ChannelRec
 
 def test_held_messages(records: ChannelRecords) -> None:
     held = HeldMessage(0, "chat", "!r", "@eve", "$9", "", "let me in", True, 5.0)
-    kept = records.hold(held)
+    kept = records.hold(held, 10, 1000)
+    assert kept is not None
     assert kept.id > 0
     assert kept.text == "let me in"
     assert kept.mentioned
-    assert records.hold(held) == kept  # the same event held once
+    assert records.hold(held, 10, 1000) == kept  # the same event held once
     assert records.held() == [kept]
+    assert records.held_count("chat") == 1
     assert records.get_held(kept.id) == kept
     records.delete_held(kept.id)
     assert records.held() == []
+    assert records.held_count("chat") == 0
     with pytest.raises(NotFound, match="held message"):
         records.get_held(kept.id)
+
+
+def test_held_messages_are_capped_per_channel_by_count_and_bytes(
+    records: ChannelRecords,
+) -> None:
+    def hold(channel: str, event_id: str, text: str) -> HeldMessage | None:
+        held = HeldMessage(0, channel, "!r", "@eve", event_id, "", text, False, 5.0)
+        return records.hold(held, 3, 10)
+
+    first = hold("chat", "$1", "ab")
+    assert first is not None
+    assert hold("chat", "$2", "é" * 4) is not None  # 8 bytes of UTF-8: 10 in all
+    assert hold("chat", "$3", "c") is None  # 11 bytes: nothing kept
+    assert hold("chat", "$1", "ab") == first  # held already: still the one kept
+    assert hold("other", "$3", "c") is not None  # another channel's count and bytes
+    records.delete_held(first.id)
+    assert hold("chat", "$3", "c") is not None
+    assert hold("chat", "$4", "d") is not None
+    assert hold("chat", "$5", "e") is None  # 3 messages
+    assert [h.event_id for h in records.held() if h.channel == "chat"] == ["$2", "$3", "$4"]
+    assert records.held_count("chat") == 3
 
 
 def test_deliveries(records: ChannelRecords) -> None:

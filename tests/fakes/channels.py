@@ -146,10 +146,13 @@ class MemoryChannelRecords:
     def channel_sids(self) -> list[str]:
         return sorted({m.sid for m in self.messages.values()})
 
-    def hold(self, held: HeldMessage) -> HeldMessage:
+    def hold(self, held: HeldMessage, max_rows: int, max_bytes: int) -> HeldMessage | None:
         for h in self.held_rows.values():
             if (h.channel, h.event_id) == (held.channel, held.event_id):
                 return h
+        sizes = [_size(h.text) for h in self.held_rows.values() if h.channel == held.channel]
+        if len(sizes) >= max_rows or sum(sizes) + _size(held.text) > max_bytes:
+            return None
         self._held_id += 1
         kept = dataclasses.replace(held, id=self._held_id)
         self.held_rows[kept.id] = kept
@@ -157,6 +160,9 @@ class MemoryChannelRecords:
 
     def held(self) -> list[HeldMessage]:
         return [self.held_rows[k] for k in sorted(self.held_rows)]
+
+    def held_count(self, channel: str) -> int:
+        return sum(h.channel == channel for h in self.held_rows.values())
 
     def get_held(self, held_id: int) -> HeldMessage:
         try:
@@ -197,6 +203,10 @@ class MemoryChannelRecords:
                                                                   and d.last_error))
         ]  # fmt: skip
         return sorted(rows, key=lambda d: -d.updated_at)[:limit]
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True)
