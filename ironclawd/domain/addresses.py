@@ -38,14 +38,16 @@ NAT64 = ipaddress.ip_network("64:ff9b::/96")
 NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215
 IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
-# Ranges that internal_cidrs may never overlap (config validation uses this).
+# Ranges that internal_cidrs may never overlap (config validation uses this). The metadata
+# addresses outside them are not here: a range holding one (an operator's 100.64.0.0/10 or
+# fd00::/8) is accepted and the address alone stays closed (never_reason checks METADATA first);
+# refusing the range made a configuration that had started fine fail at the next start.
 NEVER_NETWORKS: tuple[IPNetwork, ...] = tuple(
     ipaddress.ip_network(n)
     for n in (
         "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "255.255.255.255/32",
         "::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48",
-        "2002::/16", "2001::/32", "fe80::/10", "ff00::/8", "fd00:ec2::254/128",
-        "100.100.100.200/32", "fd20:ce::254/128", "fd00:c1::a9fe:a9fe/128",
+        "2002::/16", "2001::/32", "fe80::/10", "ff00::/8",
     )
 )  # fmt: skip
 
@@ -106,6 +108,8 @@ def parse_internal_cidr(text: str) -> IPNetwork:
     """One ``internal_cidrs`` entry; refuses host bits, and anything that overlaps a range that
     may never be reached (ValueError naming it)."""
     net = ipaddress.ip_network(text, strict=True)
+    if net.num_addresses == 1 and net.network_address in METADATA:
+        raise ValueError(f"{text} is a cloud metadata address, which may never be reached")
     for never in NEVER_NETWORKS:
         if net.version == never.version and net.overlaps(never):
             raise ValueError(f"{text} overlaps {never}, which may never be reached")

@@ -55,12 +55,28 @@ def test_internal_cidrs_open_only_what_they_name() -> None:
 
 @pytest.mark.parametrize(
     "cidr", ["127.0.0.0/8", "0.0.0.0/0", "169.254.169.0/24", "::/0", "fe80::/64", "10.0.0.1/8",
-             "224.0.0.0/24", "::ffff:0:0/96", "fd00:ec2::/64", "100.64.0.0/10", "fd20::/16",
-             "fd00:c1::/32"],
+             "224.0.0.0/24", "::ffff:0:0/96", "100.100.100.200/32", "fd00:ec2::254/128"],
 )  # fmt: skip
 def test_internal_cidrs_cannot_open_the_never_ranges(cidr: str) -> None:
     with pytest.raises(ValueError, match=r"which may never be reached|has host bits set"):
         parse_internal_cidr(cidr)
+
+
+@pytest.mark.parametrize(
+    ("cidr", "metadata"),
+    [("100.64.0.0/10", "100.100.100.200"), ("fd00::/8", "fd00:ec2::254"),
+     ("fd20::/16", "fd20:ce::254"), ("fd00:c1::/32", "fd00:c1::a9fe:a9fe")],
+)  # fmt: skip
+def test_a_range_holding_a_metadata_address_opens_all_of_it_but_that(
+    cidr: str, metadata: str
+) -> None:
+    """An operator's Tailscale range (100.64.0.0/10) or ULA prefix is accepted: refusing it
+    would fail a configuration that started before at the next start. The metadata address in it
+    stays closed."""
+    opened = [parse_internal_cidr(cidr)]
+    assert refusal_reason(ipaddress.ip_address(metadata), opened) == "cloud metadata address"
+    neighbour = ipaddress.ip_address(metadata) + 1
+    assert refusal_reason(neighbour, opened) is None
 
 
 @given(
