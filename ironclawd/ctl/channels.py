@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
-from ironclawd.ctl.shapes import print_json
+from ironclawd.ctl.shapes import print_json, to_dict
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
@@ -85,8 +85,13 @@ def cmd_test(args: argparse.Namespace, stub: Stub) -> int:
 
 def cmd_held(args: argparse.Namespace, stub: Stub) -> int:
     reply = stub.ListHeld(admin_pb2.ListHeldRequest(), timeout=args.timeout)
+    after = reply.next_after_id
+    while after:  # the daemon answers a page at a time
+        page = stub.ListHeld(admin_pb2.ListHeldRequest(after_id=after), timeout=args.timeout)
+        reply.held.extend(page.held)
+        after = page.next_after_id
     if args.json:
-        print_json(reply)
+        print(json.dumps({"held": [to_dict(h) for h in reply.held]}, indent=2))
         return exitcodes.OK
     rows = [[h.id, h.channel, _shown(h.where), _shown(h.sender), render.when(h.received_at),
              _shown(h.text, HELD_TEXT)] for h in reply.held]  # fmt: skip

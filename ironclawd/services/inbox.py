@@ -254,8 +254,8 @@ class Inbox:
 
     # -- held messages (operator) ----------------------------------------------------------
 
-    def held(self) -> list[HeldMessage]:
-        return self._records.held()
+    def held(self, after: int = 0, limit: int = -1) -> list[HeldMessage]:
+        return self._records.held(after, limit)
 
     async def admit(self, held_id: int, sending: Callable[[str], None] | None = None) -> Receipt:
         """Queue a held message as if its sender were allowed (the route must still exist);

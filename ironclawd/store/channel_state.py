@@ -209,8 +209,12 @@ class ChannelState:
             )  # fmt: skip
         return replace(h, id=int(cursor.lastrowid))
 
-    def held(self) -> list[HeldMessage]:
-        rows = self._all("listing held messages", f"SELECT {_HELD} FROM held ORDER BY id")  # noqa: S608
+    def held(self, after: int = 0, limit: int = -1) -> list[HeldMessage]:
+        rows = self._all(
+            "listing held messages",
+            f"SELECT {_HELD} FROM held WHERE id > ? ORDER BY id LIMIT ?",  # noqa: S608
+            (after, limit),
+        )
         return [_held(r) for r in rows]
 
     def held_count(self, channel: str) -> int:

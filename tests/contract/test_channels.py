@@ -142,6 +142,19 @@ def test_held_messages_are_capped_per_channel_by_count_and_bytes(
     assert records.held_count("chat") == 3
 
 
+def test_held_messages_are_listed_a_page_at_a_time(records: ChannelRecords) -> None:
+    kept = []
+    for n in range(5):
+        held = HeldMessage(0, "chat", "!r", "@eve", f"${n}", "", f"m{n}", False, 5.0)
+        one = records.hold(held, 10, 1000)
+        assert one is not None
+        kept.append(one)
+    assert records.held(0, 2) == kept[:2]
+    assert records.held(kept[1].id, 2) == kept[2:4]
+    assert records.held(kept[3].id) == kept[4:]
+    assert records.held(kept[4].id, 2) == []
+
+
 def test_deliveries(records: ChannelRecords) -> None:
     assert records.last_settled("sid1") == 0
     pending = Delivery("sid1", 1, "chat", "pending", updated_at=1.0)

@@ -158,8 +158,9 @@ class MemoryChannelRecords:
         self.held_rows[kept.id] = kept
         return kept
 
-    def held(self) -> list[HeldMessage]:
-        return [self.held_rows[k] for k in sorted(self.held_rows)]
+    def held(self, after: int = 0, limit: int = -1) -> list[HeldMessage]:
+        kept = [self.held_rows[k] for k in sorted(self.held_rows) if k > after]
+        return kept if limit < 0 else kept[:limit]
 
     def held_count(self, channel: str) -> int:
         return sum(h.channel == channel for h in self.held_rows.values())

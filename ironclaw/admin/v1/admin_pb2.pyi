@@ -1669,12 +1669,23 @@ Global___HeldMessage: _TypeAlias = HeldMessage  # noqa: Y015
 class ListHeldRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    after_id: _builtins.int
+    """A page starts after this held message's id (0: from the first)."""
+    limit: _builtins.int
+    """At most this many in a page (0: the daemon's default, 200; at most 500). A page also ends
+    before it passes 3 MiB of text.
+    """
     def __init__(
         self,
+        *,
+        after_id: _builtins.int = ...,
+        limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "limit", b"limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1685,16 +1696,20 @@ class ListHeldResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HELD_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_ID_FIELD_NUMBER: _builtins.int
+    next_after_id: _builtins.int
+    """Ask again with this as after_id for the next page; 0 when this page is the last."""
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldMessage]: ...
     def __init__(
         self,
         *,
         held: _abc.Iterable[Global___HeldMessage] | None = ...,
+        next_after_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "next_after_id", b"next_after_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
