@@ -184,8 +184,30 @@ def test_a_symlinked_outbound_db_is_refused_without_opening_its_target(
     assert not any(seen)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "hardlink", "owner", "size"])
-def test_anything_but_a_lone_regular_agent_file_is_refused(outdir: Path, kind: str) -> None:
+class _ForeignStat:
+    """A regular file's ``fstat`` as if another uid owned it (the unit tier may not chown)."""
+
+    def __init__(self, st: os.stat_result) -> None:
+        self._st = st
+        self.st_uid = UID + 1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._st, name)
+
+
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        ("fifo", f"refusing outbound.db: expected a regular file owned by uid {UID} with one link"),
+        ("hardlink", "refusing outbound.db: expected a regular file owned by uid"),
+        ("owner", "refusing outbound.db: expected a regular file owned by uid"),
+        ("size", "refusing outbound.db: [0-9]+ bytes, over 1024"),
+    ],
+    ids=["fifo", "hardlink", "owner", "size"],
+)
+def test_anything_but_a_lone_regular_agent_file_is_refused(
+    outdir: Path, kind: str, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = outdir / "outbound.db"
     if kind == "fifo":
         os.mkfifo(db)
@@ -195,8 +217,16 @@ def test_anything_but_a_lone_regular_agent_file_is_refused(outdir: Path, kind: s
         os.link(db, outdir / "other")
     r = reader(outdir, max_bytes=1024 if kind == "size" else 1 << 20)
     if kind == "owner":
-        r = OutboundReader(outdir, KEY, UID + 1, outdir.parents[2] / "scratch", 1 << 20)
-    with pytest.raises(HostError, match="refusing"):
+        # The directory stays the agent's (a foreign one is refused before the file is looked
+        # at); only the file is another uid's.
+        real_fstat = os.fstat
+
+        def fstat(fd: int) -> object:
+            st = real_fstat(fd)
+            return _ForeignStat(st) if stat.S_ISREG(st.st_mode) else st
+
+        monkeypatch.setattr(os, "fstat", fstat)
+    with pytest.raises(HostError, match=match):
         r.read_after(0, 10, CAP)
 
 
