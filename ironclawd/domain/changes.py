@@ -130,7 +130,10 @@ class ParsedChange(Generic[P]):
 # an agent's approver groups) hold for every kind whose effect a change has, not only its own.
 _EFFECTS: dict[str, Callable[[AgentSpec], object]] = {
     "tools": effective_tools,
-    "egress": effective_egress,
+    # A webhook route's reply_url sends the agent's replies to a host: a way out, decided under
+    # the egress rules too (found by a review: a session's wiring change passed the agent's
+    # egress approver group).
+    "egress": lambda spec: (effective_egress(spec), {r.reply_url for r in spec.wiring}),
     "mcp": lambda spec: (effective_mcp_grants(spec), spec.mcp_servers),
 }
 
@@ -142,7 +145,17 @@ def effect_kinds(kind: str, before: AgentSpec | None, after: AgentSpec) -> froze
     base = before if before is not None else AgentSpec(name=after.name)
     found = {kind}
     found.update(name for name, of in _EFFECTS.items() if of(base) != of(after))
+    # A change of who decides a kind is a change of that kind: else any admin could lift the
+    # egress group's rule with a permissions change, then approve egress himself (found by a
+    # review).
+    found.update(regrouped(base, after))
     return frozenset(found)
+
+
+def regrouped(before: AgentSpec, after: AgentSpec) -> frozenset[str]:
+    """The kinds whose approver group (permissions' ``approvers``) differs between the two."""
+    old, new = dict(before.permissions.approvers), dict(after.permissions.approvers)
+    return frozenset(k for k in {*old, *new} if old.get(k) != new.get(k))
 
 
 def _kind(name: str) -> ChangeKind[Any]:
@@ -167,13 +180,26 @@ def parse_change(kind_name: str, agent: str, payload_json: str) -> ParsedChange[
         raise InvalidArgument(f"agent: expected a name of [a-z][a-z0-9-]{{0,62}}, got {agent!r}")
     try:
         payload = json.loads(payload_json)
+        # A lone surrogate (JSON's "\ud800") cannot be hashed or stored as UTF-8.
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        # Not a ValueError: it escaped as an internal error, unaudited (found by a review).
+        raise InvalidArgument("payload: nested too deeply") from None
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"payload: holds a lone surrogate ({exc.object[exc.start]!a}); expected text"
+        ) from None
     except ValueError as exc:
         raise InvalidArgument(f"payload: not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidArgument("payload: expected a JSON object")
     if kind.refusal:
         raise InvalidArgument(kind.refusal)
-    return ParsedChange(kind, agent, kind.parse(payload))
+    try:
+        parsed = kind.parse(payload)
+    except RecursionError:
+        raise InvalidArgument("payload: nested too deeply") from None
+    return ParsedChange(kind, agent, parsed)
 
 
 def check_payload(kind: str, agent: str, payload_json: str) -> dict[str, Any]:

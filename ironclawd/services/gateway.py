@@ -35,7 +35,6 @@ from ironclawd.errors import (
     NotFound,
     PolicyDenied,
     RateLimited,
-    SandboxError,
 )
 from ironclawd.ports import (
     AuditSink,
@@ -312,6 +311,7 @@ class Gateway:
                              "applied again at the next start of ironclawd")  # fmt: skip
             kinds = self._effect_kinds(change)
             self._check_approver_group(change, approver, groups, "approve", kinds)
+            self._check_new_groups(change, approver, groups)
             # Bytes: compare_digest raises TypeError on a str holding non-ASCII characters.
             given = expected_hash.encode("utf-8", "surrogateescape")
             if not given or not secrets.compare_digest(given, change.hash.encode()):
@@ -353,17 +353,51 @@ class Gateway:
 
     def _effect_kinds(self, change: Change) -> frozenset[str]:
         """The kinds ``change`` amounts to on the agent as it is now: its own, and those whose
-        grants it also changes (a skill bringing an egress rule is an egress change too), which
-        the rules keyed by kind (four-eyes, approver groups) hold for. A change that no longer
-        applies is its own kind only: applying it fails anyway."""
-        from ironclawd.domain.changes import effect_kinds, parse_change  # noqa: PLC0415
+        grants it also changes (a skill bringing an egress rule is an egress change too) or
+        whose approver group it changes, which the rules keyed by kind (four-eyes, approver
+        groups) hold for. A change that no longer applies is its own kind only: applying it
+        fails anyway."""
+        from ironclawd.domain.changes import effect_kinds  # noqa: PLC0415
 
-        current = self._registry.get(change.agent)
-        try:
-            after = parse_change(change.kind, change.agent, change.payload).apply(current)
-        except IronclawError:
+        after = self._after(change)
+        if after is None:
             return frozenset({change.kind})
-        return effect_kinds(change.kind, current, after)
+        return effect_kinds(change.kind, self._registry.get(change.agent), after)
+
+    def _after(self, change: Change) -> AgentSpec | None:
+        """The agent as ``change`` would leave it now; None if it no longer applies."""
+        from ironclawd.domain.changes import parse_change  # noqa: PLC0415
+
+        try:
+            return parse_change(change.kind, change.agent, change.payload).apply(
+                self._registry.get(change.agent)
+            )
+        except IronclawError:
+            return None
+
+    def _check_new_groups(self, change: Change, approver: str, groups: Collection[str]) -> None:
+        """Whoever approves a rule that names a host group to decide a kind is a member of that
+        group: a rule naming a group nobody is in ('nogroup') locked every operator, root too,
+        out of the kind for the agent, the rule itself included (found by a review)."""
+        from ironclawd.domain.changes import regrouped  # noqa: PLC0415
+
+        after = self._after(change)
+        if after is None or _is_root(approver):
+            return
+        current = self._registry.get(change.agent)
+        base = current if current is not None else AgentSpec(name=change.agent)
+        for kind in sorted(regrouped(base, after)):
+            group = approver_group(after.permissions, kind)
+            if group is not None and group not in groups:
+                why = (
+                    f"it makes host group '{group}' decide {kind} changes for agent "
+                    f"'{change.agent}', and {approver} is not a member: a rule is approved by "
+                    "someone it leaves able to decide"
+                )
+                self._audit.record(
+                    "change.approval_refused", approver, change=change.id, reason=why
+                )
+                raise PolicyDenied(f"cannot approve {change.id}: {why}")
 
     def _check_approver_group(
         self, change: Change, approver: str, groups: Collection[str], verb: str,
@@ -372,6 +406,10 @@ class Gateway:
         """The agent's permissions may name a host group that alone decides a kind for it (on
         top of ironclaw-admin), for each of ``kinds`` the change amounts to: read from the agent
         as it is now, so a permissions change is decided under the rule it would replace."""
+        if _is_root(approver):
+            # Root owns the host (and could rewrite the registry with the master key): a group
+            # emptied or deleted on the host must not leave an agent that nobody can change.
+            return
         spec = self._registry.get(change.agent)
         for kind in sorted(kinds):
             group = approver_group(spec.permissions, kind) if spec is not None else None
@@ -397,10 +435,15 @@ class Gateway:
         try:
             # In a thread: preparing may build an image (downloads, unpacking) for seconds.
             self._registry.put(await asyncio.to_thread(self._new_spec, change))
-        except (Conflict, InvalidArgument, PolicyDenied, SandboxError) as exc:
-            failed = transition(change, ChangeState.FAILED, note=str(exc))
+        except (IronclawError, OSError) as exc:
+            # Nothing of it took effect (the registry is written last): it failed, whatever the
+            # cause. A full disk or an EIO left it "approved" with nothing applied, and every
+            # later approval for the agent, a revocation too, was refused as waiting behind it
+            # (found by a review).
+            reason = str(exc) if isinstance(exc, IronclawError) else f"{type(exc).__name__}: {exc}"
+            failed = transition(change, ChangeState.FAILED, note=reason)
             self._store.save_change(failed)
-            self._audit.record("change.failed", "ironclawd", change=change.id, reason=str(exc))
+            self._audit.record("change.failed", "ironclawd", change=change.id, reason=reason)
             raise
         return await self._restart_and_record(change, **fields)
 
@@ -466,11 +509,12 @@ class Gateway:
             except (Conflict, InvalidArgument, PolicyDenied) as exc:
                 log.warning("change %s could not be applied after restart: %s", change.id, exc,
                             extra=_change_fields(MessageId.CHANGE_NOT_APPLIED, change))  # fmt: skip
-            except IronclawError as exc:
-                # One change that cannot be applied now (its agent gone, a full disk) must not
-                # stop the daemon from starting: it stays approved and is tried at next start.
+            except (IronclawError, OSError) as exc:
+                # One change that cannot be applied now must not stop the daemon from starting:
+                # one whose spec was written stays approved and its restart is tried at the next
+                # start; one that failed before that is recorded failed by _apply.
                 log.error(
-                    "change %s stays approved, not applied after restart: %s",
+                    "change %s not applied after restart: %s",
                     change.id,
                     exc,
                     extra=_change_fields(MessageId.CHANGE_NOT_APPLIED, change),
@@ -485,6 +529,10 @@ def _retrieve(task: asyncio.Task[Change]) -> None:
     # retrieved".
     if not task.cancelled():
         task.exception()
+
+
+def _is_root(approver: str) -> bool:
+    return approver.partition("(")[0] == "uid:0"
 
 
 def _same_person(approver: str, submitter: str) -> bool:
