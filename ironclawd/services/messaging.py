@@ -351,10 +351,11 @@ class MessageService:
         self._pruned[sid] = last
         await self._control.send(sid, "ingested", last)
 
-    async def ingest(self, sid: str, up_to: int | None = None) -> int:
+    async def ingest(self, sid: str, up_to: int | None = None, *, again: bool = False) -> int:
         """Copy the agent's new outbound rows into the record; return how many. Never raises
         for what the agent wrote: a row that cannot be taken as it is becomes a placeholder
-        (audited), and a file that cannot be read is complained about at a bounded rate."""
+        (audited), and a file that cannot be read is complained about at a bounded rate.
+        ``again``: a retry of a failed ingest, whose failure was audited already."""
         lock = self._ingest_locks.setdefault(sid, asyncio.Lock())
         async with lock:
             life = self._life(sid)
@@ -371,7 +372,11 @@ class MessageService:
                     # (a crafted file, which the reader then refuses cheaply until it changes):
                     # tried again, as a failed record is (found by a review: only a full state
                     # DB was, and a reply waited for the agent's next write or a restart).
-                    self._refused(sid, str(exc))
+                    # A retry is not audited again: a crafted file left behind by a session that
+                    # then stopped made one audit record a minute for as long as it existed
+                    # (found by a review of this stop's diff).
+                    if not again:
+                        self._refused(sid, str(exc))
                     self._retry_ingest(sid, exc)
                     return total
                 replies = self._accepted(sid, rows, last, tail.chain)
@@ -475,7 +480,7 @@ class MessageService:
                 self._untaken.discard(sid)  # ingest adds it back if it fails again
                 self._slow.discard(sid)
                 try:
-                    await self.ingest(sid)
+                    await self.ingest(sid, again=True)
                 except IronclawError as exc:
                     log.warning("session %s: ingesting again: %s", sid, exc)
                     self._untaken.add(sid)

@@ -138,3 +138,46 @@ def test_a_new_session_of_a_removed_ones_id_gets_a_fresh_window_of_refusal_recor
         return len(audit.records) - before
 
     assert asyncio.run(go()) == 1
+
+
+# A retry is not audited again (found by a review of this stop's diff): a crafted file left by
+# a session that then stopped made one record a minute for as long as the session existed.
+def test_a_crafted_outbound_file_of_a_stopped_session_is_not_audited_forever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(messaging, "INGEST_RETRY_SECONDS", 0.001)
+    monkeypatch.setattr(messaging, "INGEST_RETRY_MAX_SECONDS", 0.002)
+
+    async def go() -> tuple[int, int]:
+        sessions, messages, data, control, clock = real_services()
+        audit = messages._refusals._audit
+        assert isinstance(audit, RecordingAudit)
+        await sessions.create(AGENT, SID)
+        real_outbound = data.outbound
+
+        def outbound(sid: str, uid: int) -> Any:
+            reader = real_outbound(sid, uid)
+
+            def read_after(*a: Any) -> Any:  # the box left a file that cannot be read
+                raise HostError("reading .../outbound.db: file is not a database")
+
+            reader.read_after = read_after  # type: ignore[method-assign,assignment]
+            return reader
+
+        data.outbound = outbound  # type: ignore[method-assign]
+        await _announce(control, SID, 1)  # announced once
+        await sessions.stop(SID)
+
+        def refused() -> int:
+            return sum(1 for r in audit.records if "outbound.refused" in str(r))
+
+        at_stop = refused()
+        for _ in range(30):  # 30 "minutes" of the stopped session
+            clock.advance(61)
+            await asyncio.sleep(0.01)
+        later = refused()
+        await sessions.close()
+        return at_stop, later
+
+    at_stop, later = asyncio.run(go())
+    assert later - at_stop < 5, f"{later - at_stop} refusal records after the session stopped"
