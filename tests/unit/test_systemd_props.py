@@ -12,7 +12,7 @@ import pytest
 from pystemd.dbusexc import DBusNoSuchUnitError
 
 from ironclawd.errors import HostError, InvalidArgument
-from ironclawd.host import systemd
+from ironclawd.host import hardening, systemd
 from ironclawd.host.systemd import SystemdUnitManager, build_properties, start_transient_args
 from ironclawd.ports import UnitSpec
 
@@ -262,6 +262,72 @@ def test_a_read_only_grant_below_home_keeps_home_read_only_not_hidden() -> None:
     assert p["ReadWritePaths"] == ("as", [])
 
 
-def test_extra_properties_cannot_weaken_the_hardening() -> None:
-    with pytest.raises(InvalidArgument, match="set by the spec"):
-        build_properties(replace(SPEC, extra_properties={"ProtectSystem": "no"}))
+# Every hardening property of a sandbox unit, written out: a setting dropped from
+# hardening.sandbox_properties, or weakened, fails test_the_sandbox_hardening_is_exactly_this
+# (docs/threat-model.md §4.2 lists them). Each change here is a change of the threat model.
+HARDENED = replace(
+    SPEC,
+    writable_paths=(Path("/run/ironclaw/runsc"), Path("/srv/out")),
+    readonly_paths=(Path("/srv/docs"),),
+)
+GOLDEN_HARDENING: list[tuple[str, str, Any]] = [
+    ("NoNewPrivileges", "b", True),
+    # CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID (bits 0-7),
+    # SYS_CHROOT (18), SYS_ADMIN (21)
+    ("CapabilityBoundingSet", "t", 0x0024_00FF),
+    ("AmbientCapabilities", "t", 0),
+    # CLONE_NEWNS | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+    ("RestrictNamespaces", "t", 0x7C02_0000),
+    ("RestrictAddressFamilies", "(bas)", (True, ["AF_UNIX"])),
+    ("SystemCallArchitectures", "as", ["native"]),
+    (
+        "SystemCallFilter",
+        "(bas)",
+        (
+            False,
+            ["@clock", "@cpu-emulation", "@module", "@obsolete", "@raw-io", "@reboot", "@swap"],
+        ),
+    ),
+    ("LockPersonality", "b", True),
+    ("RestrictRealtime", "b", True),
+    ("RestrictSUIDSGID", "b", True),
+    ("ProtectClock", "b", True),
+    ("ProtectHostname", "b", True),
+    ("ProtectKernelTunables", "b", True),
+    ("ProtectKernelModules", "b", True),
+    ("ProtectKernelLogs", "b", True),
+    ("ProtectControlGroups", "b", True),
+    ("ProtectSystem", "s", "strict"),
+    ("ProtectHome", "s", "yes"),
+    ("ReadWritePaths", "as", ["/run/ironclaw/runsc", "/srv/out"]),
+    ("InaccessiblePaths", "as", ["-/run/netns"]),
+    ("PrivateTmp", "b", True),
+    ("PrivateDevices", "b", True),
+    ("PrivateMounts", "b", True),
+    ("ProtectProc", "s", "invisible"),
+    ("DevicePolicy", "s", "closed"),
+    ("IPAddressDeny", "a(iayu)", [(2, bytes(4), 0), (10, bytes(16), 0)]),  # AF_INET, AF_INET6 any
+    ("KeyringMode", "s", "private"),
+]
+# Set by build_properties itself beside the hardening: never the host's network.
+HARDENING_NAMES = [name for name, _, _ in GOLDEN_HARDENING] + ["PrivateNetwork"]
+
+
+def test_the_sandbox_hardening_is_exactly_this() -> None:
+    assert (
+        hardening.sandbox_properties(["/run/ironclaw/runsc", "/srv/out"], ["/srv/docs"])
+        == GOLDEN_HARDENING
+    )
+    built = build_properties(HARDENED)
+    for prop in GOLDEN_HARDENING:
+        assert prop in built, prop[0]
+    assert ("PrivateNetwork", "b", True) in built
+
+
+@pytest.mark.parametrize("name", HARDENING_NAMES)
+def test_no_hardening_property_can_be_overridden(name: str) -> None:
+    """A value each property's type would take ("auto" for DevicePolicy, "0" for a mask): only
+    that the spec sets the property stops it."""
+    weak = {"s": "auto", "t": "0"}.get(systemd.PROPERTY_SIGNATURES[name], "no")
+    with pytest.raises(InvalidArgument, match=f"extra property {name}: set by the spec"):
+        build_properties(replace(HARDENED, extra_properties={name: weak}))
