@@ -12,6 +12,7 @@ method or URL at the upstream are refused. The broker always asks for
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
@@ -95,6 +96,15 @@ class EgressRule:
         return f"{methods} {self.scheme}://{self.host}:{self.effective_port}{{{prefixes}}}"
 
 
+# Bounds on a rule someone asks for in a change (a session may): a path prefix of 1.4 MB made a
+# stored change larger than the admin API's 4 MiB answer, and `ironctl change list` failed from
+# then on (found by a review). Stored rules and the config's are not held to them: an agent
+# approved before they existed still loads (services/registry.py).
+MAX_PATH_PREFIXES = 32
+MAX_PATH_PREFIX = 1024  # characters; a request's whole URL is at most MAX_URL
+MAX_METHODS = len(METHODS)  # given, before duplicates are dropped
+
+
 RULE_KEYS = frozenset(
     {"host", "scheme", "port", "methods", "path_prefixes", "credential", "credential_header",
      "credential_format"}
@@ -134,6 +144,29 @@ def rule_from_mapping(raw: object) -> EgressRule:
     if text["credential"] and "{}" not in text["credential_format"]:
         raise ValueError("credential_format: must contain '{}' where the credential goes")
     return EgressRule(host, scheme, port, methods, prefixes, **text)
+
+
+def requested_rule(raw: object) -> EgressRule:
+    """One rule asked for in a change: :func:`rule_from_mapping`'s checks, at most
+    ``MAX_METHODS`` methods (duplicates dropped, the first kept in place) and ``MAX_PATH_PREFIXES``
+    path prefixes of at most ``MAX_PATH_PREFIX`` characters; ValueError saying what was
+    expected and what was given."""
+    if isinstance(raw, dict):
+        methods, prefixes = raw.get("methods"), raw.get("path_prefixes")
+        if isinstance(methods, list) and len(methods) > MAX_METHODS:
+            raise ValueError(f"methods: at most {MAX_METHODS} methods, got {len(methods)}")
+        if isinstance(prefixes, list) and len(prefixes) > MAX_PATH_PREFIXES:
+            raise ValueError(
+                f"path_prefixes: at most {MAX_PATH_PREFIXES} paths, got {len(prefixes)}"
+            )
+        for index, prefix in enumerate(prefixes if isinstance(prefixes, list) else ()):
+            if isinstance(prefix, str) and len(prefix) > MAX_PATH_PREFIX:
+                raise ValueError(
+                    f"path_prefixes[{index}]: a path of at most {MAX_PATH_PREFIX} characters, "
+                    f"got one of {len(prefix)}"
+                )
+    rule = rule_from_mapping(raw)
+    return dataclasses.replace(rule, methods=tuple(dict.fromkeys(rule.methods)))
 
 
 @dataclass(frozen=True)

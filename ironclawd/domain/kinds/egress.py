@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ironclawd.domain.agents import AgentSpec
-from ironclawd.domain.egress import EgressRule, rule_from_mapping
+from ironclawd.domain.egress import EgressRule, requested_rule
 from ironclawd.domain.kinds.base import ChangeKind, only
 from ironclawd.errors import InvalidArgument, PolicyDenied
 
@@ -31,7 +31,8 @@ class EgressKind(ChangeKind[Egress]):
     name = "egress"
 
     def parse(self, payload: Mapping[str, Any]) -> Egress:
-        """Every rule parses (scheme, host, port, methods, path prefixes)."""
+        """Every rule parses (scheme, host, port, methods, path prefixes) within the bounds of
+        a requested rule (domain/egress.py ``requested_rule``)."""
         only(payload, self.name, {"rules"})
         rules = payload.get("rules")
         if not isinstance(rules, list) or len(rules) > MAX_EGRESS_RULES:
@@ -41,7 +42,7 @@ class EgressKind(ChangeKind[Egress]):
         parsed = []
         for index, raw in enumerate(rules):
             try:
-                parsed.append(rule_from_mapping(raw))
+                parsed.append(requested_rule(raw))
             except (ValueError, TypeError) as exc:
                 raise InvalidArgument(f"payload.rules[{index}]: expected {exc}") from None
         return Egress(tuple(parsed))
