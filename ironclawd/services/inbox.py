@@ -27,6 +27,7 @@ from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
 from ironclawd.errors import (
     ChannelFailed,
+    Conflict,
     DiskFull,
     InvalidArgument,
     IronclawError,
@@ -279,10 +280,39 @@ class Inbox:
         return receipt
 
     def drop_held(self, held_id: int) -> HeldMessage:
+        """Discard a held message, and the receive kept for it if its send failed (else the
+        next start or a reply of its session queued it after all: found by a review). Conflict
+        if it reached its session already (once what failed worked again): nothing is dropped
+        then, and ``admit`` clears it."""
         h = self._records.get_held(held_id)
+        queued = self._forget_receive(h.channel, h.event_id, f"held message {held_id}")
+        if queued is not None:
+            sid, seq = queued
+            raise Conflict(
+                f"held message {held_id}: it is in the queue of session {sid} already (message "
+                f"{seq}), so it cannot be dropped; ironctl channel admit {held_id} clears it "
+                f"from the list"
+            )
         self._records.delete_held(held_id)
         self._failed_tries.pop((h.channel, h.event_id), None)
         return h
+
+    def _forget_receive(self, channel: str, event_id: str, what: str) -> tuple[str, int] | None:
+        """Forget the receive kept for an event being discarded, so that neither
+        ``Receives.resume`` nor ``Receives.finish`` queues it later. If its session's queue
+        has the message already (recorded, or taken by a send whose record then raised),
+        nothing is forgotten, so that replies to it still go back to its sender: (sid, seq)
+        of it then. ChannelFailed while a receive of this daemon is queueing it (whether its
+        queue will have it is not known yet)."""
+        if self._receives.working_on(channel, event_id):
+            raise ChannelFailed(f"{what}: it is being queued right now; try again")
+        done = self._records.message_by_event(channel, event_id)
+        if done is not None:
+            return done.sid, done.seq
+        queued = self._receives.queued_unrecorded(channel, event_id)
+        if queued is None:
+            self._records.forget_receive(channel, event_id)
+        return queued
 
     # -- status ----------------------------------------------------------------------------
 

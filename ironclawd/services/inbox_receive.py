@@ -17,9 +17,11 @@ from collections import Counter
 from ironclawd.errors import ChannelFailed, IronclawError, NotFound
 from ironclawd.ports.channel_records import ChannelMessage, ChannelRecords, Receiving
 from ironclawd.ports.channels import Admission, Receipt
-from ironclawd.services.inbox_delivery import Deliverer, MessagePort
+from ironclawd.services.inbox_delivery import Deliverer, MessagePort, Sent
 
 log = logging.getLogger("ironclawd.inbox")
+
+MAX_UNRECORDED = 1024  # receives remembered whose message was queued but not recorded
 
 
 class Receives:
@@ -31,6 +33,9 @@ class Receives:
         self._deliverer = deliverer
         # (channel, event id) of the receives between sending and recording, by how many.
         self._in_flight: Counter[tuple[str, str]] = Counter()
+        # (channel, event id) -> (sid, seq): receives whose message the queue took but whose
+        # record then raised, so that discarding one does not forget it (``queued_unrecorded``).
+        self._unrecorded: dict[tuple[str, str], tuple[str, int]] = {}
 
     async def complete(self, r: Receiving) -> Receipt:
         """Queue a kept receive and record its message; ChannelFailed if its session was
@@ -43,6 +48,7 @@ class Receives:
     async def _send(self, r: Receiving) -> Receipt:
         key = (r.channel, r.event_id)
         self._in_flight[key] += 1
+        sent: Sent | None = None
         try:
             try:
                 sent = await self._messages.send(r.sid, r.text, r.client_id)
@@ -54,8 +60,11 @@ class Receives:
                 )  # fmt: skip
             except NotFound:
                 self._records.forget_receive(r.channel, r.event_id)
+                self._unrecorded.pop(key, None)
                 raise
             except IronclawError:
+                if sent is not None:
+                    self._remember_unrecorded(key, (r.sid, sent.seq))
                 # The queue may have taken it: a reply to it is delivered once its receive is
                 # finished (``finish``), without waiting for the session's next message.
                 self._deliverer.follow(r.sid)
@@ -64,8 +73,25 @@ class Receives:
             self._in_flight[key] -= 1
             if not self._in_flight[key]:
                 del self._in_flight[key]
+        self._unrecorded.pop(key, None)
         self._deliverer.received(r.sid)
         return Receipt(Admission.QUEUED if sent.new else Admission.DUPLICATE, sent.seq, r.sid)
+
+    def _remember_unrecorded(self, key: tuple[str, str], queued: tuple[str, int]) -> None:
+        self._unrecorded.pop(key, None)
+        if len(self._unrecorded) >= MAX_UNRECORDED:
+            del self._unrecorded[next(iter(self._unrecorded))]  # the oldest
+        self._unrecorded[key] = queued
+
+    def working_on(self, channel: str, event_id: str) -> bool:
+        """Whether a receive of this daemon is sending or recording the event right now."""
+        return (channel, event_id) in self._in_flight
+
+    def queued_unrecorded(self, channel: str, event_id: str) -> tuple[str, int] | None:
+        """(sid, seq) of the event's message if a send of this daemon's put it in its queue
+        and its record then raised (its receive row stays until ``finish`` or ``resume``
+        records it); None if no send did, or none since the daemon started."""
+        return self._unrecorded.get((channel, event_id))
 
     async def finish(self, sid: str) -> bool:
         """Finish ``sid``'s receives that no receive of this daemon is working on: one whose
