@@ -9,9 +9,11 @@ harness itself. Both are torn down even when tests fail; the harness also regist
 hook and ties the namespace's life to this process, for runs that die harder than that.
 
 Under CI (``CI`` set) or with ``IRONCLAW_REQUIRE_REAL=1``, a test of these tiers that skips fails
-instead (`pytest_runtest_makereport` below): without root, systemd or runsc a run must not pass
-on the unit tier alone. Only a skip the operator asked for (its reason starts with `OPTED_OUT`)
-stays a skip.
+instead (`pytest_runtest_makereport` below), and so does a module or conftest of theirs that
+skips while it is collected (``pytest.skip(..., allow_module_level=True)``,
+``pytest.importorskip``: `pytest_make_collect_report` below): without root, systemd or runsc a
+run must not pass on the unit tier alone. Only a skip the operator asked for (its reason starts
+with `OPTED_OUT`) stays a skip.
 """
 
 from __future__ import annotations
@@ -47,14 +49,35 @@ def real_required() -> bool:
     return ci not in ("", "0", "false", "no") or os.environ.get("IRONCLAW_REQUIRE_REAL") == "1"
 
 
-def _real_tier(item: pytest.Item) -> str | None:
+def _real_tier(node: pytest.Item | pytest.Collector) -> str | None:
+    """The real tier ``node`` belongs to: a test, a module or a directory (its conftest can
+    skip the whole tier) under tests/<tier>/."""
     try:
-        parts = item.path.relative_to(item.config.rootpath).parts
+        parts = node.path.relative_to(node.config.rootpath).parts
     except ValueError:
         return None
-    if len(parts) > 2 and parts[0] == "tests" and parts[1] in REAL_TIERS:
+    if len(parts) >= 2 and parts[0] == "tests" and parts[1] in REAL_TIERS:
         return parts[1]
     return None
+
+
+def _fail_a_forced_skip(
+    node: pytest.Item | pytest.Collector, report: pytest.TestReport | pytest.CollectReport
+) -> None:
+    """Under CI, turn ``report``'s skip of a real tier into a failure, unless opted out."""
+    tier = _real_tier(node)
+    if tier is None or not real_required():
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if reason.startswith(OPTED_OUT):
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{node.nodeid}: the {tier} tier may not skip under CI or IRONCLAW_REQUIRE_REAL=1 "
+        f"(it would pass on the unit tier alone): {reason}"
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -63,19 +86,21 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Under CI, a real tier's skip is a failure (an xfail stays an xfail)."""
     report = yield
-    tier = _real_tier(item)
-    if not report.skipped or hasattr(report, "wasxfail") or tier is None or not real_required():
-        return report
-    longrepr = report.longrepr
-    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-    reason = reason.removeprefix("Skipped: ")
-    if reason.startswith(OPTED_OUT):
-        return report
-    report.outcome = "failed"
-    report.longrepr = (
-        f"{item.nodeid}: the {tier} tier may not skip under CI or IRONCLAW_REQUIRE_REAL=1 "
-        f"(it would pass on the unit tier alone): {reason}"
-    )
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _fail_a_forced_skip(item, report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """Under CI, a real tier's module (or conftest) that skips while it is collected is a
+    collection error: such a skip reaches no test, so the hook above never sees it. Here,
+    before any ``pytest_collectreport`` counts the report, rather than in that hook."""
+    report = yield
+    if report.skipped:
+        _fail_a_forced_skip(collector, report)
     return report
 
 

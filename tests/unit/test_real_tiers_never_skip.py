@@ -131,3 +131,74 @@ def test_ci_false_is_not_ci(tree: pytest.Pytester, monkeypatch: pytest.MonkeyPat
     not_root(monkeypatch)
     monkeypatch.setenv("CI", "false")
     tree.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(skipped=1)
+
+
+SKIPPED_AT_COLLECTION = {
+    "tests/integration/test_module_skip.py": """
+import pytest
+
+pytest.skip("no netns support here", allow_module_level=True)
+
+def test_never_reached():
+    pass
+""",
+    "tests/redteam/test_import_skip.py": """
+import pytest
+
+pytest.importorskip("ironclaw_no_such_module_anywhere")
+
+def test_never_reached():
+    pass
+""",
+    "tests/e2e/conftest.py": """
+import pytest
+
+pytest.skip("no Debian image to boot", allow_module_level=True)
+""",
+    "tests/e2e/test_z.py": """
+def test_never_reached():
+    pass
+""",
+}
+
+
+def test_a_real_tier_that_skips_while_collected_fails_under_ci(
+    tree: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module-level skip, an importorskip or a skipping conftest of a real tier reach no
+    test at all: collection itself must fail under CI."""
+    for path, source in SKIPPED_AT_COLLECTION.items():
+        write(tree, path, source)
+    write(
+        tree,
+        "tests/integration/test_opted_out.py",
+        f"""
+import pytest
+
+pytest.skip({OPTED_OUT!r} + "IRONCLAW_E2E=0", allow_module_level=True)
+""",
+    )
+    write(
+        tree,
+        "tests/unit/test_y.py",
+        """
+import pytest
+
+pytest.skip("the unit tier is not the real thing", allow_module_level=True)
+""",
+    )
+    monkeypatch.setenv("CI", "1")
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=3, skipped=2)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_module_skip.py: the integration tier may not skip under CI*no netns support*",
+            "*test_import_skip.py: the redteam tier may not skip under CI*could not import*",
+            "*tests/e2e: the e2e tier may not skip under CI*no Debian image to boot*",
+        ]
+    )
+    # The control: outside CI the same tree only skips.
+    monkeypatch.delenv("CI")
+    result = tree.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=5)
