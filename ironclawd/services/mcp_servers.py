@@ -333,7 +333,7 @@ class McpSupervisor:
         backoff = self._backoff.setdefault(key, _Backoff())
         backoff.failures += 1
         delay = min(
-            self._limits.backoff_initial_seconds * 2 ** (backoff.failures - 1),
+            self._limits.backoff_initial_seconds * 2 ** min(backoff.failures - 1, 30),
             self._limits.backoff_max_seconds,
         )
         backoff.not_before, backoff.last = self._now() + delay, why

@@ -181,7 +181,7 @@ class WarmPool:
                 # it) and OwnedTasks leaves a task's failure to the task: one state DB read
                 # error in ``_fresh_sid`` ended the refills until a restart (found by a review).
                 failures += 1
-                wait = min(MAX_BACKOFF_SECONDS, 2.0 ** (failures - 1))
+                wait = min(MAX_BACKOFF_SECONDS, 2.0 ** min(failures - 1, 30))
                 log.error("pool: refilling: %s (next try in %gs)", exc, wait,
                           exc_info=not isinstance(exc, IronclawError))  # fmt: skip
                 await self._sleep(wait)
@@ -239,7 +239,7 @@ class WarmPool:
         except (IronclawError, OSError, TimeoutError) as exc:
             self._held.discard(sid)
             self._failures += 1
-            wait = min(MAX_BACKOFF_SECONDS, 2.0**self._failures)
+            wait = min(MAX_BACKOFF_SECONDS, 2.0 ** min(self._failures, 30))
             log.warning("pool: starting a sandbox of agent %s: %s (next try in %gs)",
                         agent, exc, wait)  # fmt: skip
             await self._sleep(wait)

@@ -5,6 +5,7 @@ and every claim a cold start, with nothing in the journal, until a restart."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -41,3 +42,38 @@ def test_a_state_db_error_in_a_refill_is_logged_and_the_pool_fills_after_it(
     (line,) = [r for r in caplog.records if "pool: refilling" in r.getMessage()]
     assert "disk I/O error" in line.getMessage()
     assert "next try in 1s" in line.getMessage()
+
+
+# The back-off overflowed a float after 1024 failures in a row (found by a review of this
+# stop's diff): 17 h at the 60 s cap, and the loop ended with OverflowError.
+def test_the_refill_loop_outlives_a_long_outage() -> None:
+    logging.getLogger("ironclawd.pool").disabled = True
+    world = PoolWorld()
+    steps = [0]
+
+    many = asyncio.Event()
+
+    async def failing_step() -> None:
+        steps[0] += 1
+        if steps[0] >= 1100:
+            many.set()
+        raise HostError("reading session x in state DB: disk I/O error")
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    world.pool._step = failing_step  # type: ignore[method-assign]
+    world.pool._sleep = no_wait  # type: ignore[method-assign]
+
+    async def go() -> Any:
+        task = asyncio.get_running_loop().create_task(world.pool._run())
+        await asyncio.wait([task, asyncio.ensure_future(many.wait())], timeout=20,
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        done = task.done()
+        exc = task.exception() if done else None
+        task.cancel()
+        await world.service.close()
+        return done, exc
+
+    done, exc = asyncio.run(go())
+    assert not done, f"the refill loop ended after {steps[0]} failures: {exc!r}"
