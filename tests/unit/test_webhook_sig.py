@@ -12,6 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ironclawd.errors import SignatureError, Unauthenticated
+from ironclawd.formats import webhook_sig
 from ironclawd.formats.webhook_sig import sign, verify
 
 WINDOW = 300.0
@@ -109,3 +110,31 @@ def test_any_one_of_several_v1_matching_is_enough() -> None:
 def test_a_forged_signature_is_mismatch_not_stale() -> None:
     """A stranger learns nothing about the clock: the MAC is checked before the time."""
     assert reason_of(b"k", "t=1,v1=" + "0" * 64, b"", 10**9) == "mismatch"
+
+
+@pytest.mark.parametrize("matching", [0, 1, 3, None])
+def test_every_candidate_is_compared_in_constant_time(
+    monkeypatch: pytest.MonkeyPatch, matching: int | None
+) -> None:
+    """Each v1 goes through hmac.compare_digest, the matching one wherever it stands and every
+    one after it: no ``==`` (whose time says how many leading characters were right) and no
+    early exit (whose time says which candidate matched)."""
+    secret, body, t = b"k" * 32, b"payload", 100
+    good = webhook_sig.mac(secret, t, body)
+    candidates = [f"{i:x}" * 64 for i in range(4)]
+    if matching is not None:
+        candidates[matching] = good
+    compared: list[tuple[object, object]] = []
+    real = hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr("ironclawd.formats.webhook_sig.hmac.compare_digest", recording)
+    header = f"t={t}," + ",".join(f"v1={c}" for c in candidates)
+    if matching is None:
+        assert reason_of(secret, header, body, t) == "mismatch"
+    else:
+        assert verify(secret, header, body, t, WINDOW) == t
+    assert compared == [(good.encode(), c.encode()) for c in candidates]
