@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Reflected:
     channel: grpc.Channel
     database: Any  # ProtoReflectionDescriptorDatabase (grpc_reflection ships no types)
     pool: DescriptorPool
+    pinned: int  # the socket file's O_PATH descriptor, which the channel connects through
 
     def services(self) -> list[ServiceDescriptor]:
         return [self.pool.FindServiceByName(name) for name in sorted(self.database.get_services())]
@@ -64,17 +66,41 @@ class Reflected:
     def methods(self) -> list[MethodDescriptor]:
         return [m for s in self.services() for m in s.methods]
 
+    def close(self) -> None:
+        self.channel.close()
+        os.close(self.pinned)  # after the channel: no connect of its own names a closed fd
+
 
 def open_reflection(socket_path: str, timeout: float | None = None) -> Reflected:
-    # grpcio connects by itself and takes no connected socket, so the kernel is asked who holds
-    # the socket on a connection of ironctl's own first (wire.open_admin_socket: root or you).
-    # Between the two connects the file could be replaced only by someone who may unlink it:
-    # never in root's /run/ironclaw, nor in a sticky /tmp once root's daemon holds the name.
+    # grpcio takes no connected socket: it connects by name, at the first call and again after
+    # a connection ends. Checking who holds the socket on a connection of ironctl's own and then
+    # handing grpcio the name let whoever controls the name (a symlink in sticky /tmp, the very
+    # --socket the check is for) point it at ironclawd's socket for the check and at theirs for
+    # grpcio. So the socket file is pinned first: an O_PATH descriptor (open(2)), held for the
+    # channel's life. The check (wire.open_admin_socket: root or you) and every connect of
+    # grpcio's go through /proc/self/fd/N, which reaches that inode whatever the name says by
+    # then (proc(5)). The inode is one listener's for good (bind(2) makes a new one, and fails
+    # on a name that exists), and SO_PEERCRED reports who listened (unix(7)): checked once, it
+    # holds for every later connect. A subchannel pool of the channel's own: no connection
+    # that another channel of this process made to the same /proc/self/fd/N (another inode,
+    # the number reused) is shared with this one.
     deadline = None if timeout is None else time.monotonic() + timeout
-    wire.open_admin_socket(socket_path, deadline).close()
-    channel = grpc.insecure_channel(f"unix:{socket_path}")
+    try:
+        pinned = os.open(socket_path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as err:
+        raise wire.RpcError(
+            wire.StatusCode.UNAVAILABLE, f"connect to unix:{socket_path}: {err.strerror or err}"
+        ) from None
+    try:
+        through = f"/proc/self/fd/{pinned}"  # 24 bytes at most: well within sun_path's 108
+        wire.open_admin_socket(through, deadline, shown=socket_path).close()
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channel = grpc.insecure_channel(f"unix:{through}", options=options)
+    except BaseException:
+        os.close(pinned)
+        raise
     database = ProtoReflectionDescriptorDatabase(channel)
-    return Reflected(channel, database, DescriptorPool(database))
+    return Reflected(channel, database, DescriptorPool(database), pinned)
 
 
 def method_matches(method_full_name: str, wanted: str) -> bool:
@@ -239,7 +265,7 @@ def cmd_list(args: argparse.Namespace, _stub: Stub) -> int:
             names = [m.full_name for m in match[0].methods]
             doc = {"service": match[0].full_name, "methods": names}
     finally:
-        reflected.channel.close()
+        reflected.close()
     print(json.dumps(doc, indent=2) if args.json else "\n".join(names))
     return exitcodes.OK
 
@@ -259,7 +285,7 @@ def cmd_describe(args: argparse.Namespace, _stub: Stub) -> int:
         }
         text = describers[kind](desc)
     finally:
-        reflected.channel.close()
+        reflected.close()
     print(text)
     return exitcodes.OK
 
@@ -288,4 +314,4 @@ def cmd_call(args: argparse.Namespace, _stub: Stub) -> int:
             print(json.dumps(reply_to_dict(reply)), flush=True)
         return exitcodes.OK
     finally:
-        reflected.channel.close()
+        reflected.close()

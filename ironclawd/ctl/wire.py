@@ -221,6 +221,8 @@ class Channel:
     def _connected(self, deadline: float | None) -> h2.connection.H2Connection:
         if self._conn is not None and not self._went_away(deadline):
             return self._conn
+        # Every connection, a reconnect after a GOAWAY too, is checked on itself: the name is
+        # looked up again (a restarted ironclawd is found), and who holds what it names is asked.
         sock = open_admin_socket(self.path, deadline)
         conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
@@ -387,11 +389,15 @@ class Channel:
 _UCRED = struct.Struct("3i")
 
 
-def open_admin_socket(path: str, deadline: float | None) -> socket.socket:
+def open_admin_socket(
+    path: str, deadline: float | None, *, shown: str | None = None
+) -> socket.socket:
     """A connection to the admin socket at ``path``, once the kernel says root or this user
     holds the other end. ironctl sends what the operator types (personas, skill files,
     ``mcp add --env`` values) and acts on the answers: a socket another user bound (a --socket
-    or IRONCLAW_ADMIN_SOCKET under /tmp or a home, kept through sudo) must get nothing."""
+    or IRONCLAW_ADMIN_SOCKET under /tmp or a home, kept through sudo) must get nothing.
+    Errors name ``shown`` (the --socket path, when ``path`` is /proc/self/fd/N of it)."""
+    shown = path if shown is None else shown
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(_remaining(deadline))
@@ -405,7 +411,7 @@ def open_admin_socket(path: str, deadline: float | None) -> socket.socket:
     except OSError as err:
         sock.close()
         raise RpcError(
-            StatusCode.UNAVAILABLE, f"connect to unix:{path}: {err.strerror or err}"
+            StatusCode.UNAVAILABLE, f"connect to unix:{shown}: {err.strerror or err}"
         ) from None
     except BaseException:
         sock.close()
@@ -415,7 +421,7 @@ def open_admin_socket(path: str, deadline: float | None) -> socket.socket:
         sock.close()
         raise RpcError(
             StatusCode.PERMISSION_DENIED,
-            f"unix:{path} is served by uid {uid}, neither root (ironclawd) nor you (uid {me}): "
+            f"unix:{shown} is served by uid {uid}, neither root (ironclawd) nor you (uid {me}): "
             "nothing was sent to it; check --socket and IRONCLAW_ADMIN_SOCKET",
         )
     return sock
