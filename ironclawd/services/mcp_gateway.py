@@ -122,7 +122,7 @@ class McpGateway:
             call.agent = spec.name
             server, tool = self._granted_tool(sid, spec, name, call)
             arguments = self._arguments(arguments_json, call)
-            result = await self._run(spec.name, server, tool, arguments, call)
+            result = await self._run(spec, server, tool, arguments, call)
             checked = self._checked(spec, server.name, tool, result, call)
         except Exception as exc:
             if not isinstance(exc, IronclawError):  # else call.outcome names the refusal
@@ -183,11 +183,13 @@ class McpGateway:
         return value
 
     async def _run(
-        self, agent: str, server: McpServer, tool: str, arguments: dict[str, object], call: _Call
-    ) -> McpCallResult:
+        self, spec: AgentSpec, server: McpServer, tool: str, arguments: dict[str, object],
+        call: _Call,
+    ) -> McpCallResult:  # fmt: skip
         """The live definition checked against the pin, then the call, within the time-out."""
         limit = self._limits.call_timeout_seconds
         name = f"MCP tool {server.name}/{_show(tool)}"
+        agent = spec.name
         try:
             async with asyncio.timeout(limit):
                 call.outcome = "server-failed"
@@ -216,16 +218,14 @@ class McpGateway:
             ) from None
         except (McpServerFailed, InvalidArgument) as exc:
             # The adapter's message may quote what the server printed (its stderr's last lines).
-            raise type(exc)(self._error_text(agent, name, str(exc))) from None
+            raise type(exc)(self._error_text(spec, name, str(exc))) from None
 
-    def _error_text(self, agent: str, name: str, text: str) -> str:
+    def _error_text(self, spec: AgentSpec, name: str, text: str) -> str:
         """An error's text for the agent: host secrets masked, then clipped; withheld if one
         is still there in an encoded form, as a result is (``_checked``): a server failing
         while it logs a request header may print ``Basic <base64 of user:key>``."""
-        try:
-            secrets = own_secrets(self._credentials, find_agent(self._agents, agent))
-        except IronclawError:  # the agent went meanwhile: nothing of its can be masked
-            secrets = []
+        # The agent as the call began: one removed meanwhile still has its credentials masked.
+        secrets = own_secrets(self._credentials, spec)
         masked = Redactor(secrets).scrub(text)
         found = SecretDetector(secrets).find(masked.encode("utf-8", "backslashreplace"))
         if found is not None:

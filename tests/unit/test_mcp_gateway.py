@@ -400,3 +400,20 @@ def test_a_removed_sessions_refusal_window_is_forgotten() -> None:
     before = len(world.records())
     refuse(1)
     assert len(world.records()) == before + 1
+
+
+def test_an_error_is_masked_for_the_agent_even_if_it_was_removed_during_the_call() -> None:
+    """The error text's masking looked the agent up again by name: removed meanwhile, nothing
+    of its was masked (found by a review of this stop's diff)."""
+    world = World()
+    real_call = world.mcp.call_tool
+
+    async def call_tool(*a: Any) -> McpCallResult:
+        del world.agents["a"]  # removed while the server runs
+        return await real_call(*a)
+
+    world.mcp.call_tool = call_tool  # type: ignore[method-assign,assignment]
+    world.mcp.error = McpServerFailed(f"MCP server time: crashed printing {SECRET}")
+    message = world.refused(McpServerFailed)
+    assert SECRET not in message
+    assert "[REDACTED]" in message
