@@ -1,13 +1,13 @@
 """``Inbox``: the ``InboxSink`` every channel adapter hands its messages to (docs/channels.md).
 
 A message is routed by (channel, where) over the agents' wiring, admitted by the agent's
-permissions (drop, or hold for an operator), engaged by the route's rule, and sent to the
-session its route's session key names (services/inbox_sessions.py) through
-``MessageService.send`` with a client id derived from the channel's event id: that id's
-uniqueness in the session's queue is the durable de-duplication. Receiving is a redo log
-(ports/channel_records.py), so a daemon killed between any two steps loses and duplicates
-nothing (services/inbox_receive.py). Replies go back through ``Deliverer``
-(services/inbox_delivery.py).
+permissions (drop, or hold for an operator: services/inbox_held.py, which also holds one whose
+receive keeps failing), engaged by the route's rule, and sent to the session its route's
+session key names (services/inbox_sessions.py) through ``MessageService.send`` with a client id
+derived from the channel's event id: that id's uniqueness in the session's queue is the durable
+de-duplication. Receiving is a redo log (ports/channel_records.py), so a daemon killed between
+any two steps loses and duplicates nothing (services/inbox_receive.py). Replies go back through
+``Deliverer`` (services/inbox_delivery.py).
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import Route, admission, engages
 from ironclawd.domain.checks import CheckResult, failed, passed
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.domain.messages import check_body
 from ironclawd.errors import (
-    ChannelFailed,
-    Conflict,
     DiskFull,
     InvalidArgument,
     IronclawError,
@@ -48,6 +45,7 @@ from ironclawd.ports.channels import (
     Receipt,
 )
 from ironclawd.services.inbox_delivery import Deliverer, MessagePort
+from ironclawd.services.inbox_held import HeldMessages
 from ironclawd.services.inbox_receive import Receives
 from ironclawd.services.inbox_sessions import ChannelSessions, SessionPort
 
@@ -59,13 +57,6 @@ RECENT_FAILURES = 5
 # must not stop its channel (Matrix hands every room of a sync over together).
 MAX_RECEIVE_TRIES = 5
 MAX_FAILING_EVENTS = 1024  # events remembered with their failed tries
-HELD_FAILED = "held for an operator: it could not be queued"
-# Messages held for an operator's decision, per channel, and the UTF-8 bytes of their texts:
-# strangers under `unknown = "hold"` each under the sender rate filled the state DB (600 a
-# minute of 16 KiB), and `ironctl channel held` shows them all in one answer of at most 4 MiB.
-MAX_HELD_MESSAGES = 1000
-MAX_HELD_BYTES = 1024 * 1024
-HELD_FULL = "too many messages wait for an operator's decision already; try again later"
 
 
 def client_id(channel: str, event_id: str) -> str:
@@ -104,6 +95,7 @@ class Inbox:
         )
         self._channel_sessions = ChannelSessions(records, sessions)
         self._receives = Receives(records, messages, self.deliverer)
+        self._holds = HeldMessages(records, self._receives, clock, self._count)
         self._failed_tries: dict[tuple[str, str], int] = {}  # (channel, event id): receives raised
         self._counters: dict[str, Counter[str]] = {}  # per channel, shown with its adapter's
         self.deliverer.finish_receives = self._receives.finish
@@ -123,8 +115,8 @@ class Inbox:
             return Receipt(Admission.NOT_WIRED, reason=f"nothing is wired to {event.where!r}")
         key = (event.channel, event.event_id)
         tries = self._failed_tries.get(key, 0)
-        if tries >= MAX_RECEIVE_TRIES and self._hold(event) is not None:
-            return Receipt(Admission.HELD, reason=HELD_FAILED)  # offered again with a batch
+        if tries >= MAX_RECEIVE_TRIES:  # offered again: held (or dropped), not tried again
+            return self._holds.hold_failed(event, tries, None)
         try:
             receipt = await self._admit(event, *found)
         except DiskFull:
@@ -137,33 +129,9 @@ class Inbox:
             self._failed_tries[key] = tries
             if tries < MAX_RECEIVE_TRIES:
                 raise
-            return self._hold_failed(event, tries, exc)
+            return self._holds.hold_failed(event, tries, exc)
         self._failed_tries.pop(key, None)
         return receipt
-
-    def _hold_failed(self, event: InboundEvent, tries: int, exc: IronclawError) -> Receipt:
-        """Hold a message whose receive keeps failing: its channel goes on with the others, and
-        an operator can try it again (``ironctl channel admit``) or drop it."""
-        held = self._hold(event)
-        if held is None:  # it waits in its channel (and holds up its room) until there is room
-            raise ChannelFailed(
-                f"channel {event.channel}: event {event.event_id}: receiving it failed {tries} "
-                f"times ({exc}), and the channel holds {MAX_HELD_MESSAGES} messages or "
-                f"{MAX_HELD_BYTES} bytes for an operator already (ironctl channel held)"
-            ) from exc
-        self._count(event.channel, "receive_failed_held")
-        log.error(
-            "channel %s: event %s of %r in %s: receiving it failed %d times (%s); held as %d "
-            "for an operator (ironctl channel admit %d tries it again)",
-            event.channel, event.event_id, event.sender, event.where, tries, exc, held.id,
-            held.id, extra=message_id(MessageId.CHANNEL_FAILED, IRONCLAW_CHANNEL=event.channel),
-        )  # fmt: skip
-        return Receipt(Admission.HELD, reason=HELD_FAILED)
-
-    def _hold(self, event: InboundEvent) -> HeldMessage | None:
-        """Hold ``event`` (once) for an operator; None if its channel holds all it may."""
-        held = _held(event, self._clock.time())
-        return self._records.hold(held, MAX_HELD_MESSAGES, MAX_HELD_BYTES)
 
     def _count(self, channel: str, name: str) -> None:
         self._counters.setdefault(channel, Counter())[name] += 1
@@ -174,18 +142,7 @@ class Inbox:
             log.info("channel %s: dropped a message from %r", event.channel, event.sender)
             return Receipt(Admission.DROPPED, reason="this sender may not talk to this agent")
         if decision == "hold":
-            held = self._hold(event)
-            if held is None:
-                self._count(event.channel, "held_full")
-                ratelog.warning(log, event.channel, "held full",
-                                "channel %s: dropped a message from %r: %d messages or %d bytes "
-                                "are held for an operator already (ironctl channel held)",
-                                event.channel, event.sender, MAX_HELD_MESSAGES,
-                                MAX_HELD_BYTES)  # fmt: skip
-                return Receipt(Admission.DROPPED, reason=HELD_FULL)
-            log.info("channel %s: holding message %d from %r", event.channel, held.id,
-                     event.sender)  # fmt: skip
-            return Receipt(Admission.HELD, reason="held for an operator to admit")
+            return self._holds.hold_stranger(event)
         if not engages(route, event.text, event.mentioned):
             return Receipt(Admission.NOT_ENGAGED)
         return await self._queue(event, spec, route)
@@ -280,39 +237,10 @@ class Inbox:
         return receipt
 
     def drop_held(self, held_id: int) -> HeldMessage:
-        """Discard a held message, and the receive kept for it if its send failed (else the
-        next start or a reply of its session queued it after all: found by a review). Conflict
-        if it reached its session already (once what failed worked again): nothing is dropped
-        then, and ``admit`` clears it."""
-        h = self._records.get_held(held_id)
-        queued = self._forget_receive(h.channel, h.event_id, f"held message {held_id}")
-        if queued is not None:
-            sid, seq = queued
-            raise Conflict(
-                f"held message {held_id}: it is in the queue of session {sid} already (message "
-                f"{seq}), so it cannot be dropped; ironctl channel admit {held_id} clears it "
-                f"from the list"
-            )
-        self._records.delete_held(held_id)
+        """Discard a held message (``HeldMessages.drop``)."""
+        h = self._holds.drop(held_id)
         self._failed_tries.pop((h.channel, h.event_id), None)
         return h
-
-    def _forget_receive(self, channel: str, event_id: str, what: str) -> tuple[str, int] | None:
-        """Forget the receive kept for an event being discarded, so that neither
-        ``Receives.resume`` nor ``Receives.finish`` queues it later. If its session's queue
-        has the message already (recorded, or taken by a send whose record then raised),
-        nothing is forgotten, so that replies to it still go back to its sender: (sid, seq)
-        of it then. ChannelFailed while a receive of this daemon is queueing it (whether its
-        queue will have it is not known yet)."""
-        if self._receives.working_on(channel, event_id):
-            raise ChannelFailed(f"{what}: it is being queued right now; try again")
-        done = self._records.message_by_event(channel, event_id)
-        if done is not None:
-            return done.sid, done.seq
-        queued = self._receives.queued_unrecorded(channel, event_id)
-        if queued is None:
-            self._records.forget_receive(channel, event_id)
-        return queued
 
     # -- status ----------------------------------------------------------------------------
 
@@ -375,10 +303,3 @@ class Inbox:
             except IronclawError as exc:
                 log.warning("channel %s: stopping: %s", adapter.name, exc)
         await self.deliverer.stop()
-
-
-def _held(event: InboundEvent, now: float) -> HeldMessage:
-    return HeldMessage(
-        0, event.channel, event.where, event.sender, event.event_id, event.thread, event.text,
-        event.mentioned, event.received_at or now,
-    )  # fmt: skip
