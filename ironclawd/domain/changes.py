@@ -222,6 +222,41 @@ def change_hash(kind: str, agent: str, payload: str, before: str) -> str:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+# The most a change's canonical payload may take (UTF-8). The largest legitimate payload is a
+# skill's: files of up to 1 MiB in all (formats/skill.py MAX_TOTAL_BYTES, docs/skills.md), which
+# JSON can double (a newline or a quote is two characters), 64 paths and a signature of at most
+# 9 KiB: about 2 MiB and 40 KiB.
+MAX_PAYLOAD_BYTES = 5 * 512 * 1024  # 2.5 MiB
+# The most a change may take as the admin API shows it (payload, the agent's view before and
+# after, their diff, the reason), under the admin socket's 4 MiB answer: the payload alone does
+# not bound it, an egress change shows its rules three times. A 1.4 MB egress change made every
+# `ironctl change list` fail (found by a review).
+MAX_SHOWN_BYTES = 3 * 1024 * 1024
+
+
+def check_size(payload: str, before: str, after: str, reason: str) -> None:
+    """At submission: InvalidArgument, naming the size and the cap, unless the canonical
+    ``payload`` is at most MAX_PAYLOAD_BYTES and the change, as shown, at most MAX_SHOWN_BYTES."""
+    size = len(payload.encode("utf-8", "surrogatepass"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidArgument(
+            f"payload: {size} bytes as canonical JSON; expected at most {MAX_PAYLOAD_BYTES}"
+        )
+    shown = shown_bytes(payload, before, after, reason)
+    if shown > MAX_SHOWN_BYTES:
+        raise InvalidArgument(
+            f"change: {shown} bytes as shown (payload, the agent before and after, their diff); "
+            f"expected at most {MAX_SHOWN_BYTES}"
+        )
+
+
+def shown_bytes(payload: str, before: str, after: str, reason: str) -> int:
+    """At least what a change of these takes in an answer of the admin API (protobuf): each text
+    in UTF-8 with up to 6 bytes of framing, 1 KiB for the short fields (ids, times, state)."""
+    texts = [payload, before, after, reason, *diff_lines(before, after)]
+    return 1024 + sum(len(t.encode("utf-8", "surrogatepass")) + 6 for t in texts)
+
+
 def transition(change: Change, to: ChangeState, **fields: Any) -> Change:
     if to not in TRANSITIONS.get(change.state, set()):
         raise Conflict(f"change {change.id} is {change.state.value}: cannot become {to.value}")

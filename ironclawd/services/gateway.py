@@ -188,7 +188,12 @@ class Gateway:
         only_agent: str | None,
     ) -> tuple[ParsedChange[Any], str, str]:
         """The deterministic verifiers; any of them may reject the change outright."""
-        from ironclawd.domain.changes import agent_view, canonical, parse_change  # noqa: PLC0415
+        from ironclawd.domain.changes import (  # noqa: PLC0415
+            agent_view,
+            canonical,
+            check_size,
+            parse_change,
+        )
 
         self._check_rate(submitter, self._clock.time())
         if only_agent is not None and agent != only_agent:
@@ -208,6 +213,7 @@ class Gateway:
         before, after = canonical(agent_view(current)), canonical(agent_view(after_spec))
         if before == after:
             raise InvalidArgument(f"change to agent '{agent}' would change nothing")
+        check_size(canonical(parsed.to_json()), before, after, reason)
         return parsed, before, after
 
     def _check_rate(self, submitter: str, now: float) -> None:
