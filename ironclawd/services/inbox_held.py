@@ -81,7 +81,7 @@ class HeldMessages:
                 "channel %s: event %s of %r in %s: receiving it failed %d times (%s); held as "
                 "%d for an operator (ironctl channel admit %d tries it again)",
                 event.channel, event.event_id, event.sender, event.where, tries, exc, held.id,
-                held.id, extra=message_id(MessageId.CHANNEL_FAILED,
+                held.id, extra=message_id(MessageId.CHANNEL_MESSAGE_FAILED,
                                           IRONCLAW_CHANNEL=event.channel),
             )  # fmt: skip
         return Receipt(Admission.HELD, reason=HELD_FAILED)
@@ -97,7 +97,7 @@ class HeldMessages:
             "held for an operator already (ironctl channel held); dropped",
             where, event.sender, event.where, tries, f" ({exc})" if exc else "",
             MAX_HELD_MESSAGES, MAX_HELD_BYTES,
-            extra=message_id(MessageId.CHANNEL_FAILED, IRONCLAW_CHANNEL=event.channel),
+            extra=message_id(MessageId.CHANNEL_MESSAGE_FAILED, IRONCLAW_CHANNEL=event.channel),
         )  # fmt: skip
         return Receipt(Admission.DROPPED, reason=FAILED_DROPPED)
 
