@@ -78,6 +78,10 @@ class AgentSide(Protocol):
         """``sid``'s agent will not connect (the real one connects only when told to)."""
         ...
 
+    def connects_late(self, sid: str) -> None:
+        """``sid``'s agent says hello only once ``connect``ed and told to (a back-off)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -89,6 +93,10 @@ class FakeAgent:
 
     async def say(self, line: bytes) -> None:
         assert line.startswith(b"hello 7 10000"), "the fake's agent says 'hello 7 10000'"
+        if not self._claim:  # a hello: the fake's agent is connected (again), the gate open
+            self._control.reconnect(self._sid)
+            if self._control.hello_gate is not None:
+                self._control.hello_gate.set()
 
     async def read_line(self) -> bytes:
         lines = self._control.delivered.get(self._sid, [])
@@ -119,6 +127,9 @@ class FakeAgents:
 
     def never_connects(self, sid: str) -> None:
         self._control.silent.add(sid)  # the fake's agent says hello at once unless silent
+
+    def connects_late(self, sid: str) -> None:
+        self._control.hello_gate = asyncio.Event()  # opened by the agent's hello (``say``)
 
     async def close(self) -> None:
         pass
@@ -187,6 +198,9 @@ class UnitAgents:
         return agent
 
     def never_connects(self, sid: str) -> None:
+        pass
+
+    def connects_late(self, sid: str) -> None:
         pass
 
     async def _start(self, sid: str) -> socket.socket:
@@ -314,6 +328,59 @@ async def test_closing_a_session_ends_the_waits_on_it(
         await asyncio.wait_for(hello, WAIT)
     await asyncio.wait_for(gone, WAIT)
     assert await agent.read_to_end() == b""
+
+
+async def test_a_wait_for_the_hello_lasts_until_a_late_agent_says_it(
+    world: tuple[ControlPlane, AgentSide],
+) -> None:
+    """An agent slow to say hello (booting, or backing off before it reconnects) is neither
+    connected nor sent to meanwhile; the wait for its hello ends when it says it."""
+    control, agents = world
+    sid = new_sid()
+    agents.connects_late(sid)
+    await control.open(sid)
+    hello = asyncio.ensure_future(control.wait_hello(sid))
+    await asyncio.sleep(0.05)
+    assert not hello.done()
+    assert not control.connected(sid)
+    assert await control.send(sid, "inbound", 1) is False
+    agent = await agents.connect(sid, CONTROL_SOCKET)
+    await agent.say(b"hello 7 10000\n")
+    said = await asyncio.wait_for(hello, WAIT)
+    assert (said.pid, said.uid) == (7, 10000)
+    await until(lambda: control.connected(sid), "the agent that said hello is connected")
+    assert await control.send(sid, "inbound", 2) is True
+    assert await agent.read_line() == b"inbound 2\n"
+
+
+async def test_an_agent_that_comes_back_is_connected_and_a_new_wait_begins(
+    world: tuple[ControlPlane, AgentSide],
+) -> None:
+    """The daemon drops an agent that stops reading; the agent connects again. The session's
+    watch must see it back (``connected``), reach it, and wait for its new connection to end,
+    not return at once on the end of the old one."""
+    control, agents = world
+    sid = new_sid()
+    await control.open(sid)
+    agent = await agents.connect(sid, CONTROL_SOCKET)
+    await agent.say(b"hello 7 10000\n")
+    await asyncio.wait_for(control.wait_hello(sid), WAIT)
+    assert control.connected(sid)
+    await agent.leave()
+    await asyncio.wait_for(control.wait_disconnect(sid), WAIT)
+    assert not control.connected(sid)
+    assert await control.send(sid, "inbound", 1) is False
+    again = await agents.connect(sid, CONTROL_SOCKET)
+    await again.say(b"hello 7 10000\n")
+    await until(lambda: control.connected(sid), "the agent back is connected")
+    assert await control.send(sid, "inbound", 2) is True
+    assert await again.read_line() == b"inbound 2\n"
+    waiting = asyncio.ensure_future(control.wait_disconnect(sid))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # a new wait, not the old one's end
+    await again.leave()
+    await asyncio.wait_for(waiting, WAIT)
+    assert not control.connected(sid)
 
 
 def lost_claims(control: ControlPlane) -> list[str]:

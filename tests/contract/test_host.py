@@ -40,15 +40,23 @@ def test_a_started_unit_is_active_listed_and_inactive_after_stop(host_impl: str)
         units.stop(name, 30.0)
 
 
-def test_a_unit_that_ends_on_its_own_keeps_its_result_until_reset(host_impl: str) -> None:
+@pytest.mark.parametrize("told", ["exit", "dies_at_start"])
+def test_a_unit_that_ends_on_its_own_keeps_its_result_until_reset(
+    host_impl: str, told: str
+) -> None:
+    """The real unit runs /bin/false: its start succeeds (the program was executed) and it
+    fails at once. The fake's unit ends when told to, after its start (``exit``) or by it
+    (``dies_at_start``, which unit tests use for a sandbox whose runsc fails at start)."""
     units = _units(host_impl)
     name = f"ironclaw-contract-{secrets.token_hex(4)}.service"
     spec = UnitSpec(name=name, argv=["/bin/false"], description="contract", netns_path=None,
                     collect_mode="inactive")  # fmt: skip
     try:
+        if isinstance(units, FakeUnits) and told == "dies_at_start":
+            units.dies_at_start[name] = "exit-code"
         units.start_transient(spec, 30.0)
-        if isinstance(units, FakeUnits):
-            units.exit(name, "exit-code")  # the fake's unit ends when told to
+        if isinstance(units, FakeUnits) and told == "exit":
+            units.exit(name, "exit-code")
         state = units.wait_inactive(name, 30.0)
         assert state is not None
         assert (state.name, state.active_state, state.result) == (name, "failed", "exit-code")

@@ -36,7 +36,9 @@ class _Recording:
 class FakeUnits(_Recording):
     """``UnitManager``: started units are active until stopped; ``exit(name, result)`` makes
     one die on its own; a name in ``dies_at_start`` (name -> result) fails right after it
-    started, as a unit whose runsc could not create the sandbox does."""
+    started, as a unit whose runsc could not create the sandbox does. tests/contract/
+    test_host.py holds both knobs and the real ``SystemdUnitManager`` (a unit of /bin/false,
+    under ``--real-host``) to one contract."""
 
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
@@ -111,10 +113,12 @@ class FakeNetns(_Recording):
 class FakeControl(_Recording):
     """``ControlPlane``: an opened session's agent says hello at once; one ``silent`` names
     never does (the caller's timeout ends the wait, or the session's close, as with the real
-    one); ``drop(sid)`` ends its connection as a dying sandbox would; while ``hello_gate`` is
-    set and not open, every agent waits for it (a reconnect back-off). What ``send`` reached
-    the agent with is kept in ``delivered`` (sid -> lines). tests/contract/test_control.py
-    holds it and the real ``ControlServer`` to one contract."""
+    one); ``drop(sid)`` ends its connection as a dying sandbox would, and ``reconnect(sid)``
+    brings it back (a new wait for its end begins); while ``hello_gate`` is set and not open,
+    every agent waits for it (a reconnect back-off) and is not connected. What ``send``
+    reached the agent with is kept in ``delivered`` (sid -> lines). tests/contract/
+    test_control.py holds it, these knobs included, and the real ``ControlServer`` to one
+    contract."""
 
     def __init__(self, log: Calls | None = None) -> None:
         super().__init__(log)
@@ -201,9 +205,17 @@ class FakeControl(_Recording):
         return closed
 
     def is_connected(self, sid: str) -> bool:
-        """Whether ``send`` would reach the agent (not part of the port)."""
+        """Whether ``send`` would reach the agent (not part of the port): it said hello (it is
+        not ``silent``, nor held by a closed ``hello_gate``) and has not been dropped."""
         event = self._dropped.get(sid)
-        return sid in self.open_dirs and event is not None and not event.is_set()
+        gated = self.hello_gate is not None and not self.hello_gate.is_set()
+        return (
+            sid in self.open_dirs
+            and sid not in self.silent
+            and not gated
+            and event is not None
+            and not event.is_set()
+        )
 
     async def wait_disconnect(self, sid: str) -> None:
         self._require(sid)

@@ -18,9 +18,9 @@ from tests.harness.mcp_venv import mcp_venv
 
 pytestmark = pytest.mark.integration
 
-# The tests of tests/contract/test_host.py (4), test_mcp.py (2), test_control.py (8),
+# The tests of tests/contract/test_host.py (5), test_mcp.py (2), test_control.py (10),
 # test_runtime.py (6), test_mcp_launcher.py (4) and test_session_keys.py (5), each once for real.
-REAL_HOST_CONTRACTS = 29
+REAL_HOST_CONTRACTS = 32
 
 
 def test_real_host_adapters_pass_the_contracts_of_their_fakes(private_systemd: Any) -> None:

@@ -141,7 +141,9 @@ def test_only_the_last_connection_leaving_means_the_sandbox_went_away(in_unit: N
 
 def test_an_agent_that_comes_back_is_connected_and_a_new_wait_begins(in_unit: None) -> None:
     """The daemon drops an agent that stops reading; the agent connects again. The session's
-    watch must see it back (``connected``) and wait for its new connection to end."""
+    watch must see it back (``connected``) and wait for its new connection to end. The same
+    case holds the fake to it in tests/contract/test_control.py, where the real server runs
+    only under ``--real-host``; here it runs on every unit-tier run."""
 
     async def body(box: Box) -> None:
         agent = await box.connect(b"hello 7 10000\n")
