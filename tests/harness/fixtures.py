@@ -23,6 +23,7 @@ import os
 import shutil
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -47,6 +48,16 @@ def real_required() -> bool:
     """Whether skipping a real tier is a failure: under CI or IRONCLAW_REQUIRE_REAL=1."""
     ci = os.environ.get("CI", "").strip().lower()
     return ci not in ("", "0", "false", "no") or os.environ.get("IRONCLAW_REQUIRE_REAL") == "1"
+
+
+def skip_unless_required(reason: str) -> NoReturn:
+    """Skip a test whose prerequisite this machine lacks (OCI schemas, a filesystem that takes
+    FS_APPEND_FL), in any tier; under CI or IRONCLAW_REQUIRE_REAL=1 fail instead: CI's machine
+    has them, and a skip there would pass a check that never ran."""
+    __tracebackhide__ = True  # the skip is reported at the caller's line
+    if real_required():
+        pytest.fail(f"may not skip under CI or IRONCLAW_REQUIRE_REAL=1: {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 def _real_tier(node: pytest.Item | pytest.Collector) -> str | None:

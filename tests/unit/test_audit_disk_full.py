@@ -23,6 +23,7 @@ from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import REPAIRED, AuditLog
 from ironclawd.store.diskspace import check_free
 from ironclawd.store.state import StateStore
+from tests.harness.fixtures import skip_unless_required
 
 KEY = b"k" * 32
 
@@ -138,7 +139,7 @@ def test_the_cut_works_through_the_append_only_flag_and_sets_it_again(tmp_path: 
     log = AuditLog(tmp_path / "audit.log", KEY, write=disk)
     try:
         if not log.append_only:
-            pytest.skip("this filesystem (or this user) cannot set FS_APPEND_FL")
+            skip_unless_required("this filesystem (or this user) cannot set FS_APPEND_FL")
         disk.full = False
         log.append("a", "ironclawd")
         disk.full = True

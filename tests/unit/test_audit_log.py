@@ -31,6 +31,7 @@ from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import GENESIS, AuditLog, canonical
 from ironclawd.store.state import StateStore
 from tests.fakes import MemoryAuditHead, MemoryAuditLog
+from tests.harness.fixtures import skip_unless_required
 
 KEY = b"k" * 32
 N = 6
@@ -235,7 +236,7 @@ def test_with_the_append_only_flag_even_the_owner_cannot_rewrite(tmp_path: Path)
     log = AuditLog(path, KEY)
     try:
         if not log.append_only:
-            pytest.skip("this filesystem (or this user) cannot set FS_APPEND_FL")
+            skip_unless_required("this filesystem (or this user) cannot set FS_APPEND_FL")
         assert _flags(path) & audit_store.FS_APPEND_FL
         log.append("a", "ironclawd")
         for flags in (os.O_WRONLY | os.O_TRUNC, os.O_WRONLY):
