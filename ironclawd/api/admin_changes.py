@@ -11,7 +11,7 @@ import grpc
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.agents import AgentSpec, find_agent
-from ironclawd.errors import InvalidArgument
+from ironclawd.errors import Conflict, InvalidArgument
 from ironclawd.services.audit import Audit
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.registry import Registry
@@ -56,8 +56,24 @@ class ChangesMixin:
     async def ListChanges(
         self, request: admin_pb2.ListChangesRequest, context: Context
     ) -> admin_pb2.ListChangesResponse:
-        changes = self._gateway.list_changes(request.state or None)
-        return admin_pb2.ListChangesResponse(changes=[change_to_proto(c) for c in changes])
+        limit = request.limit or CHANGES_PAGE
+        if limit > CHANGES_PAGE_MAX:
+            raise InvalidArgument(f"limit: expected at most {CHANGES_PAGE_MAX}, not {limit}")
+        # One page, not every change there ever was: changes are never deleted, and one of
+        # 1.4 MB took the answer past the admin socket's 4 MiB for good (found by a review).
+        changes, after = self._gateway.list_page(
+            request.state or None, request.after_id, limit, CHANGES_PAGE_BYTES
+        )
+        page: list[admin_pb2.Change] = []
+        size = 0
+        for change in changes:
+            shown = change_to_proto(change)
+            size += shown.ByteSize()
+            if page and size > CHANGES_PAGE_BYTES:
+                after = page[-1].id
+                break
+            page.append(shown)
+        return admin_pb2.ListChangesResponse(changes=page, next_after_id=after)
 
     async def GetChange(
         self, request: admin_pb2.GetChangeRequest, context: Context
@@ -69,6 +85,15 @@ class ChangesMixin:
     ) -> admin_pb2.ApproveChangeResponse:
         if not request.hash:
             raise InvalidArgument("hash: an approval must name the change's hash (change show)")
+        size = _whole(self._gateway.get(request.id)).ByteSize()
+        if size > CHANGE_ANSWER_MAX:
+            # Shown abridged (change_to_proto): nobody can have read what it would grant.
+            why = (f"it takes {size} bytes, over the {CHANGE_ANSWER_MAX} an answer holds, so "
+                   "it was never shown whole; reject it")  # fmt: skip
+            self._audit_trail.record(
+                "change.approval_refused", operator(), change=request.id, reason=why
+            )
+            raise Conflict(f"cannot approve {request.id}: {why}")
         change = await self._gateway.approve(
             request.id, request.hash, operator(), operator_groups()
         )
@@ -114,7 +139,33 @@ class ChangesMixin:
         )
 
 
+CHANGES_PAGE = 100  # changes in a page when the caller names no limit
+CHANGES_PAGE_MAX = 500
+CHANGES_PAGE_BYTES = 3 * 1024 * 1024  # a page ends before it passes this (an answer: 4 MiB)
+# A change larger than this as an answer is sent abridged (change_to_proto). Submission keeps
+# changes to 3 MiB as shown (domain/changes.py MAX_SHOWN_BYTES); one stored before could take
+# many megabytes, and every answer carrying it failed.
+CHANGE_ANSWER_MAX = 3 * 1024 * 1024 + 512 * 1024
+
+
 def change_to_proto(c: Change) -> admin_pb2.Change:
+    """The change as the admin API shows it; one larger than CHANGE_ANSWER_MAX without its
+    payload, before and after, and with a diff of one line saying why (it cannot be approved:
+    ApproveChange), so that it can still be listed, shown and rejected."""
+    whole = _whole(c)
+    size = whole.ByteSize()
+    if size <= CHANGE_ANSWER_MAX:
+        return whole
+    whole.payload_json = whole.before_json = whole.after_json = ""
+    del whole.diff[:]
+    whole.diff.append(
+        f"(not shown: change {c.id} takes {size} bytes, over the {CHANGE_ANSWER_MAX} an "
+        "answer holds; stored before changes were bounded, it can be rejected, not approved)"
+    )
+    return whole
+
+
+def _whole(c: Change) -> admin_pb2.Change:
     from ironclawd.domain.changes import diff_lines  # noqa: PLC0415
 
     return admin_pb2.Change(

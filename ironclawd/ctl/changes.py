@@ -14,7 +14,7 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import editor, exitcodes, render, terminal
 from ironclawd.ctl.caller import confirm_caller
 from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_file, read_stdin
-from ironclawd.ctl.shapes import print_json
+from ironclawd.ctl.shapes import print_json, to_dict
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
@@ -110,8 +110,14 @@ def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
 def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
     state = "pending" if args.verb == "pending" else (args.state or "")
     reply = stub.ListChanges(admin_pb2.ListChangesRequest(state=state), timeout=args.timeout)
+    after = reply.next_after_id
+    while after:  # the daemon answers a page at a time
+        request = admin_pb2.ListChangesRequest(state=state, after_id=after)
+        page = stub.ListChanges(request, timeout=args.timeout)
+        reply.changes.extend(page.changes)
+        after = page.next_after_id
     if args.json:
-        print_json(reply)
+        print(json.dumps({"changes": [to_dict(c) for c in reply.changes]}, indent=2))
         return exitcodes.OK
     # Ids and submitters are what an operator copies into the next command: never cut (render).
     rows = [[c.id, c.kind, render.visible(c.agent), c.state, render.visible(c.submitter),

@@ -87,6 +87,16 @@ class ChangeRecords(Protocol):
         ...
 
     def list_changes(self, state: str | None = None) -> list[Change]: ...
+    def list_changes_page(
+        self, state: str | None, after: str, limit: int, max_bytes: int
+    ) -> tuple[list[Change], bool]:
+        """A page of changes in ``list_changes``' order (created_at, then id): those after change
+        ``after`` ("": from the first; NotFound if there is none) of ``state`` (None: any), at
+        most ``limit``, ending before their payload, before and after together pass
+        ``max_bytes`` of UTF-8 (one change at least); and whether more follow. Reads only the
+        page: a change may take megabytes."""
+        ...
+
     def count_changes_since(self, submitter: str, since: float) -> int: ...
 
 

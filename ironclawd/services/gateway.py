@@ -266,6 +266,27 @@ class Gateway:
         changes = [self._expire_if_due(c) for c in self._store.list_changes()]
         return [c for c in changes if state is None or c.state.value == state]
 
+    def list_page(
+        self, state: str | None, after: str, limit: int, max_bytes: int
+    ) -> tuple[list[Change], str]:
+        """A page for ListChanges: of at most ``limit`` (at least 1) changes read after change
+        ``after`` ("": from the first) in ``list_changes``' order, ending before ``max_bytes``
+        of payload, before and after, those of ``state`` (None: all); and the id to read after
+        for the next page ("": none left)."""
+        from ironclawd.domain.changes import ChangeState  # noqa: PLC0415
+
+        if state is not None and state not in {s.value for s in ChangeState}:
+            raise InvalidArgument(
+                f"state: expected one of {', '.join(s.value for s in ChangeState)}, got {state!r}"
+            )
+        # A pending change past its expiry is expired: for those, every state is read and such
+        # a change becomes expired here.
+        stored = None if state == ChangeState.EXPIRED.value else state
+        rows, more = self._store.list_changes_page(stored, after, limit, max_bytes)
+        changes = [self._expire_if_due(c) for c in rows]
+        kept = [c for c in changes if state is None or c.state.value == state]
+        return kept, rows[-1].id if more else ""
+
     def _expire_if_due(self, change: Change) -> Change:
         from ironclawd.domain.changes import ChangeState, transition  # noqa: PLC0415
 

@@ -437,6 +437,41 @@ class StateStore:
                 ).fetchall()
         return [_change(r) for r in rows]
 
+    def list_changes_page(
+        self, state: str | None, after: str, limit: int, max_bytes: int
+    ) -> tuple[list[Change], bool]:
+        with self._op("listing a page of changes"):
+            # The page's ids first, then its rows one by one: sorted whole, the rows of every
+            # change (megabytes each) would be read and held to find a page of them.
+            where, args = ["TRUE"], []
+            if after:
+                row = self._db.execute(
+                    "SELECT created_at FROM changes WHERE id=?", (after,)
+                ).fetchone()
+                if row is None:
+                    raise NotFound(f"change {after} not found")
+                where.append("(created_at > ? OR (created_at = ? AND id > ?))")
+                args += [row[0], row[0], after]
+            if state is not None:
+                where.append("state = ?")
+                args.append(state)
+            ids = self._db.execute(
+                f"SELECT id FROM changes WHERE {' AND '.join(where)} "  # noqa: S608
+                "ORDER BY created_at, id LIMIT ?",
+                (*args, limit + 1),
+            ).fetchall()
+            page: list[Change] = []
+            size = 0
+            for (cid,) in ids[:limit]:
+                change = _change(self._db.execute(
+                    f"SELECT {_CHANGE_COLUMNS} FROM changes WHERE id=?", (cid,)  # noqa: S608
+                ).fetchone())  # fmt: skip
+                size += _stored_bytes(change)
+                if page and size > max_bytes:
+                    return page, True
+                page.append(change)
+        return page, len(ids) > limit
+
     def count_changes_since(self, submitter: str, since: float) -> int:
         with self._op(f"counting changes of {submitter}"):
             row = self._db.execute(
@@ -469,6 +504,11 @@ def _change_row(c: Change) -> tuple[object, ...]:
         c.created_at, c.expires_at, c.state.value, c.decided_by, c.decided_at, c.note,
         json.dumps(list(c.drivers)),
     )  # fmt: skip
+
+
+def _stored_bytes(c: Change) -> int:
+    """What a change's payload, before and after take in UTF-8 (a page's measure)."""
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in (c.payload, c.before, c.after))
 
 
 def _change(row: tuple[Any, ...]) -> Change:

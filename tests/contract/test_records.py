@@ -157,6 +157,31 @@ def test_changes_save_only_the_decision(records: dict[str, Any]) -> None:
         store.get_change("nope")
 
 
+def test_changes_are_listed_a_page_at_a_time(records: dict[str, Any]) -> None:
+    store = records["changes"]
+    big = "é" * 1000  # 2000 bytes of UTF-8 in `after`
+    kept = [replace(_change(f"c{n}", float(n // 2)), after=big) for n in range(7)]
+    for change in reversed(kept):  # the order is by creation, not by insertion
+        store.insert_change(change)
+    store.save_change(replace(kept[3], state=ChangeState.REJECTED))
+    kept[3] = store.get_change("c3")
+    assert store.list_changes_page(None, "", 2, 10**6) == (kept[:2], True)
+    assert store.list_changes_page(None, "c1", 2, 10**6) == (kept[2:4], True)
+    assert store.list_changes_page(None, "c5", 2, 10**6) == (kept[6:], False)
+    assert store.list_changes_page(None, "c6", 2, 10**6) == ([], False)
+    # The same created_at: by id.
+    assert store.list_changes_page(None, "c4", 1, 10**6) == ([kept[5]], True)
+    # A page ends before its payload, before and after pass max_bytes, one change at least.
+    each = 2000 + len('{"persona": "x"}') + len("{}")
+    assert store.list_changes_page(None, "", 9, 3 * each) == (kept[:3], True)
+    assert store.list_changes_page(None, "", 9, 3 * each - 1) == (kept[:2], True)
+    assert store.list_changes_page(None, "", 9, 1) == (kept[:1], True)
+    assert store.list_changes_page("pending", "c2", 9, 10**6) == (kept[4:], False)
+    assert store.list_changes_page("rejected", "", 9, 10**6) == ([kept[3]], False)
+    with pytest.raises(NotFound, match="change nope not found"):
+        store.list_changes_page(None, "nope", 2, 10**6)
+
+
 def test_a_changes_session_senders_are_kept_and_not_decided(records: dict[str, Any]) -> None:
     store = records["changes"]
     change = replace(_change("c1", 1.0, "session:s1"), drivers=("uid:1000(alice)", "uid:1(b)"))

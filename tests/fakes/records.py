@@ -166,6 +166,21 @@ class MemoryChanges:
         found = [c for c in self.changes.values() if state is None or c.state.value == state]
         return sorted(found, key=lambda c: (c.created_at, c.id))
 
+    def list_changes_page(
+        self, state: str | None, after: str, limit: int, max_bytes: int
+    ) -> tuple[list[Change], bool]:
+        start = (self.get_change(after).created_at, after) if after else (float("-inf"), "")
+        found = [c for c in self.list_changes(state) if (c.created_at, c.id) > start]
+        page: list[Change] = []
+        size = 0
+        for change in found[:limit]:
+            size += sum(len(t.encode("utf-8", "surrogatepass"))
+                        for t in (change.payload, change.before, change.after))  # fmt: skip
+            if page and size > max_bytes:
+                return page, True
+            page.append(change)
+        return page, len(found) > limit
+
     def count_changes_since(self, submitter: str, since: float) -> int:
         return sum(c.submitter == submitter and c.created_at >= since
                    for c in self.changes.values())  # fmt: skip

@@ -56,6 +56,7 @@ CALLS: dict[str, Callable[[StateStore], Any]] = {
     "save_change": lambda s: s.save_change(CHANGE),
     "get_change": lambda s: s.get_change("chg-1"),
     "list_changes": lambda s: s.list_changes(),
+    "list_changes_page": lambda s: s.list_changes_page(None, "", 10, 1024),
     "count_changes_since": lambda s: s.count_changes_since("uid:0(root)", 0.0),
     "set_audit_head": lambda s: s.set_audit_head(1, "mac"),
     "audit_head": lambda s: s.audit_head(),

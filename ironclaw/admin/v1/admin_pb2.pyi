@@ -117,7 +117,10 @@ class Change(_message.Message):
     note: _builtins.str
     @_builtins.property
     def diff(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Unified diff of the agent's configuration, strings JSON-escaped."""
+        """Unified diff of the agent's configuration, strings JSON-escaped. A change too large for an
+        answer (stored before changes were bounded) comes without payload_json, before_json and
+        after_json, and with one line of diff saying so; it cannot be approved.
+        """
 
     def __init__(
         self,
@@ -200,16 +203,28 @@ class ListChangesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATE_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """Empty: all; else one state, e.g. "pending"."""
+    after_id: _builtins.str
+    """A page starts after this change (its id; empty: from the first), in the order of
+    created_at, then id.
+    """
+    limit: _builtins.int
+    """At most this many in a page (0: the daemon's default, 100; at most 500). A page also ends
+    before it passes 3 MiB.
+    """
     def __init__(
         self,
         *,
         state: _builtins.str = ...,
+        after_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "limit", b"limit", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -220,16 +235,20 @@ class ListChangesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANGES_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_ID_FIELD_NUMBER: _builtins.int
+    next_after_id: _builtins.str
+    """Ask again with this as after_id for the next page; empty when this page is the last."""
     @_builtins.property
     def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Change]: ...
     def __init__(
         self,
         *,
         changes: _abc.Iterable[Global___Change] | None = ...,
+        next_after_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "next_after_id", b"next_after_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
