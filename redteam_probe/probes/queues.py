@@ -8,11 +8,12 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlcipher3
 
-from redteam_probe.probes.base import Attack, Opts
+from redteam_probe.probes.base import Attack, Opts, errno_name
 
 OUTBOUND_DIR = "/queue/outbound"
 OUTBOUND = f"{OUTBOUND_DIR}/outbound.db"
@@ -147,12 +148,31 @@ def fill_outbound(opts: Opts) -> object:
 
 
 def setid_file(opts: Opts) -> object:
-    """A setuid+setgid file in the outbound directory; the test stats it on the host."""
+    """A setuid+setgid file in the outbound directory, every way there is: created with the
+    bits, then fchmod and chmod to them. Each step's result is the mode the box sees after it,
+    or the errno it met; the file is there at the end either way (the test stats it on the
+    host)."""
     path = f"{OUTBOUND_DIR}/{opts.get('setid_name', 'rt-setid')}"
-    with open(path, "wb") as handle:
-        handle.write(b"#!/bin/sh\n")
-    os.chmod(path, 0o6755)  # noqa: S103 - the attack
-    return {"mode_inside": oct(os.stat(path).st_mode & 0o7777)}
+    steps: dict[str, str] = {}
+
+    def step(name: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except OSError as exc:
+            steps[name] = errno_name(exc.errno or 0)
+        else:
+            steps[name] = oct(os.stat(path).st_mode & 0o7777)
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    step("created", lambda: os.close(os.open(path, flags, 0o6755)))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o755)
+    try:
+        os.write(fd, b"#!/bin/sh\n")
+        step("fchmod", lambda: os.fchmod(fd, 0o6755))
+    finally:
+        os.close(fd)
+    step("chmod", lambda: os.chmod(path, 0o6755))  # noqa: S103 - the attack
+    return {**steps, "mode_inside": oct(os.stat(path).st_mode & 0o7777)}
 
 
 def plant_link(opts: Opts) -> object:

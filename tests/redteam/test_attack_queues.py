@@ -25,6 +25,7 @@ from tests.redteam.conftest import (
     sh_outbound,
 )
 from tests.redteam.report import Ledger
+from tests.redteam.verdicts import setid_verdict
 
 pytestmark = pytest.mark.redteam
 
@@ -174,15 +175,15 @@ def test_setid_bits_never_reach_the_host(
     # The daemon strips what the box planted whenever it reads the queue: make it read.
     assert box.send("after the attack").endswith("after the attack")
     path = f"{QUEUES}/{box.sid}/outbound/{name}"
-    script = f"stat -c %a {path}; findmnt -no FSTYPE,OPTIONS -T {path}"
-    host = out(sh_outbound(box.sysd, script)).split()
-    mode = int(host[0], 8) if host and host[0].isdigit() else 0
-    contained = bool(result["ok"]) and not mode & 0o6000
+    host = out(sh_outbound(box.sysd, f"stat -c '%a %F' {path}")).strip()
+    mount = out(sh_outbound(box.sysd, f"findmnt -no FSTYPE,OPTIONS -T {path}")).split()
+    contained, error, why = setid_verdict(result, host)
     record(ledger, "queues.setid.outbound-file", "queues",
            "create a setuid+setgid file in the outbound dir", contained,
-           f"inside {result['detail']}; on the host: mode {oct(mode)}, mount {' '.join(host[1:])}",
-           error=result["ok"] is None)  # fmt: skip
-    assert contained, host
+           f"{why}; inside {result['detail']}; host mount {' '.join(mount)}",
+           error=error)  # fmt: skip
+    assert not error, why
+    assert contained, why
 
 
 def test_planted_symlink_before_session_rm(daemon: SystemdHarness, ledger: Ledger) -> None:

@@ -1,9 +1,10 @@
 """The red-team tier's own judging, without a sandbox (pure; needs neither root nor systemd):
-how an exhaustion attack is judged (tests/redteam/verdicts.py)."""
+how an exhaustion or setid attack is judged (tests/redteam/verdicts.py)."""
 
 from __future__ import annotations
 
 import errno
+import json
 from typing import Any
 
 from tests.redteam.verdicts import (
@@ -17,6 +18,7 @@ from tests.redteam.verdicts import (
     inode_bounds,
     judge,
     kernel_evidence,
+    setid_verdict,
 )
 
 UNIT = "ironclaw-sbx-1vy4xcdnz5aq.service"
@@ -111,3 +113,27 @@ def test_the_spin_must_have_used_about_half_the_quota() -> None:
     assert cpu_bounds({"cpu_seconds": 0, "wall_seconds": 0.2}, 5.8, **args)[:2] == (False, True)
     # On a machine with fewer cores than the quota, the floor is what the machine gives.
     assert cpu_bounds(spin, 3.2, **{**args, "quota_cores": 4.0, "cores": 1}).ran is True
+
+
+def _made(mode: str = "0o6755") -> dict[str, object]:
+    steps = {"created": "EPERM", "fchmod": mode, "chmod": mode, "mode_inside": mode}
+    return {"ok": True, "errno": None, "detail": json.dumps(steps)}
+
+
+def test_setid_needs_the_host_file_to_be_there_and_says_whether_the_bits_landed() -> None:
+    contained, error, why = setid_verdict(_made(), "755 regular file")
+    assert (contained, error) == (True, False)
+    assert "the bits were set there" in why
+    assert setid_verdict(_made(), "6755 regular file")[:2] == (False, False)  # escaped
+    contained, error, why = setid_verdict(_made("0o644"), "644 regular file")
+    assert (contained, error) == (True, False)
+    assert "never showed a setid bit" in why
+    # The review's case: a failed stat was mode 0, so contained.
+    missing = "stat: cannot statx '/var/lib/x': No such file or directory"
+    assert setid_verdict(_made(), missing)[:2] == (False, True)
+    assert setid_verdict(_made(), "")[:2] == (False, True)
+    assert setid_verdict(_made(), "755 directory")[:2] == (False, True)
+    assert setid_verdict({"ok": False, "detail": "EROFS"}, "755 regular file")[1] is True
+    assert setid_verdict({"ok": True, "detail": "no json"}, "755 regular file")[1] is True
+    old_probe = {"ok": True, "detail": '{"mode_inside": "0o6755"}'}
+    assert setid_verdict(old_probe, "755 regular file")[1] is True

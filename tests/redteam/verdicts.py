@@ -9,12 +9,14 @@ longer running, with the kernel's word that its own unit's limit ended it (an OO
 unit's memory cgroup, or a fork its pids cgroup refused). A failed exec with the box still
 running means the attack never ran, and a box that ended with no such evidence could have ended
 for any reason: both are errors, never "contained" (docs/threat-model.md §6: a probe bug reports
-an error).
+an error). Setid files (test_attack_queues.py): the host's file must be there to be judged (a
+failed stat is no mode 0), and whether the bits ever showed in the box is said.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -162,3 +164,35 @@ def flood_bounds(
         f"the session: {journal} (at most {journal_max}), {refusals} of them refusals"
     )
     return Bounds(detail.get("lines") == lines_sent and refusals > 0, journal <= journal_max, why)
+
+
+def setid_verdict(inside: Mapping[str, object], host_stat: str) -> tuple[bool, bool, str]:
+    """(contained, error, why) of the setid attack from the probe's outcome (each way it tried,
+    with the mode the box saw after it or the errno it met) and the host's ``stat -c '%a %F'``
+    of the file. Contained only if the box made the file and the host's copy exists, is a
+    regular file and has neither setid bit; a file the host cannot stat (a failed stat is no
+    mode 0) or an attack that failed in the box proves nothing (error). ``why`` says whether the
+    bits ever showed in the box."""
+    if inside.get("ok") is not True:
+        return False, True, f"the attack failed in the box: {dict(inside)}"
+    try:
+        seen = json.loads(str(inside["detail"]))
+        steps = {how: str(seen[how]) for how in ("created", "fchmod", "chmod", "mode_inside")}
+        modes = {how: int(v, 8) for how, v in steps.items() if v.startswith("0o")}
+        modes["mode_inside"] = int(steps["mode_inside"], 8)
+    except (KeyError, TypeError, ValueError) as exc:
+        return False, True, f"no modes from the box ({exc!r}): {dict(inside)}"
+    words = host_stat.split(maxsplit=1)
+    if len(words) != 2 or not re.fullmatch(r"[0-7]{3,4}", words[0]):
+        return False, True, f"the host could not stat the file: {host_stat.strip()[:120]!r}"
+    if words[1].strip() not in ("regular file", "regular empty file"):
+        return False, True, f"the host's file is a {words[1].strip()!r}, not a regular file"
+    mode = int(words[0], 8)
+    landed = any(m & 0o6000 for m in modes.values())
+    shown = ", ".join(f"{how} {v}" for how, v in steps.items())
+    why = (
+        f"in the box: {shown} ("
+        + ("the bits were set there" if landed else "the box never showed a setid bit")
+        + f"); on the host: {oct(mode)}"
+    )
+    return not mode & 0o6000, False, why
