@@ -34,6 +34,23 @@ class Refused(Exception):
     """The attempt did not do what the attacker wanted, without an errno to say so."""
 
 
+class MissingTarget(Exception):
+    """What the attack aims at is not where the probe looks (or not what it expects there):
+    a probe error, never a refusal, so a target that moved cannot pass for a wall."""
+
+
+def target(path: str, is_kind: Callable[[int], bool], what: str) -> str:
+    """``path``, once lstat(2) shows it exists and ``is_kind(st_mode)`` holds; else
+    MissingTarget. Attacks call it first, so that their own ENOENT means only a refusal."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise MissingTarget(f"{path}: {exc.strerror}: expected the {what} there") from None
+    if not is_kind(mode):
+        raise MissingTarget(f"{path}: expected the {what}, found mode {mode:o}")
+    return path
+
+
 def errno_name(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 

@@ -1,20 +1,47 @@
 """Filesystem and /proc attacks: writes where nothing may be written, host paths, mounts,
-device nodes, link tricks in the writable dirs, and the session's own sockets, queue and key."""
+device nodes, link tricks in the writable dirs, and the session's own sockets, queue and key.
+
+The paths of the session's own sockets, queue, key and agent binary are the daemon's layout
+(ironclawd/bundle/spec.py; a unit test checks they agree): each attack on one of them checks
+first that it is there (``target``), so that a target that moved is a probe error, not the
+ENOENT of a refusal."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
+import stat
 from pathlib import Path
 
-from redteam_probe.probes.base import Attack, Opts, Refused, syscall
+from redteam_probe.probes.base import Attack, Opts, Refused, syscall, target
 
 WORKSPACE = "/workspace"
 SOCKETS = "/run/ironclaw"
 CONTROL = f"{SOCKETS}/control.sock"
 INBOUND = "/queue/inbound/inbound.db"
 KEY = "/run/ironclaw-key"
+AGENT = "/app/agent/agent"
+
+
+def _sockets_dir() -> str:
+    return target(SOCKETS, stat.S_ISDIR, "session's sockets directory")
+
+
+def _control() -> str:
+    return target(CONTROL, stat.S_ISSOCK, "session's control socket")
+
+
+def _inbound() -> str:
+    return target(INBOUND, stat.S_ISREG, "session's inbound queue")
+
+
+def _key() -> str:
+    return target(KEY, stat.S_ISREG, "session's queue key")
+
+
+def _agent() -> str:
+    return target(AGENT, stat.S_ISREG, "agent binary")
 
 
 def _scratch(name: str) -> str:
@@ -57,7 +84,7 @@ def root_write(_opts: Opts) -> str:
 
 
 def app_write(_opts: Opts) -> str:
-    return _open_write("/app/agent/agent")
+    return _open_write(_agent())
 
 
 def etc_write(_opts: Opts) -> str:
@@ -143,7 +170,7 @@ def umount_workspace(_opts: Opts) -> str:
 
 
 def umount_sockets(_opts: Opts) -> str:
-    syscall("umount2", SOCKETS.encode(), 2)
+    syscall("umount2", _sockets_dir().encode(), 2)
     return f"unmounted {SOCKETS}"
 
 
@@ -188,38 +215,42 @@ def symlink_host(_opts: Opts) -> str:
 
 def symlink_in_outbound(_opts: Opts) -> str:
     """A link planted where the host reads: the read-only sockets dir refuses it."""
-    os.symlink("/etc/shadow", f"{SOCKETS}/outbound.db")
+    os.symlink("/etc/shadow", f"{_sockets_dir()}/outbound.db")
     return "planted a link in the sockets dir"
 
 
 def hardlink_readonly(_opts: Opts) -> str:
     """Hard-linking a read-only file into the writable workspace (to write it there)."""
+    agent = _agent()
     path = _scratch("hard")
-    os.link("/app/agent/agent", path)
+    os.link(agent, path)
     os.unlink(path)
     return "linked the agent binary into the workspace"
 
 
 def hardlink_key(_opts: Opts) -> str:
+    key = _key()
     path = _scratch("key")
-    os.link(KEY, path)
+    os.link(key, path)
     os.unlink(path)
     return "linked the session key into the workspace"
 
 
 def socket_create(_opts: Opts) -> str:
+    directory = _sockets_dir()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.bind(f"{SOCKETS}/evil.sock")
+        sock.bind(f"{directory}/evil.sock")
     return "bound a socket in the sockets dir"
 
 
 def socket_replace(_opts: Opts) -> str:
     """Bind a socket in the workspace and rename it over control.sock."""
+    control = _control()
     path = _scratch("sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.bind(path)
         try:
-            os.rename(path, CONTROL)
+            os.rename(path, control)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -227,25 +258,26 @@ def socket_replace(_opts: Opts) -> str:
 
 
 def socket_unlink(_opts: Opts) -> str:
-    os.unlink(CONTROL)
+    os.unlink(_control())
     return "unlinked control.sock"
 
 
 def inbound_write(_opts: Opts) -> str:
-    return _open_write(INBOUND)
+    return _open_write(_inbound())
 
 
 def inbound_replace(_opts: Opts) -> str:
-    os.rename(INBOUND, "/queue/inbound/x")
+    inbound = _inbound()
+    os.rename(inbound, os.path.join(os.path.dirname(inbound), "x"))
     return "renamed inbound.db"
 
 
 def key_write(_opts: Opts) -> str:
-    return _open_write(KEY)
+    return _open_write(_key())
 
 
 def key_chmod(_opts: Opts) -> str:
-    os.chmod(KEY, 0o666)  # noqa: S103 - the attack
+    os.chmod(_key(), 0o666)  # noqa: S103 - the attack
     return "chmod 666 the key"
 
 

@@ -47,8 +47,12 @@ def refused(r: Raw) -> bool:
 
 
 NO_ROUTE = failed("ENETUNREACH", "EHOSTUNREACH")
-DENIED = failed("EPERM", "EACCES", "EROFS", "ENOSYS", "ENOENT", "EXDEV", "ENXIO", "ENOTSUP",
-                "EINVAL", "ENODEV", "ESRCH")  # fmt: skip
+_REFUSALS = ("EPERM", "EACCES", "EROFS", "ENOSYS", "EXDEV", "ENXIO", "ENOTSUP", "EINVAL",
+             "ENODEV", "ESRCH")  # fmt: skip
+DENIED = failed(*_REFUSALS, "ENOENT")
+# For the session's own sockets, queue, key and the agent binary: the probe checks first that
+# the target is there (a missing one is a probe error), so ENOENT here is no refusal either.
+DENIED_THERE = failed(*_REFUSALS)
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ SPECS: dict[str, Spec] = {
     "net.unix.host-abstract": _n("connect to a host abstract Unix socket (runsc's)",
                                  failed("ECONNREFUSED")),
     "fs.root.write": _f("create a file in the read-only root", DENIED),
-    "fs.root.overwrite-agent": _f("open the agent binary for writing", DENIED),
+    "fs.root.overwrite-agent": _f("open the agent binary for writing", DENIED_THERE),
     "fs.etc.write": _f("create a file in /etc", DENIED),
     "fs.tmp.write": _f("create a file in /tmp", DENIED),
     "fs.host.marker-read": _f("read a file the test put in the host's /etc", failed("ENOENT"),
@@ -115,22 +119,24 @@ SPECS: dict[str, Spec] = {
     "fs.mount.remount-root-rw": _f("remount / read-write", DENIED),
     "fs.mount.bind-proc": _f("bind /proc over the workspace", DENIED),
     "fs.umount.workspace": _f("unmount /workspace", DENIED),
-    "fs.umount.sockets": _f("unmount the sockets dir", DENIED, "sockets"),
+    "fs.umount.sockets": _f("unmount the sockets dir", DENIED_THERE, "sockets"),
     "fs.pivot-root": _f("pivot_root into the workspace", DENIED),
     "fs.chroot": _f("chroot into the workspace", DENIED),
     "fs.mknod.char-mem": _f("mknod /dev/mem (c 1:1) in the workspace and read it", DENIED),
     "fs.mknod.block-disk": _f("mknod a disk (b 8:0) in the workspace and read it", DENIED),
     "fs.symlink.host-state": _f("symlink in the workspace to the host's state.db", DENIED),
-    "fs.symlink.sockets-dir": _f("plant a symlink in the sockets dir", DENIED, "sockets"),
-    "fs.hardlink.agent-binary": _f("hard-link the agent binary into the workspace", DENIED),
-    "fs.hardlink.session-key": _f("hard-link the session key into the workspace", DENIED, "key"),
-    "fs.sockets.create": _f("bind a new socket in the sockets dir", DENIED, "sockets"),
-    "fs.sockets.replace": _f("rename a socket over control.sock", DENIED, "sockets"),
-    "fs.sockets.unlink": _f("unlink control.sock", DENIED, "sockets"),
-    "fs.inbound.write": _f("open inbound.db for writing", DENIED, "inbound"),
-    "fs.inbound.rename": _f("rename inbound.db", DENIED, "inbound"),
-    "fs.key.write": _f("open the session key for writing", DENIED, "key"),
-    "fs.key.chmod": _f("chmod the session key 0666", DENIED, "key"),
+    "fs.symlink.sockets-dir": _f("plant a symlink in the sockets dir", DENIED_THERE, "sockets"),
+    "fs.hardlink.agent-binary": _f("hard-link the agent binary into the workspace",
+                                   DENIED_THERE),
+    "fs.hardlink.session-key": _f("hard-link the session key into the workspace", DENIED_THERE,
+                                  "key"),
+    "fs.sockets.create": _f("bind a new socket in the sockets dir", DENIED_THERE, "sockets"),
+    "fs.sockets.replace": _f("rename a socket over control.sock", DENIED_THERE, "sockets"),
+    "fs.sockets.unlink": _f("unlink control.sock", DENIED_THERE, "sockets"),
+    "fs.inbound.write": _f("open inbound.db for writing", DENIED_THERE, "inbound"),
+    "fs.inbound.rename": _f("rename inbound.db", DENIED_THERE, "inbound"),
+    "fs.key.write": _f("open the session key for writing", DENIED_THERE, "key"),
+    "fs.key.chmod": _f("chmod the session key 0666", DENIED_THERE, "key"),
     "fs.dev.nodes": _f("open a hardware or host-kernel device in /dev", refused),
     "priv.setuid-0": _k("setuid(0)", failed("EPERM"), category="privileges"),
     "priv.setresuid-0": _k("setresuid(0, 0, 0)", failed("EPERM"), category="privileges"),
@@ -176,21 +182,35 @@ SPECS: dict[str, Spec] = {
     "kernel.swapon": _k("swapon a workspace file", DENIED),
 }  # fmt: skip
 
+# Each fact is read or the snapshot fails: a missing file (or a netns name that does not exist)
+# would hash as empty before and after alike, and an attack on it would pass unseen. The netns
+# is entered through the sandbox unit's main process: the session keeps no /run/netns name.
 SNAPSHOT = r"""
+set -euo pipefail
 sid=$1; marker=$2
+sockets=/run/ironclaw/sessions/$sid
+inbound=/var/lib/ironclaw/queues/$sid/inbound/inbound.db
+key=/run/ironclaw/keys/$sid
+missing() { echo "snapshot: $1" >&2; exit 1; }
+for f in "$inbound" "$key" "$marker"; do [ -f "$f" ] || missing "no file $f"; done
+[ -S "$sockets/control.sock" ] || missing "no socket $sockets/control.sock"
+pid=$(systemctl show -P MainPID "ironclaw-sbx-$sid.service")
+[ "${pid:-0}" -gt 0 ] || missing "ironclaw-sbx-$sid.service has no main process"
 h() { sha256sum | cut -c1-16; }
-echo "netns $( { ip -n ironclaw-$sid -o link; ip -n ironclaw-$sid -o addr; \
-    ip -n ironclaw-$sid route show table all; ip -n ironclaw-$sid -6 route show table all; } | h)"
-echo "sockets $(stat -c '%n %i %F %a %U' /run/ironclaw/sessions/$sid/* | h)"
-echo "inbound $(cat /var/lib/ironclaw/queues/$sid/inbound/inbound.db | h)"
-echo "key $( { cat /run/ironclaw/keys/$sid; stat -c '%i %a %U' /run/ironclaw/keys/$sid; } | h)"
-echo "sysctl $(cat /proc/sys/kernel/core_pattern /proc/sys/kernel/hostname | h)"
-echo "hostname $(uname -n | h)"
-echo "rootfs $(find /var/lib/ironclaw/rootfs -xdev -printf '%p %s %m %U %T@\n' | sort | h)"
-echo "mounts $(cut -d' ' -f4- /proc/self/mountinfo | sort | h)"
-echo "marker $(cat $marker | h)"
-echo "modules $(cut -d' ' -f1 /proc/modules | sort | h)"
-echo "daemon $(systemctl is-active ironclawd) $(systemctl show -P MainPID ironclawd)"
+net() { nsenter --net="/proc/$pid/ns/net" ip "$@"; }
+v=$( { net -o link; net -o addr; net route show table all; net -6 route show table all; } | h)
+echo "netns $v"
+v=$(stat -c '%n %i %F %a %U' "$sockets"/* | h); echo "sockets $v"
+v=$(cat "$inbound" | h); echo "inbound $v"
+v=$( { cat "$key"; stat -c '%i %a %U' "$key"; } | h); echo "key $v"
+v=$(cat /proc/sys/kernel/core_pattern /proc/sys/kernel/hostname | h); echo "sysctl $v"
+v=$(uname -n | h); echo "hostname $v"
+v=$(find /var/lib/ironclaw/rootfs -xdev -printf '%p %s %m %U %T@\n' | sort | h); echo "rootfs $v"
+v=$(cut -d' ' -f4- /proc/self/mountinfo | sort | h); echo "mounts $v"
+v=$(cat "$marker" | h); echo "marker $v"
+# /sys/module: every loaded module has a directory there (this kernel has no /proc/modules).
+v=$(ls /sys/module | h); echo "modules $v"
+echo "daemon $(systemctl is-active ironclawd || true) $(systemctl show -P MainPID ironclawd)"
 """
 
 

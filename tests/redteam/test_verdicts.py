@@ -1,12 +1,25 @@
 """The red-team tier's own judging, without a sandbox (pure; needs neither root nor systemd):
-how an exhaustion or setid attack is judged (tests/redteam/verdicts.py)."""
+how an exhaustion or setid attack is judged (tests/redteam/verdicts.py), and that the probe's
+attacks on the session's own files report a target that is not there as a probe error
+(redteam_probe/probes/base.py ``target``) at the paths the daemon really uses."""
 
 from __future__ import annotations
 
 import errno
 import json
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ironclawd.api.control import CONTROL_SOCKET
+from ironclawd.bundle import rootfs, spec
+from ironclawd.store.outbound import OUTBOUND_FILE
+from ironclawd.store.queues import INBOUND_FILE
+from redteam_probe.probes import exhaust, fs, queues
+from redteam_probe.probes.base import MissingTarget, attempt, target
 from tests.redteam.verdicts import (
     Bounds,
     Fate,
@@ -137,3 +150,53 @@ def test_setid_needs_the_host_file_to_be_there_and_says_whether_the_bits_landed(
     assert setid_verdict({"ok": True, "detail": "no json"}, "755 regular file")[1] is True
     old_probe = {"ok": True, "detail": '{"mode_inside": "0o6755"}'}
     assert setid_verdict(old_probe, "755 regular file")[1] is True
+
+
+def test_the_probes_paths_are_the_daemons() -> None:
+    assert fs.SOCKETS == spec.SOCKETS_DIR
+    assert f"{spec.SOCKETS_DIR}/{CONTROL_SOCKET}" == fs.CONTROL
+    assert fs.KEY == spec.KEY_FILE
+    assert f"{spec.QUEUE_INBOUND_DIR}/{INBOUND_FILE}" == fs.INBOUND
+    assert f"/{rootfs.APP_DIR}/{rootfs.AGENT_EXECUTABLE}" == fs.AGENT
+    assert fs.WORKSPACE == exhaust.WORKSPACE == spec.WORKSPACE_DIR
+    assert queues.KEY == spec.KEY_FILE
+    assert queues.CONTROL == fs.CONTROL
+    assert f"{spec.QUEUE_OUTBOUND_DIR}/{OUTBOUND_FILE}" == queues.OUTBOUND
+
+
+def test_target_reports_a_missing_or_wrong_target_as_a_probe_error(tmp_path: Path) -> None:
+    present = tmp_path / "key"
+    present.write_text("k")
+    assert target(str(present), stat.S_ISREG, "key") == str(present)
+    with pytest.raises(MissingTarget, match="No such file"):
+        target(str(tmp_path / "gone"), stat.S_ISREG, "key")
+    with pytest.raises(MissingTarget, match="expected the key"):
+        target(str(tmp_path), stat.S_ISREG, "key")
+    outcome = attempt(lambda: target(str(tmp_path / "gone"), stat.S_ISREG, "key"))
+    assert outcome["ok"] is None, outcome  # an error in the report, never "contained"
+
+
+# The attacks on the session's own files, with the file each checks first.
+AIMED = {
+    "fs.root.overwrite-agent": "AGENT", "fs.hardlink.agent-binary": "AGENT",
+    "fs.hardlink.session-key": "KEY", "fs.key.write": "KEY", "fs.key.chmod": "KEY",
+    "fs.inbound.write": "INBOUND", "fs.inbound.rename": "INBOUND",
+    "fs.sockets.replace": "CONTROL", "fs.sockets.unlink": "CONTROL",
+    "fs.sockets.create": "SOCKETS", "fs.symlink.sockets-dir": "SOCKETS",
+    "fs.umount.sockets": "SOCKETS",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("attack_id", sorted(AIMED))
+def test_an_attack_on_a_target_that_moved_is_a_probe_error(
+    attack_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never ENOENT (which the red-team tests took for a refusal): the probe error of ``target``,
+    before the attack touches anything (here every target is a path in tmp_path that is not
+    there, so nothing on this machine is attacked)."""
+    monkeypatch.setattr(fs, AIMED[attack_id], str(tmp_path / "moved"))
+    monkeypatch.setattr(fs, "WORKSPACE", str(tmp_path))
+    outcome = attempt(lambda: fs.ATTACKS[attack_id]({}))
+    assert outcome["ok"] is None, outcome
+    assert "MissingTarget" in str(outcome["detail"]), outcome
+    assert sorted(os.listdir(tmp_path)) == [], "the attack went on after the check"
