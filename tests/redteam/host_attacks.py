@@ -62,15 +62,6 @@ def _ptrace(pid: int) -> str:
     return f"attached to {pid}"
 
 
-def _write_into(path: str, data: bytes) -> str:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return f"wrote {path}"
-
-
 def _open_for_writing(path: str) -> str:
     """Opening is the check (the file's mode); nothing is written, so not even root's control
     run moves itself into the unit."""
@@ -102,11 +93,14 @@ def _admin(path: str) -> str:
 
 
 def _sandbox_mem(pid: int) -> str:
-    """The sandbox process's memory (runsc runs it as host uid 65534)."""
+    """The sandbox process's memory (runsc runs it as host uid 65534): 16 bytes of its first
+    readable mapping (root's control run reads them; a guard page would give EIO)."""
     with open(f"/proc/{pid}/maps") as maps:
-        first = maps.readline().split()[0].split("-")[0]
+        readable = [line.split() for line in maps if line.split()[1].startswith("r")]
+    if not readable:
+        raise RuntimeError(f"no readable mapping in /proc/{pid}/maps")  # proves nothing
     with open(f"/proc/{pid}/mem", "rb") as mem:
-        mem.seek(int(first, 16))
+        mem.seek(int(readable[0][0].split("-")[0], 16))
         return f"read {len(mem.read(16))} bytes of the sandbox's memory"
 
 
@@ -134,8 +128,9 @@ def attacks(p: dict[str, Any]) -> dict[str, Callable[[], object]]:
             f"/proc/{p['mntns_tid']}/root/var/lib/ironclaw/queues/{sid}/outbound/outbound.db"
         ),
         "host-users.mntns.open-pin": lambda: _read_ns("/run/ironclaw/mntns/ns"),
-        "host-users.queues.write-inbound": lambda: _write_into(
-            f"/var/lib/ironclaw/queues/{sid}/inbound/inbound.db", b"x"
+        # Opening is the check: root's control run must not corrupt the queue it opens.
+        "host-users.queues.write-inbound": lambda: _open_for_writing(
+            f"/var/lib/ironclaw/queues/{sid}/inbound/inbound.db"
         ),
         "host-users.audit.read": lambda: _read("/var/lib/ironclaw/audit.log"),
         # Compiled code the root daemon runs at its next start (ironclawd/dataclass_cache.py).

@@ -1,7 +1,8 @@
 """The red-team tier's own judging, without a sandbox (pure; needs neither root nor systemd):
-how an exhaustion or setid attack is judged (tests/redteam/verdicts.py), and that the probe's
+how an exhaustion or setid attack is judged (tests/redteam/verdicts.py), that the probe's
 attacks on the session's own files report a target that is not there as a probe error
-(redteam_probe/probes/base.py ``target``) at the paths the daemon really uses."""
+(redteam_probe/probes/base.py ``target``) at the paths the daemon really uses, and that the host
+users' attack on the sandbox's memory reads a mapping that can be read."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ironclawd.store.outbound import OUTBOUND_FILE
 from ironclawd.store.queues import INBOUND_FILE
 from redteam_probe.probes import exhaust, fs, queues
 from redteam_probe.probes.base import MissingTarget, attempt, target
+from tests.redteam.host_attacks import _sandbox_mem
 from tests.redteam.verdicts import (
     Bounds,
     Fate,
@@ -200,3 +202,7 @@ def test_an_attack_on_a_target_that_moved_is_a_probe_error(
     assert outcome["ok"] is None, outcome
     assert "MissingTarget" in str(outcome["detail"]), outcome
     assert sorted(os.listdir(tmp_path)) == [], "the attack went on after the check"
+
+
+def test_the_sandbox_memory_attack_reads_a_readable_mapping() -> None:
+    assert _sandbox_mem(os.getpid()) == "read 16 bytes of the sandbox's memory"
