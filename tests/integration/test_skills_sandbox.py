@@ -26,6 +26,7 @@ from ironclawd.domain.skills import AgentSkill, SkillFile
 from ironclawd.formats import minisign
 from ironclawd.formats import skill as skill_format
 from ironclawd.host.skills import skill_set_digest
+from tests.harness.known_gaps import KnownGap
 from tests.integration.test_gateway import (
     CONFIG,
     approve,
@@ -204,6 +205,7 @@ def test_nothing_under_skills_can_be_changed_added_removed_or_run(
 
 
 @pytest.mark.xfail(
+    raises=KnownGap,
     strict=True,
     reason="runsc 20221219 does not apply noexec to mmap(PROT_EXEC) (Linux answers EPERM): a "
     "skill file can be mapped executable. No new power: the agent can already map anonymous "
@@ -211,7 +213,12 @@ def test_nothing_under_skills_can_be_changed_added_removed_or_run(
 )
 def test_a_skill_file_cannot_be_mapped_executable(attacks: dict[str, dict[str, Any]]) -> None:
     outcome = attacks["skills.body.mmap-exec"]
-    assert outcome["ok"] is False, outcome
+    # Controls (plain assertions, outside the expected failure): the probe ran the attack, and a
+    # refusal is noexec's, not a skill file that is not there.
+    assert outcome["ok"] is not None, f"control: probe error: {outcome}"
+    if outcome["ok"]:
+        raise KnownGap(f"a skill file was mapped executable: {outcome['detail']}")
+    assert outcome["errno"] in ("EPERM", "EACCES"), f"control: {outcome}"
 
 
 def test_another_agents_session_has_no_skills_of_this_agent(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.known_gaps import KnownGap
 from tests.harness.private_systemd import SystemdHarness
 from tests.redteam.conftest import (
     RUNNING,
@@ -403,6 +404,7 @@ def test_runsc_control_socket_is_only_in_the_sessions_netns(
 
 
 @pytest.mark.xfail(
+    raises=KnownGap,
     strict=True,
     reason="runsc 20221219 runs its sandbox process as host uid 65534 (nobody), hard-coded; any "
     "host process running as nobody may signal (kill) it. Mitigation: no host service runs as "
@@ -417,11 +419,24 @@ def test_host_nobody_cannot_signal_the_sandbox(sessions: Sessions, daemon: Syste
     """
     pids = sh(daemon, script).stdout.decode().split()
     assert pids, f"control: no process in {box.unit}"
+    answers = {}
     for pid in pids:
         # Signal 0 only checks permission; nothing is delivered.
         proc = daemon.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            "kill", "-0", pid])  # fmt: skip
-        assert proc.returncode != 0, f"nobody may signal pid {pid} of {box.unit}"
+        answers[pid] = (proc.returncode, out(proc).strip())
+    # Controls (plain assertions, outside the expected failure): every answer is the kernel's
+    # permission check (allowed, or EPERM), not a setpriv or kill that could not run; a process
+    # gone meanwhile is no answer; and nobody is refused runsc's own root processes, so the
+    # check can refuse.
+    judged = {pid: a for pid, a in answers.items() if "No such process" not in a[1]}
+    unjudged = {pid: a for pid, a in judged.items()
+                if a[0] != 0 and "Operation not permitted" not in a[1]}  # fmt: skip
+    assert not unjudged, f"control: {unjudged}"
+    assert any(code != 0 for code, _ in judged.values()), f"control: {answers}"
+    signalled = sorted(pid for pid, (code, _) in judged.items() if code == 0)
+    if signalled:
+        raise KnownGap(f"nobody may signal pids {signalled} of {box.unit}")
 
 
 # -- 7. the admin API is out of reach -----------------------------------------------------------

@@ -1,8 +1,8 @@
 """The red-team tier's own judging, without a sandbox (pure; needs neither root nor systemd):
 how an exhaustion or setid attack is judged (tests/redteam/verdicts.py), that the probe's
 attacks on the session's own files report a target that is not there as a probe error
-(redteam_probe/probes/base.py ``target``) at the paths the daemon really uses, and that the host
-users' attack on the sandbox's memory reads a mapping that can be read."""
+(redteam_probe/probes/base.py ``target``) at the paths the daemon really uses, and the strict
+xfails' dedicated exception."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ironclawd.store.outbound import OUTBOUND_FILE
 from ironclawd.store.queues import INBOUND_FILE
 from redteam_probe.probes import exhaust, fs, queues
 from redteam_probe.probes.base import MissingTarget, attempt, target
+from tests.harness.known_gaps import KnownGap
 from tests.redteam.host_attacks import _sandbox_mem
 from tests.redteam.verdicts import (
     Bounds,
@@ -206,3 +207,9 @@ def test_an_attack_on_a_target_that_moved_is_a_probe_error(
 
 def test_the_sandbox_memory_attack_reads_a_readable_mapping() -> None:
     assert _sandbox_mem(os.getpid()) == "read 16 bytes of the sandbox's memory"
+
+
+def test_a_known_gap_is_an_assertion_of_its_own() -> None:
+    """xfail(raises=KnownGap) takes only it: a failed control (a plain AssertionError) fails."""
+    assert issubclass(KnownGap, AssertionError)
+    assert not isinstance(AssertionError("control"), KnownGap)
