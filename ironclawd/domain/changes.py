@@ -138,17 +138,21 @@ _EFFECTS: dict[str, Callable[[AgentSpec], object]] = {
 }
 
 
-def effect_kinds(kind: str, before: AgentSpec | None, after: AgentSpec) -> frozenset[str]:
+def effect_kinds(
+    kind: str, before: AgentSpec | None, after: AgentSpec, *, groups: bool = True
+) -> frozenset[str]:
     """The kinds a change of ``kind`` taking the agent from ``before`` (None: it creates the
-    agent) to ``after`` amounts to: its own, and each kind whose effective grants differ (a
-    skill carrying an egress rule is an egress change too)."""
+    agent) to ``after`` amounts to: its own, each kind whose effective grants differ (a skill
+    carrying an egress rule is an egress change too) and, with ``groups``, each kind whose
+    approver group differs."""
     base = before if before is not None else AgentSpec(name=after.name)
     found = {kind}
     found.update(name for name, of in _EFFECTS.items() if of(base) != of(after))
     # A change of who decides a kind is a change of that kind: else any admin could lift the
     # egress group's rule with a permissions change, then approve egress himself (found by a
     # review).
-    found.update(regrouped(base, after))
+    if groups:  # False for a rejection: keeping a rule as it is lifts nothing
+        found.update(regrouped(base, after))
     return frozenset(found)
 
 

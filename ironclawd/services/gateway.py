@@ -338,7 +338,6 @@ class Gateway:
                              "applied again at the next start of ironclawd")  # fmt: skip
             kinds = self._effect_kinds(change)
             self._check_approver_group(change, approver, groups, "approve", kinds)
-            self._check_new_groups(change, approver, groups)
             # Bytes: compare_digest raises TypeError on a str holding non-ASCII characters.
             given = expected_hash.encode("utf-8", "surrogateescape")
             if not given or not secrets.compare_digest(given, change.hash.encode()):
@@ -368,7 +367,7 @@ class Gateway:
             change = self.get(change_id)
             if change.state is not ChangeState.PENDING:
                 self._refuse(change, approver, f"it is {change.state.value}, not pending")
-            kinds = self._effect_kinds(change)
+            kinds = self._effect_kinds(change, groups=False)
             self._check_approver_group(change, approver, approver_groups, "reject", kinds)
             change = transition(change, ChangeState.REJECTED, decided_by=approver,
                                 decided_at=self._clock.time(), note=note[:2000])  # fmt: skip
@@ -378,7 +377,7 @@ class Gateway:
                      approver, extra=_change_fields(MessageId.CHANGE_REJECTED, change))  # fmt: skip
             return change
 
-    def _effect_kinds(self, change: Change) -> frozenset[str]:
+    def _effect_kinds(self, change: Change, *, groups: bool = True) -> frozenset[str]:
         """The kinds ``change`` amounts to on the agent as it is now: its own, and those whose
         grants it also changes (a skill bringing an egress rule is an egress change too) or
         whose approver group it changes, which the rules keyed by kind (four-eyes, approver
@@ -389,7 +388,7 @@ class Gateway:
         after = self._after(change)
         if after is None:
             return frozenset({change.kind})
-        return effect_kinds(change.kind, self._registry.get(change.agent), after)
+        return effect_kinds(change.kind, self._registry.get(change.agent), after, groups=groups)
 
     def _after(self, change: Change) -> AgentSpec | None:
         """The agent as ``change`` would leave it now; None if it no longer applies."""
@@ -402,30 +401,6 @@ class Gateway:
         except IronclawError:
             return None
 
-    def _check_new_groups(self, change: Change, approver: str, groups: Collection[str]) -> None:
-        """Whoever approves a rule that names a host group to decide a kind is a member of that
-        group: a rule naming a group nobody is in ('nogroup') locked every operator, root too,
-        out of the kind for the agent, the rule itself included (found by a review)."""
-        from ironclawd.domain.changes import regrouped  # noqa: PLC0415
-
-        after = self._after(change)
-        if after is None or _is_root(approver):
-            return
-        current = self._registry.get(change.agent)
-        base = current if current is not None else AgentSpec(name=change.agent)
-        for kind in sorted(regrouped(base, after)):
-            group = approver_group(after.permissions, kind)
-            if group is not None and group not in groups:
-                why = (
-                    f"it makes host group '{group}' decide {kind} changes for agent "
-                    f"'{change.agent}', and {approver} is not a member: a rule is approved by "
-                    "someone it leaves able to decide"
-                )
-                self._audit.record(
-                    "change.approval_refused", approver, change=change.id, reason=why
-                )
-                raise PolicyDenied(f"cannot approve {change.id}: {why}")
-
     def _check_approver_group(
         self, change: Change, approver: str, groups: Collection[str], verb: str,
         kinds: Collection[str],
@@ -433,10 +408,8 @@ class Gateway:
         """The agent's permissions may name a host group that alone decides a kind for it (on
         top of ironclaw-admin), for each of ``kinds`` the change amounts to: read from the agent
         as it is now, so a permissions change is decided under the rule it would replace."""
-        if _is_root(approver):
-            # Root owns the host (and could rewrite the registry with the master key): a group
-            # emptied or deleted on the host must not leave an agent that nobody can change.
-            return
+        # Root is no exception (a group decides for root too); root can always join a group,
+        # so a group emptied on the host never leaves an agent nobody can change.
         spec = self._registry.get(change.agent)
         for kind in sorted(kinds):
             group = approver_group(spec.permissions, kind) if spec is not None else None
@@ -556,10 +529,6 @@ def _retrieve(task: asyncio.Task[Change]) -> None:
     # retrieved".
     if not task.cancelled():
         task.exception()
-
-
-def _is_root(approver: str) -> bool:
-    return approver.partition("(")[0] == "uid:0"
 
 
 def _same_person(approver: str, submitter: str) -> bool:
