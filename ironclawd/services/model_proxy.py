@@ -93,7 +93,8 @@ class ModelProxy:
 
     def _secrets(self, agent: AgentSpec, key: str) -> list[str]:
         """The values to mask in what returns: the key in use and the agent's own credentials."""
-        return [key, *(v for v in own_secrets(self._credentials, agent) if v != key)]
+        # The key in use is read once per call already: not read again.
+        return [key, *own_secrets(self._credentials, agent, besides=agent.credential)]
 
     def _admit(self, sid: str, agent: AgentSpec) -> tuple[Budget, ...]:
         """The session's and the agent's budgets, one request counted in each; BudgetExceeded

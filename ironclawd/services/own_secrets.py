@@ -7,13 +7,14 @@ from ironclawd.errors import IronclawError
 from ironclawd.ports import Credentials
 
 
-def own_secrets(credentials: Credentials, spec: AgentSpec) -> list[str]:
+def own_secrets(credentials: Credentials, spec: AgentSpec, *, besides: str = "") -> list[str]:
     """The values of the credentials a session of ``spec`` may cause to be used
     (``own_credentials``), in name order; one not there or unreadable is left out (nothing of it
     can be used, or returned). Masking every credential on the host told an agent which of its
-    guesses was another agent's: a reflected guess came back ``[REDACTED]``."""
+    guesses was another agent's: a reflected guess came back ``[REDACTED]``. ``besides``: a
+    name whose value the caller holds already (not read again)."""
     values = []
-    for name in sorted(own_credentials(spec)):
+    for name in sorted(own_credentials(spec) - {besides}):
         try:
             values.append(credentials.get(name))
         except IronclawError:
