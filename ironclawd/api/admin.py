@@ -12,14 +12,13 @@ import grpc
 
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import __version__
-from ironclawd.api.admin_changes import ChangesMixin, operator, operator_groups
+from ironclawd.api.admin_changes import ChangesMixin, operator, require_talk
 from ironclawd.api.admin_channels import ChannelsMixin
 from ironclawd.api.admin_mcp import McpMixin, McpProber
 from ironclawd.api.auth import current_caller
-from ironclawd.domain.channels import host_user_allowed
 from ironclawd.domain.checks import CheckResult, Status
 from ironclawd.domain.session import Session, State
-from ironclawd.errors import InvalidArgument, IronclawError, PolicyDenied
+from ironclawd.errors import InvalidArgument, IronclawError
 from ironclawd.ports import JournalReader
 from ironclawd.services.audit import Audit
 from ironclawd.services.doctor import Doctor
@@ -162,16 +161,7 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
             session: Session | None = self._sessions.get(request.sid)
         except IronclawError:
             session = None  # send() names what is wrong, in its own order of checks
-        spec = self._registry.get(session.agent) if session is not None else None
-        caller = current_caller()
-        if spec is not None and not host_user_allowed(
-            spec.permissions, caller.user_name, sorted(operator_groups())
-        ):
-            raise PolicyDenied(
-                f"uid {caller.uid} ({caller.user_name}) may not talk to agent '{spec.name}': its "
-                "permissions allow only the host users and groups they name "
-                "(ironctl permissions show " + spec.name + ")"
-            )
+        require_talk(self._registry.get(session.agent) if session is not None else None)
         sent = await self._messages.send(
             request.sid, request.text, request.client_id, sender=operator()
         )
@@ -182,6 +172,13 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
     async def WatchReplies(
         self, request: admin_pb2.WatchRepliesRequest, context: Context
     ) -> AsyncIterator[admin_pb2.WatchRepliesResponse]:
+        # Replies are the other half of the conversation: whoever may not send to the agent
+        # may not read what it answers either (found by a review, stop 48; closed stop 50).
+        try:
+            session: Session | None = self._sessions.get(request.sid)
+        except IronclawError:
+            session = None  # watch() names what is wrong
+        require_talk(self._registry.get(session.agent) if session is not None else None)
         async for reply in self._messages.watch(request.sid, request.after_seq, request.follow):
             yield admin_pb2.WatchRepliesResponse(
                 reply=admin_pb2.Reply(

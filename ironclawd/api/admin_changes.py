@@ -11,7 +11,8 @@ import grpc
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.api.auth import current_caller
 from ironclawd.domain.agents import AgentSpec, find_agent
-from ironclawd.errors import Conflict, InvalidArgument
+from ironclawd.domain.channels import host_user_allowed
+from ironclawd.errors import Conflict, InvalidArgument, PolicyDenied
 from ironclawd.services.audit import Audit
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.registry import Registry
@@ -32,6 +33,21 @@ def operator_groups() -> frozenset[str]:
     """The names of the host groups the kernel said the caller is in at connect time (primary
     and supplementary; a gid without a name has none)."""
     return current_caller().group_names
+
+
+def require_talk(spec: AgentSpec | None) -> None:
+    """Refuse the caller unless the agent's permissions let them talk to it (``user:`` and
+    ``group:`` entries; none named: every admin member may). Talking covers sending a
+    message, reading the agent's replies and admitting a held message to it."""
+    caller = current_caller()
+    if spec is not None and not host_user_allowed(
+        spec.permissions, caller.user_name, sorted(operator_groups())
+    ):
+        raise PolicyDenied(
+            f"uid {caller.uid} ({caller.user_name}) may not talk to agent '{spec.name}': its "
+            "permissions allow only the host users and groups they name "
+            f"(ironctl permissions show {spec.name})"
+        )
 
 
 class ChangesMixin:

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.api.admin_changes import operator
+from ironclawd.api.admin_changes import operator, require_talk
 from ironclawd.domain.channels import sender_event_id
 from ironclawd.errors import InvalidArgument
 from ironclawd.ports.channel_records import HeldMessage
@@ -73,8 +73,10 @@ class ChannelsMixin:
         who = operator()
         # Under four-eyes, whoever let the message in may not approve what the session then
         # submits (services/gateway.py): counted before the session has it.
+        # Admitting lets a stranger talk to the agent on the caller's word: only someone who
+        # may talk to that agent may (checked once the route is known, before anything moves).
         receipt = await self._inbox.admit(
-            held_id, sending=lambda sid: self._messages.note_sender(sid, who)
+            held_id, sending=lambda sid: self._messages.note_sender(sid, who), check=require_talk
         )
         self._audit_trail.record(
             "channel.admitted", operator(), held=held_id, sid=receipt.sid, inbound_seq=receipt.seq,

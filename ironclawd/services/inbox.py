@@ -215,13 +215,21 @@ class Inbox:
     def held(self, after: int = 0, limit: int = -1) -> list[HeldMessage]:
         return self._records.held(after, limit)
 
-    async def admit(self, held_id: int, sending: Callable[[str], None] | None = None) -> Receipt:
+    async def admit(
+        self,
+        held_id: int,
+        sending: Callable[[str], None] | None = None,
+        check: Callable[[AgentSpec], None] | None = None,
+    ) -> Receipt:
         """Queue a held message as if its sender were allowed (the route must still exist);
-        ``sending(sid)`` is told its session before it is handed over."""
+        ``check(spec)`` may refuse (by raising) once the agent is known, before anything
+        changes; ``sending(sid)`` is told its session before it is handed over."""
         h = self._records.get_held(held_id)
+        found = self.route(h.channel, h.where)
+        if check is not None and found is not None:
+            check(found[0])
         done = self._records.message_by_event(h.channel, h.event_id)
         if done is None:
-            found = self.route(h.channel, h.where)
             if found is None:
                 raise NotFound(
                     f"held message {held_id}: nothing is wired to {h.where!r} on channel "
