@@ -109,10 +109,10 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     registry = Registry(store, [*BUILTIN.values(), *config.agents], clock)
     control = ControlServer(paths.SESSIONS_RUN_DIR, config.sockets)
     data = _session_data(config, store, master)
-    # Package steps run in units that cannot see the agents' mount sources either.
-    images = AptPackageImages(
-        _rootfs(config), state_dir / "images", HelperRunner(hidden=config.gateway.mount_allowlist)
-    )
+    # Package steps and MCP servers run in units that see neither the agents' mount sources
+    # nor the daemon's own directories where the config moved them.
+    hidden = hidden_from_helpers(config)
+    images = AptPackageImages(_rootfs(config), state_dir / "images", HelperRunner(hidden=hidden))
     # Subscribed to by messaging, the broker and the sandbox API, all built after the service.
     hooks = SessionHooks()
     lifecycle = _lifecycle(config, netns, control, data, hooks, images=images)
@@ -145,9 +145,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
             tls_context, Path(config.egress.ca_file) if config.egress.ca_file else None
         ),
     )  # fmt: skip
-    launcher = McpLaunchers(
-        SystemdMcpLauncher(credentials, config.mcp, config.gateway.mount_allowlist), remote
-    )
+    launcher = McpLaunchers(SystemdMcpLauncher(credentials, config.mcp, hidden), remote)
     mcp_clients = McpSupervisor(launcher, config.mcp, credentials=credentials)
 
     async def restart_and_reap(agent: str) -> list[str]:
@@ -230,6 +228,20 @@ def _channels(
             )
         adapters[channel.name] = builders[channel.type](channel)
     return adapters
+
+
+def hidden_from_helpers(config: Config) -> tuple[str, ...]:
+    """What package-step and MCP server units may not see on top of the daemon's default
+    directories (``paths.PRIVATE_DIRS``, hidden always): the agents' mount sources, and the
+    state directory and master key where the config moved them (a review found a moved
+    ``state_dir`` visible to both, kept from them by its mode alone). The master key is hidden
+    as a file: its directory may be one others need (the credentials beside it are root's)."""
+    moved = [
+        str(p)
+        for p in (config.daemon.state_dir, config.daemon.master_key_file)
+        if not any(p.is_relative_to(d) for d in paths.PRIVATE_DIRS)
+    ]
+    return (*config.gateway.mount_allowlist, *moved)
 
 
 def _rootfs(config: Config) -> Path:
