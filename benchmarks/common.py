@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -68,10 +69,12 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def rate_summary(values: list[float], digits: int = 1) -> dict[str, float]:
-    """Median and p10 (the slow end) of rates (higher is better), and the count."""
+    """Median and p10 (the slow end, nearest rank) of rates (higher is better), and the count.
+    The median of an even count is the mean of the two middle rates, as ``summary_ms``'s: the
+    upper of the two flattered every rate of 10 rounds."""
     ordered = sorted(values)
     return {
-        "median": round(ordered[len(ordered) // 2], digits),
+        "median": round(statistics.median(ordered), digits),
         "p10": round(ordered[max(0, math.ceil(len(ordered) * 0.1) - 1)], digits),
         "n": len(ordered),
     }
