@@ -4,6 +4,9 @@ the same platform. A way named for IronClaw is never taken for a bare one."""
 
 from __future__ import annotations
 
+import pytest
+
+from benchmarks import platforms
 from benchmarks.platforms import _figures
 
 OLD, NEW = "runsc 0.0~20221219.0", "runsc 0.0~20240729.0"
@@ -48,3 +51,13 @@ def test_without_systrap_every_figure_says_why() -> None:
     assert len(figures) == 6  # three bare parts, three IronClaw parts: none measured
     assert len(missing) == 6
     assert all("no Debian 13 runsc .deb here" in str(f) for f in figures)
+
+
+def test_a_rounds_trip_is_the_median_of_its_warm_trips(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platforms, "TRIPS", 10)
+    # The first trip (cold, 1 s) is left out; the warm ones are 1..10 ms: median 5.5 ms.
+    trips = [1.0] + [x / 1e3 for x in (4, 9, 1, 7, 10, 2, 6, 3, 8, 5)]
+    stopped: list[bool] = []
+    took = platforms._parts("w", lambda: None, lambda i: trips[i], lambda: stopped.append(True))
+    assert took["w:trip"] == pytest.approx(0.0055)
+    assert stopped == [True]
