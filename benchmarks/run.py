@@ -5,6 +5,7 @@ results/BENCH.md). A benchmark that fails is named in the table; the others stil
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shlex
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks import table
-from benchmarks.common import RESULTS
+from benchmarks.common import DATE_FORMAT, RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = (
@@ -71,6 +72,9 @@ def main(names: list[str]) -> int:
         return 2
     chosen = names or list(BENCHMARKS)
     started = time.monotonic()
+    # In the result files' form (machine["date"]): benchmarks/table.py names a file written
+    # before this (one left from an earlier run) apart from this run.
+    began = datetime.datetime.now(datetime.UTC).strftime(DATE_FORMAT)
     # Each benchmark in turn; a failure is recorded in a file and the next one runs.
     failed_file = RESULTS / ".bench-failed"
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -88,6 +92,7 @@ def main(names: list[str]) -> int:
     failed = failed_file.read_text().split() if failed_file.exists() else []
     failed_file.unlink(missing_ok=True)
     record = {
+        "started": began,
         "seconds": round(time.monotonic() - started, 1),
         "benchmarks": chosen,
         "failed": failed,

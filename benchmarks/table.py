@@ -101,9 +101,9 @@ def _load(machine: Mapping[str, Any]) -> str:
     return f"load average when its first file was written {shown}"
 
 
-def _when(machine: dict[str, Any]) -> datetime.datetime:
-    """A file's date, as benchmarks/common.py writes it."""
-    return datetime.datetime.strptime(str(machine["date"]), DATE_FORMAT)
+def _when(machine: Mapping[str, Any], key: str = "date") -> datetime.datetime:
+    """A file's date (or the run's start), as benchmarks/common.py writes it."""
+    return datetime.datetime.strptime(str(machine[key]), DATE_FORMAT)
 
 
 def render(results: Path = RESULTS) -> str:
@@ -113,18 +113,25 @@ def render(results: Path = RESULTS) -> str:
     # The recorded run's machine, from its first benchmark (whose load at the start is the
     # run's); files of benchmarks run apart from it are listed with their own date and load.
     in_run = {n.replace("_", "-") for n in run_doc.get("benchmarks", [])}
+    broke = {n.replace("_", "-") for n in run_doc.get("failed", [])}
     dated = [(n, d["machine"]) for n, d in docs if "date" in d.get("machine", {})]
-    listed = [(n, m) for n, m in dated if n in in_run]
-    # A file the run lists but written after the run had ended is a later run of that benchmark
-    # alone (its figures replaced the run's): it is named apart, like one the run never had.
+    # A benchmark that failed in the run wrote no file of that run: what is there is older.
+    listed = [(n, m) for n, m in dated if n in in_run and n not in broke]
+    # A file the run lists but written before the run began (left from an earlier one) or after
+    # it had ended (a later run of that benchmark alone) is named apart, like one the run never
+    # had. Without the run's recorded start, its first file stands for it.
     if listed:
-        first = min(_when(m) for _, m in listed)
+        first = (
+            _when(run_doc, "started") if "started" in run_doc else min(_when(m) for _, m in listed)
+        )
         ended = first + datetime.timedelta(seconds=float(run_doc.get("seconds", 0)) + RUN_SLACK)
-        listed = [(n, m) for n, m in listed if _when(m) <= ended]
-    ours = [m for _, m in listed] or [m for _, m in dated]
+        listed = [(n, m) for n, m in listed if first <= _when(m) <= ended]
+    ours = [m for _, m in listed] if in_run else [m for _, m in dated]
     machine: dict[str, Any] = min(ours, key=lambda m: str(m["date"])) if ours else {}
     kept = {n for n, _ in listed}
     apart = [(n, m) for n, m in dated if in_run and n not in kept]
+    # Files that say nothing of when they were written cannot be placed in or out of the run.
+    undated = [n for n, d in docs if in_run and "date" not in d.get("machine", {})]
     lines = [
         "# IronClaw benchmarks",
         "",
@@ -161,6 +168,7 @@ def render(results: Path = RESULTS) -> str:
             f"- {name} was run apart from that run: {other.get('date', '?')}, kernel "
             f"{other.get('kernel', '?')}, {', '.join([*differs, _load(other)])}"
         )
+    lines += [f"- {n} has no date: its figures are not known to be from that run" for n in undated]
     lines += [
         "",
         "| benchmark | figure | median | p90 | unit | baseline | baseline median | baseline p90 "

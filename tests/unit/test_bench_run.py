@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import shlex
 import subprocess
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from benchmarks import run, table
-from benchmarks.common import filesystem_of
+from benchmarks.common import DATE_FORMAT, filesystem_of
 
 # /proc/self/mountinfo inside scripts/with-systemd with the bench's bind: an overlay root on a
 # tmpfs, /var/lib/ironclaw bound from the disk, a session's outbound tmpfs below it.
@@ -68,6 +69,10 @@ def test_the_run_binds_the_state_to_disk_first_and_clears_it_before_and_after(
     assert chattr == [["chattr", "-R", "-a", str(where)]] * 2  # the audit log's +a goes first
     record = json.loads((tmp_path / "results" / "bench-run.json").read_text())
     assert record["benchmarks"] == ["egress"]  # the record went where RESULTS points
+    # When it began, in the result files' own form: the table keeps older files out of the run.
+    began = datetime.datetime.strptime(record["started"], DATE_FORMAT)
+    now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    assert datetime.timedelta(0) <= now - began < datetime.timedelta(minutes=2)
 
 
 def test_paths_with_spaces_stay_one_word(tmp_path: Path) -> None:

@@ -84,3 +84,45 @@ def test_a_figure_beside_a_baseline_of_zero_prints_no_ratio() -> None:
     assert one_line(zero) == "cpu: 0.05 % of a core vs idle 0.0 % of a core"
     some = figure("cpu", {"median": 0.5}, "idle", {"median": 0.25}, unit="% of a core")
     assert one_line(some).endswith("(2.0x)")
+
+
+def _run_record(results: Path, benchmarks: list[str], **more: Any) -> None:
+    run = {"seconds": 700, "benchmarks": benchmarks, "failed": [], "note": "", **more}
+    (results / "bench-run.json").write_text(json.dumps(run))
+
+
+def test_a_file_from_before_the_run_is_named_apart_and_does_not_displace_the_run(
+    tmp_path: Path,
+) -> None:
+    # model_proxy failed this run before writing: its file is the day before's.
+    _write(tmp_path, "model-proxy", "2026-12-01 10:00 UTC", [4.0, 4.0, 4.0], at_end=True)
+    _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
+    _write(tmp_path, "egress", "2026-12-02 15:55 UTC", [0.5, 0.5, 0.5], at_end=True)
+    _run_record(tmp_path, ["sessions", "egress", "model_proxy"], started="2026-12-02 15:48 UTC")
+    text = render(tmp_path)
+    assert "- date 2026-12-02 15:49 UTC; load average at the start 0.8, 1.2, 1.4" in text
+    assert "- model-proxy was run apart from that run: 2026-12-01 10:00 UTC" in text
+    assert "sessions was run apart" not in text
+    assert "egress was run apart" not in text
+
+
+def test_a_benchmark_that_failed_in_the_run_is_not_the_runs_even_without_its_start(
+    tmp_path: Path,
+) -> None:
+    # A record written before the run's start was recorded: the failed list still tells.
+    _write(tmp_path, "model-proxy", "2026-12-01 10:00 UTC", [4.0, 4.0, 4.0], at_end=True)
+    _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
+    _run_record(tmp_path, ["sessions", "model_proxy"], failed=["model_proxy"])
+    text = render(tmp_path)
+    assert "- date 2026-12-02 15:49 UTC; load average at the start 0.8, 1.2, 1.4" in text
+    assert "- model-proxy was run apart from that run: 2026-12-01 10:00 UTC" in text
+    assert "sessions was run apart" not in text
+
+
+def test_a_file_without_a_date_is_not_taken_for_the_runs(tmp_path: Path) -> None:
+    _write(tmp_path, "sessions", "2026-12-02 15:49 UTC", [0.8, 1.2, 1.4], at_end=True)
+    old = {"calls": 100, "warm": {"supervisor": {"median_ms": 2.1, "p90_ms": 2.5}}}
+    (tmp_path / "bench-mcp.json").write_text(json.dumps(old))
+    _run_record(tmp_path, ["sessions", "mcp"], started="2026-12-02 15:48 UTC")
+    text = render(tmp_path)
+    assert "- mcp has no date: its figures are not known to be from that run" in text
