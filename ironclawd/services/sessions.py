@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
@@ -61,7 +61,7 @@ class SessionService:
         self._persisted_active: dict[str, float] = {}
         self._agents = agents
         self._clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, SessionLock] = {}  # only while someone holds or awaits one
         self._watcher = SessionWatcher(
             lifecycle.control, self.layout.idle_timeout, self._sandbox_exited, self._idle
         )
@@ -181,7 +181,6 @@ class SessionService:
             self._persisted_active.pop(sid, None)
             self._hooks.gone(sid)
             self.audit_event(session, "removed")
-        self._locks.pop(sid, None)
 
     async def restart_agent_sessions(self, agent: str) -> list[str]:
         """Restart every running session of ``agent`` so it runs with the agent's new spec (the
@@ -241,7 +240,11 @@ class SessionService:
     # -- transitions (also used by ``reconcile``, always under the session's lock) ------------
 
     def lock(self, sid: str) -> asyncio.Lock:
-        return self._locks.setdefault(sid, asyncio.Lock())
+        """``sid``'s lock: one for as long as anyone holds or waits for it (``SessionLock``)."""
+        lock = self._locks.get(sid)
+        if lock is None:
+            lock = self._locks[sid] = SessionLock(self._locks, sid)
+        return lock
 
     def stored(self, sid: str) -> Session:
         """The persisted record, without the in-memory activity."""
@@ -436,6 +439,37 @@ class SessionService:
         self._watcher.disarm_all()
         await self._work.settle(self.layout.stop_timeout)
         await asyncio.gather(self._work.close(), self._watcher.close())
+
+
+class SessionLock(asyncio.Lock):
+    """A session's lock, kept in its service's table while it is held or awaited and dropped
+    from it after: one dropped while a command still waited on it (a removal dropped it) was
+    taken by that command while the next command on the id made a new one, and the two ran
+    side by side (a stop tore down the sandbox a create was starting); and an id that never
+    named a session kept its lock for good."""
+
+    def __init__(self, table: dict[str, SessionLock], sid: str) -> None:
+        super().__init__()
+        self._table = table
+        self._sid = sid
+        self._users = 0  # holding or waiting
+
+    async def acquire(self) -> Literal[True]:
+        self._users += 1
+        try:
+            return await super().acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    def release(self) -> None:
+        super().release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._table.get(self._sid) is self:
+            del self._table[self._sid]
 
 
 def _owned_done(task: asyncio.Task[Any]) -> None:
