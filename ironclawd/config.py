@@ -21,7 +21,7 @@ from typing import Any
 import tomli
 
 from ironclawd import paths
-from ironclawd.config_channels import channel_reference, parse_channels
+from ironclawd.config_channels import channel_reference, check_listens, parse_channels
 from ironclawd.config_keys import (
     MCP_KEYS,
     _abs_path,
@@ -372,7 +372,9 @@ def parse_config(text: str, source: str) -> Config:
                 raise ConfigError(f"{source}: unknown key '{table}.{key}'{_hint(key, keys)}")
             values[key] = _convert(keys[key], value, f"{table}.{key}", source)
         sections[table] = cls(**values)
-    return dataclasses.replace(Config(**sections), source=source)
+    config = dataclasses.replace(Config(**sections), source=source)
+    check_listens(config.channels, config.admin.socket, config.daemon.state_dir, source)
+    return config
 
 
 def load_config(path: Path) -> Config:

@@ -5,12 +5,14 @@ it needs them, so a rotated token is picked up without a restart."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from ironclawd import lazy_re
+from ironclawd import lazy_re, paths
 from ironclawd.config_keys import (
     _choice,
     _convert,
@@ -140,7 +142,11 @@ MATRIX_KEYS: Mapping[str, _Key] = {
     "device_id": _Key(_device_id, "Matrix: the bot's device id."),
 }
 WEBHOOK_KEYS: Mapping[str, _Key] = {
-    "listen": _Key(_listen, "Webhook: where to listen (IP:port, or unix:/path for a proxy)."),
+    "listen": _Key(
+        _listen,
+        "Webhook: where to listen (IP:port, or unix:/path for a proxy); an address no other "
+        "channel uses, a path outside the daemon's directories and not `admin.socket`.",
+    ),
     "endpoints": _Key(
         _endpoints, "Webhook: endpoints (POST /hooks/<name>), each with its HMAC key credential."
     ),
@@ -190,6 +196,64 @@ def parse_channels(body: Any, source: str) -> tuple[ChannelConfig, ...]:
                 )
         channels.append(config)
     return tuple(channels)
+
+
+_Address = str | tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]  # unix path, or IP
+
+
+def check_listens(
+    channels: tuple[ChannelConfig, ...], admin_socket: Path, state_dir: Path, source: str
+) -> None:
+    """Each webhook listens where nothing else does: a listener replaces the socket at its path
+    when it starts (host/webhook.py), after the admin API's, so one at ``admin.socket`` took
+    that socket's place; one at another channel's address took its socket, or failed to bind."""
+    admin = _normal(str(admin_socket))
+    own = (admin_socket.parent / paths.INTERNAL_DIR.name, paths.INTERNAL_DIR,
+           paths.SESSIONS_RUN_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR, paths.MOUNTNS_DIR,
+           state_dir)  # fmt: skip
+    seen: list[tuple[str, _Address]] = []
+    for channel in channels:
+        if channel.type != "webhook":
+            continue
+        key, listen = f"channels.{channel.name}.listen", channel.listen
+        if listen.startswith("unix:"):
+            path = _normal(listen[5:])
+            address: _Address = path
+            if path == admin:
+                _refuse(source, key, "a socket path other than the admin socket (admin.socket, "
+                        f"{admin}: the listener would take its place)", listen)  # fmt: skip
+            inside = next((d for d in map(_normal, map(str, own)) if path.startswith(d + "/")), "")
+            if inside:
+                _refuse(source, key, f"a socket path outside {inside} (the daemon's own)", listen)
+        else:
+            host, _, port = listen.rpartition(":")
+            address = (ipaddress.ip_address(host.strip("[]")), int(port))
+        other = next((name for name, a in seen if _clash(a, address)), None)
+        if other is not None:
+            _refuse(source, key, f"an address no other channel listens on (channel '{other}' "
+                    "listens there too)", listen)  # fmt: skip
+        seen.append((channel.name, address))
+
+
+def _normal(path: str) -> str:
+    # Paths here hold no '..' (refused), so normpath only folds '.' and repeated '/'.
+    return "/" + os.path.normpath(path).lstrip("/")
+
+
+def _clash(a: _Address, b: _Address) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    (one, port), (two, other_port) = a, b
+    if port != other_port:
+        return False
+    wildcard = ipaddress.ip_address("::")  # dual-stack: it takes the IPv4 addresses too
+    v4_any = ipaddress.ip_address("0.0.0.0")
+    return (one == two or wildcard in (one, two)
+            or (v4_any in (one, two) and one.version == two.version == 4))  # fmt: skip
+
+
+def _refuse(source: str, key: str, expected: str, value: str) -> NoReturn:
+    raise ConfigError(f"{source}: bad value for '{key}': expected {expected}, got {value!r}")
 
 
 def channel_reference() -> list[str]:

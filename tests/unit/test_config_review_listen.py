@@ -1,0 +1,66 @@
+"""A webhook channel's ``listen`` may not take a socket the daemon or another channel holds: the
+listener replaces whatever socket is at its path when it starts (host/webhook.py), and channels
+start after the admin API, so ``listen = "unix:/run/ironclaw/admin.sock"`` took the admin
+socket's path and left ironctl talking to a webhook server (found by a review)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ironclawd.config import parse_config
+from ironclawd.errors import ConfigError
+
+
+def _hook(name: str, listen: str, credential: str | None = None) -> str:
+    return (
+        f'[[channels]]\nname = "{name}"\ntype = "webhook"\nlisten = "{listen}"\n'
+        f'endpoints = [{{name = "e", secret_credential = "{credential or name}-key"}}]\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("prefix", "path", "why"),
+    [
+        ("", "/run/ironclaw/admin.sock", "admin socket"),
+        ("[admin]\nsocket = '/run/ic/ctl.sock'\n", "/run/ic/ctl.sock", "admin socket"),
+        ("", "/run/ironclaw/internal/admin-grpc.sock", "/run/ironclaw/internal"),
+        ("[admin]\nsocket = '/run/ic/ctl.sock'\n", "/run/ic/internal/x.sock", "/run/ic/internal"),
+        ("", "/run/ironclaw/sessions/abcdefgh0001/control.sock", "/run/ironclaw/sessions"),
+        ("", "/var/lib/ironclaw/hooks.sock", "/var/lib/ironclaw"),
+        ("[daemon]\nstate_dir = '/srv/ic'\n", "/srv/ic/x/hooks.sock", "/srv/ic"),
+    ],
+)
+def test_a_listen_socket_on_a_daemon_path_is_refused(prefix: str, path: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=r"channels\.hooks\.listen") as caught:
+        parse_config(prefix + _hook("hooks", f"unix:{path}"), "t.toml")
+    assert why in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("unix:/run/ironclaw/hooks.sock", "unix:/run/ironclaw/hooks.sock"),
+        ("127.0.0.1:8787", "127.0.0.1:8787"),
+        ("0.0.0.0:8787", "127.0.0.1:8787"),
+        ("127.0.0.1:8787", "[::]:8787"),
+        ("[::1]:8787", "[0:0::1]:8787"),
+    ],
+)
+def test_two_channels_on_one_listen_address_are_refused(first: str, second: str) -> None:
+    text = _hook("first", first) + _hook("second", second)
+    with pytest.raises(ConfigError, match=r"channels\.second\.listen.*channel 'first'"):
+        parse_config(text, "t.toml")
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("unix:/run/ironclaw/a.sock", "unix:/run/ironclaw/b.sock"),
+        ("127.0.0.1:8787", "127.0.0.1:8788"),
+        ("127.0.0.1:8787", "127.0.0.2:8787"),
+        ("127.0.0.1:8787", "unix:/run/ironclaw/hooks.sock"),
+    ],
+)
+def test_distinct_listen_addresses_are_accepted(first: str, second: str) -> None:
+    config = parse_config(_hook("first", first) + _hook("second", second), "t.toml")
+    assert [c.listen for c in config.channels] == [first, second]
