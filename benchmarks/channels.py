@@ -49,7 +49,7 @@ import aiohttp
 import grpc
 import nio
 
-from benchmarks.common import RESULTS
+from benchmarks.common import write_doc
 from benchmarks.mcp import Sandbox
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -380,9 +380,7 @@ def main() -> int:
     m = _machine(sandbox_platform)
     report = {"rounds": ROUNDS, "warmup": WARMUP, "machine": m,
               "figures": figures, "added_median_ms_over_admin_api": added}  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "bench-channels.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_doc("channels", report)
     print(f"inbound-to-reply latency, {ROUNDS} rounds each, interleaved; {m['cpu']} "
           f"({m['cores']} cores, {m['memory_gib']} GiB), kernel {m['kernel']}, {m['runsc']}, "
           f"platform {m['platform']}, load {m['load_avg_1m_after']:.2f}\n")  # fmt: skip

@@ -197,6 +197,17 @@ def write_result(name: str, figures: list[dict[str, Any]], **extra: Any) -> Path
     return out
 
 
+def write_doc(name: str, doc: Mapping[str, Any]) -> Path:
+    """``results/bench-<name>.json`` for a benchmark that writes its own shape (mcp, packages,
+    channels), with ``machine()`` under its own machine facts: the date above all, by which
+    benchmarks/table.py tells a file of the run from one left from an earlier run."""
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"bench-{name}.json"
+    full = {**doc, "machine": {**machine(), **doc.get("machine", {})}}
+    out.write_text(json.dumps(full, indent=2) + "\n")
+    return out
+
+
 def one_line(f: Mapping[str, Any]) -> str:
     """A figure as a line of text (what a benchmark prints as it finishes)."""
     key = "median_ms" if f["unit"] == "ms" else "median"

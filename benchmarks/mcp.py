@@ -51,7 +51,7 @@ import mcp_types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from benchmarks.common import DAEMON_CONFIG, RESULTS, daemon_config
+from benchmarks.common import DAEMON_CONFIG, daemon_config, write_doc
 from benchmarks.messages import Replies
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -302,9 +302,7 @@ def main() -> int:
                 stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=60)
     report = {"calls": CALLS, "cold_starts": COLD, "server": "mcp-server-time 2026.10.19",
               **results, "added_median_ms": _added(results["warm"])}  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "bench-mcp.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_doc("mcp", report)
     print(f"MCP get_current_time, {CALLS} calls each, interleaved (median / p90 ms):")
     for name, s in results["warm"].items():
         print(f"  {name:<26} {s['median_ms']:>9} {s['p90_ms']:>9}")

@@ -62,7 +62,7 @@ from typing import Any
 
 import grpc
 
-from benchmarks.common import RESULTS, daemon_config
+from benchmarks.common import daemon_config, write_doc
 from benchmarks.mcp import Sandbox
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -238,9 +238,7 @@ def main() -> int:
     report = {"builds": BUILDS, "sessions": SESSIONS, "calls": CALLS, "image": build,
               "approve_jq_s": daemon["approve_jq_s"], "session_start": starts,
               "tools": calls, "added_median_ms": added}  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "bench-packages.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_doc("packages", report)
     print(f"jq image, {BUILDS} rounds each, resolve and build interleaved (median / p90 ms):")
     print("\n".join(_line(name, s) for name, s in build.items()))
     print(f"approval of the jq change (daemon: build + apply), once: {daemon['approve_jq_s']} s")
