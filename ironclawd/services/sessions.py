@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import replace
@@ -71,6 +72,9 @@ class SessionService:
         self._creating: dict[str, set[asyncio.Task[Any]]] = {}
         # The spec each running sandbox was started with (never for an adopted one).
         self._built: dict[str, AgentSpec] = {}
+        # Which sandbox of a session is watched (``watch``): an exit watch acts only on its own.
+        self._runs: dict[str, int] = {}
+        self._run_numbers = itertools.count(1)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -179,6 +183,7 @@ class SessionService:
             self._store.delete(sid)
             self._last_active.pop(sid, None)
             self._persisted_active.pop(sid, None)
+            self._runs.pop(sid, None)
             self._hooks.gone(sid)
             self.audit_event(session, "removed")
 
@@ -252,6 +257,7 @@ class SessionService:
 
     def watch(self, sid: str) -> None:
         """A sandbox runs for ``sid``: start its idle timer and watch for its exit."""
+        self._runs[sid] = next(self._run_numbers)
         self._watcher.arm_idle(sid)
         self._watcher.watch(sid)
 
@@ -385,14 +391,16 @@ class SessionService:
     async def _sandbox_exited(self, sid: str) -> None:
         """The agent's control connection dropped: learn why from the unit. Only a sandbox that
         died on its own runs the exit hooks: a stop or a removal drops the connection too, and a
-        removed session has no record left to say so."""
+        removed session has no record left to say so. Nor does one whose sandbox was replaced
+        while this waited for the lock (a start queued behind the stop that ended it)."""
+        run = self._runs.get(sid)  # the sandbox whose connection dropped, now
         async with self.lock(sid):
             with contextlib.suppress(IronclawError):
                 try:
                     session = self._store.get(sid)
                 except NotFound:
                     return  # removed meanwhile: its removal ended the sandbox
-                if session.state is not State.RUNNING:
+                if session.state is not State.RUNNING or self._runs.get(sid) != run:
                     return
                 try:
                     result = await self.lifecycle.wait_exit(session)
