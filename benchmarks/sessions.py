@@ -104,7 +104,12 @@ def session_ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Any]:
 
 def status_ways() -> dict[str, list[float]]:
     def run(*argv: str) -> float:
-        return timed(lambda: subprocess.run(argv, capture_output=True, check=False))
+        done: list[subprocess.CompletedProcess[bytes]] = []
+        took = timed(lambda: done.append(subprocess.run(argv, capture_output=True, check=False)))
+        if done[0].returncode != 0:  # a refusal ends fast: it is no timing of a status
+            tail = done[0].stderr.decode(errors="replace").strip()[-300:]
+            raise SystemExit(f"bench: {' '.join(argv)} exited {done[0].returncode}: {tail}")
+        return took
 
     return interleave(
         {
