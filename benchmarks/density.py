@@ -113,6 +113,14 @@ def sandbox_pids(sids: Iterable[str] | None = None) -> list[int]:
     return pids
 
 
+def require_pids(pids: list[int], what: str) -> list[int]:
+    """``pids``, or SystemExit if there are none: a figure of no process (0 MiB, 0% of a core)
+    would pass for sandboxes idling at nothing."""
+    if not pids:
+        raise SystemExit(f"bench: no process found in the units of {what}")
+    return pids
+
+
 def descendants(roots: Iterable[int]) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
@@ -322,7 +330,7 @@ def main() -> None:
                     create_times.append(time.perf_counter() - started)
                     sids.append(reply.session.sid)
                 time.sleep(5)
-                pids = sandbox_pids()
+                pids = require_pids(sandbox_pids(), f"{count} sessions")
                 pss_mib = sum(_pss_kib(p) for p in pids) / 1024 / count
                 cpu = idle_cpu_percent(pids, IDLE_SECONDS)
                 lost = (free_before - mem_available_kib()) / 1024 / (count - 1 or 1)

@@ -45,7 +45,7 @@ from benchmarks.common import (
     timed,
     write_result,
 )
-from benchmarks.density import TICKS, cpu_ticks, sandbox_pids
+from benchmarks.density import TICKS, cpu_ticks, require_pids, sandbox_pids
 from benchmarks.messages import Replies
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
 from ironclawd import config
@@ -186,7 +186,10 @@ def waiting_cpu(stub: admin_pb2_grpc.AdminServiceStub) -> list[dict[str, Any]]:
     ]
     try:
         time.sleep(2)  # past the agents' start-up
-        ways = {"pooled": sandbox_pids(pooled), "idle": sandbox_pids(idle)}
+        ways = {
+            "pooled": require_pids(sandbox_pids(pooled), f"the pooled sandboxes {pooled}"),
+            "idle": require_pids(sandbox_pids(idle), f"the idle sessions {idle}"),
+        }
         before = {k: sum(cpu_ticks(p) for p in pids) for k, pids in ways.items()}
         time.sleep(IDLE_SECONDS)
         used = {
