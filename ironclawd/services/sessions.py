@@ -155,11 +155,21 @@ class SessionService:
     async def stop(self, sid: str) -> Session:
         return await self._owned(self._stop_cmd(check_sid(sid)))
 
-    async def _stop_cmd(self, sid: str) -> Session:
+    async def _stop_cmd(self, sid: str, idle: bool = False) -> Session:
+        """``idle``: stop only if the session runs and has been idle ``idle_timeout`` seconds,
+        judged once its lock is held (activity while the stop waited for it counts)."""
         async with self.lock(sid):
             session = self._store.get(sid)
             if session.state is State.STOPPED:
                 return session
+            if idle:
+                idle_for = self._clock.time() - self._with_activity(session).last_active_at
+                if session.state is not State.RUNNING:
+                    return session
+                if idle_for < self.layout.idle_timeout:
+                    self._watcher.arm_idle(sid)  # from now: the clock may have stepped back
+                    return session
+                log.info("session %s idle for %.0fs: stopping", sid, idle_for)
             return await self._guarded(sid, "stopping", self.stop_locked(session, State.STOPPED))
 
     async def remove(self, sid: str, force: bool = False) -> None:
@@ -434,11 +444,7 @@ class SessionService:
 
     async def _idle(self, sid: str) -> None:
         with contextlib.suppress(IronclawError):
-            session = self._with_activity(self._store.get(sid))
-            idle_for = self._clock.time() - session.last_active_at
-            if session.state is State.RUNNING and idle_for >= self.layout.idle_timeout:
-                log.info("session %s idle for %.0fs: stopping", sid, idle_for)
-                await self.stop(sid)
+            await self._owned(self._stop_cmd(sid, idle=True))
 
     async def close(self) -> None:
         """Let commands in flight finish (those still running after a stop timeout are cancelled
