@@ -21,6 +21,7 @@ from ironclawd.config_keys import (
     _float,
     _int,
     _Key,
+    loopback,
 )
 from ironclawd.domain.channels import (
     CHANNEL_NAME_RE,
@@ -50,20 +51,11 @@ def _homeserver(v: Any) -> str:
     parts = urlsplit(v) if isinstance(v, str) else None
     if parts is None or not parts.hostname or parts.path not in ("", "/") or parts.query:
         raise ValueError("a homeserver base URL like https://matrix.example.org")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not loopback(parts.hostname):
         raise ValueError("an https:// URL (http:// only for a loopback homeserver)")
     if parts.scheme not in ("https", "http") or parts.username or parts.password:
         raise ValueError("an https:// URL without user or password")
     return str(v).rstrip("/")
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _user_id(v: Any) -> str:

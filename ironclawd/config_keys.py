@@ -4,11 +4,13 @@ which)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.egress import EgressRule, rule_from_mapping
@@ -77,9 +79,39 @@ def _text(limit: int) -> Callable[[Any], str]:
 
 
 def _url(v: Any) -> str:
-    if not isinstance(v, str) or not (v.startswith("https://") or v.startswith("http://")):
-        raise ValueError("an http(s) URL")
+    """A provider's base URL: where the agent's key goes, so never over plain http to another
+    host, and nothing the first model call would fail on (no host, a bad port)."""
+    expected = "an https:// URL with a host (http:// only for a loopback host)"
+    if not isinstance(v, str) or not v.startswith(("https://", "http://")):
+        raise ValueError(expected)
+    if any(c.isspace() or not c.isprintable() for c in v):
+        raise ValueError(f"{expected}, without spaces or control characters")
+    parts = urlsplit(v)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if not parts.hostname:
+        raise ValueError(expected)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{expected}, without user or password (name a credential)")
+    if "?" in v or "#" in v:
+        raise ValueError(f"{expected}, without query or fragment")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{expected} and a port from 1 to 65535")
+    if parts.scheme == "http" and not loopback(parts.hostname):
+        raise ValueError(f"{expected}: over http:// the key would cross the network in clear")
     return v.rstrip("/")
+
+
+def loopback(host: str) -> bool:
+    """Whether a URL's host is this machine: the one place plain http may go."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _credential(v: Any) -> str:
