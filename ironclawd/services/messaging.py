@@ -167,8 +167,23 @@ class MessageService:
         )
         self._touch(sid)
         if not await self._control.send(sid, "inbound", seq):
-            log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
+            await self._stranded(sid, seq)
         return Sent(seq, new, replies_before)
+
+    async def _stranded(self, sid: str, seq: int) -> None:
+        """Message ``seq`` is queued and its agent was not told. A session stopped since the
+        send found it running (an idle stop) is started again, as a send that found it stopped
+        starts it: nothing would read the message until the next one otherwise. Its agent
+        resumes after the last message it answered."""
+        try:
+            if self._sessions.get(sid).state in (State.STOPPING, State.STOPPED):
+                log.info("session %s stopped while message %d was queued: starting it", sid, seq)
+                await self._sessions.start(sid)
+                return
+        except IronclawError as exc:  # the message is queued: a later send or start reads it
+            log.error("session %s: starting it for message %d: %s", sid, seq, exc)
+            return
+        log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
 
     def _append(
         self, sid: str, body: str, now: float, client_id: str | None, life: object, *, sender: str
