@@ -39,9 +39,11 @@ from ironclawd.config_keys import (
     _kinds,
     _mount_allowlist,
     _optional_path,
+    _socket_path,
     _text,
     _tools,
     _url,
+    check_paths,
 )
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.channels import ChannelConfig
@@ -164,7 +166,8 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "master_key_file": _Key(
                 _abs_path,
                 "Master key (0600 root, made on first start) when no systemd credential "
-                "'master.key' is passed; kept apart from the data it protects.",
+                "'master.key' is passed; kept apart from the data it protects (outside "
+                "`state_dir`).",
             ),
             "agent_log_lines": _Key(
                 _int(1, 100_000),
@@ -183,7 +186,11 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
     "admin": (
         AdminConfig,
         {
-            "socket": _Key(_abs_path, "Admin gRPC socket (0660, group `admin.group`)."),
+            "socket": _Key(
+                _socket_path,
+                "Admin gRPC socket (0660, group `admin.group`), in a directory of its own: it "
+                "is made 0755 and gets an `internal/` directory.",
+            ),
             "group": _Key(_group_name, "Group whose members may use the admin socket."),
             "max_message_bytes": _Key(_int(1024, 64 * 1024 * 1024), "Largest gRPC message."),
             "max_deadline_seconds": _Key(
@@ -373,7 +380,9 @@ def parse_config(text: str, source: str) -> Config:
             values[key] = _convert(keys[key], value, f"{table}.{key}", source)
         sections[table] = cls(**values)
     config = dataclasses.replace(Config(**sections), source=source)
-    check_listens(config.channels, config.admin.socket, config.daemon.state_dir, source)
+    daemon, admin = config.daemon, config.admin
+    check_paths(daemon.state_dir, daemon.master_key_file, admin.socket, source)
+    check_listens(config.channels, admin.socket, daemon.state_dir, source)
     return config
 
 

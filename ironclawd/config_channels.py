@@ -5,7 +5,6 @@ it needs them, so a rotated token is picked up without a restart."""
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +21,7 @@ from ironclawd.config_keys import (
     _int,
     _Key,
     loopback,
+    normal_path,
 )
 from ironclawd.domain.channels import (
     CHANNEL_NAME_RE,
@@ -199,7 +199,7 @@ def check_listens(
     """Each webhook listens where nothing else does: a listener replaces the socket at its path
     when it starts (host/webhook.py), after the admin API's, so one at ``admin.socket`` took
     that socket's place; one at another channel's address took its socket, or failed to bind."""
-    admin = _normal(str(admin_socket))
+    admin = normal_path(str(admin_socket))
     own = (admin_socket.parent / paths.INTERNAL_DIR.name, paths.INTERNAL_DIR,
            paths.SESSIONS_RUN_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR, paths.MOUNTNS_DIR,
            state_dir)  # fmt: skip
@@ -209,12 +209,12 @@ def check_listens(
             continue
         key, listen = f"channels.{channel.name}.listen", channel.listen
         if listen.startswith("unix:"):
-            path = _normal(listen[5:])
+            path = normal_path(listen[5:])
             address: _Address = path
             if path == admin:
                 _refuse(source, key, "a socket path other than the admin socket (admin.socket, "
                         f"{admin}: the listener would take its place)", listen)  # fmt: skip
-            inside = next((d for d in map(_normal, map(str, own)) if path.startswith(d + "/")), "")
+            inside = next((d for d in map(normal_path, own) if path.startswith(d + "/")), "")
             if inside:
                 _refuse(source, key, f"a socket path outside {inside} (the daemon's own)", listen)
         else:
@@ -225,11 +225,6 @@ def check_listens(
             _refuse(source, key, f"an address no other channel listens on (channel '{other}' "
                     "listens there too)", listen)  # fmt: skip
         seen.append((channel.name, address))
-
-
-def _normal(path: str) -> str:
-    # Paths here hold no '..' (refused), so normpath only folds '.' and repeated '/'.
-    return "/" + os.path.normpath(path).lstrip("/")
 
 
 def _clash(a: _Address, b: _Address) -> bool:

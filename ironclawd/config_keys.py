@@ -5,13 +5,15 @@ which)."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from ironclawd import paths
 from ironclawd.domain.addresses import parse_internal_cidr
 from ironclawd.domain.egress import EgressRule, rule_from_mapping
 from ironclawd.domain.tools import CATALOG
@@ -57,6 +59,61 @@ def _abs_path(v: Any) -> Path:
     if not isinstance(v, str) or not v.startswith("/") or "\0" in v or "/../" in v + "/":
         raise ValueError("an absolute path without '..'")
     return Path(v)
+
+
+# A Unix socket address holds 108 bytes, the last a NUL.
+MAX_SOCKET_PATH = 107
+_INTERNAL = f"{paths.INTERNAL_DIR.name}/{paths.INTERNAL_ADMIN_SOCKET.name}"
+
+
+def _socket_path(v: Any) -> Path:
+    """``admin.socket``: the daemon also binds ``internal/admin-grpc.sock`` beside it."""
+    expected = (f"an absolute path without '..' of at most {MAX_SOCKET_PATH} bytes, as is its "
+                f"directory's {_INTERNAL} (Unix socket addresses)")  # fmt: skip
+    try:
+        path = _abs_path(v)
+    except ValueError:
+        raise ValueError(expected) from None
+    internal = path.parent / _INTERNAL
+    if max(len(str(path).encode()), len(str(internal).encode())) > MAX_SOCKET_PATH:
+        raise ValueError(f"{expected}; {internal} takes {len(str(internal).encode())}")
+    return path
+
+
+def normal_path(path: str | Path) -> str:
+    """A path as the kernel resolves its spelling: '.' and repeated '/' folded (the config's
+    paths hold no '..'), for comparing one with another."""
+    return "/" + os.path.normpath(str(path)).lstrip("/")
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def check_paths(state_dir: Path, master_key_file: Path, admin_socket: Path, source: str) -> None:
+    """The paths of [daemon] and [admin] against each other: the master key is kept apart from
+    what it encrypts, and the admin socket's directory, made 0755 with an ``internal/``
+    directory in it (api/server.py), is none that must stay closed."""
+    state, key = normal_path(state_dir), normal_path(master_key_file)
+    if state == "/":
+        _refuse(source, "daemon.state_dir", "an absolute directory other than '/'", state_dir)
+    if _within(key, state):
+        _refuse(source, "daemon.master_key_file", f"a file outside state_dir ({state}): the "
+                "key is kept apart from the data it encrypts", master_key_file)  # fmt: skip
+    here = normal_path(admin_socket.parent)
+    why = "its directory is made 0755 and gets an internal/ directory"
+    for directory, name in ((state, "state_dir"), (normal_path(master_key_file.parent),
+                            "master_key_file's directory")):  # fmt: skip
+        if _within(here, directory):
+            _refuse(source, "admin.socket", f"a socket outside {name} ({directory}): {why} "
+                    "(0755)", admin_socket)  # fmt: skip
+    if here == "/":
+        _refuse(source, "admin.socket", f"a socket in a directory other than '/': {why} (0755)",
+                admin_socket)  # fmt: skip
+
+
+def _refuse(source: str, key: str, expected: str, value: object) -> NoReturn:
+    raise ConfigError(f"{source}: bad value for '{key}': expected {expected}, got {str(value)!r}")
 
 
 def _group_name(v: Any) -> str:
