@@ -35,7 +35,12 @@ EXIT_STATUS: tuple[tuple[int, str], ...] = (
         " UTF-8 text",
     ),
     (ec.UNAVAILABLE, "daemon not reachable (is ironclawd running? `systemctl status ironclawd`)"),
-    (ec.PERMISSION, "permission denied (not in `ironclaw-admin`: join it, then log in again)"),
+    (
+        ec.PERMISSION,
+        "permission denied: not in `ironclaw-admin` (join it, then log in again), or refused by"
+        " a policy (four-eyes, an approver group, an agent's permissions), or `--by` naming"
+        " someone else; `skill verify`: signed by a key other than `--pubkey`",
+    ),
     (ec.NOT_FOUND, "not found"),
     (ec.CONFLICT, "conflict with the current state"),
     (
@@ -89,12 +94,20 @@ CTL_TOUR = (
 CTL_ERRORS = (
     "With `--json`, errors are printed on standard output as one line,"
     ' `{"error": {"code": "PERMISSION_DENIED", "message": "...", "exit": 4}}`, and nothing on'
-    " standard error. `code` is the daemon's gRPC status name, or one of ironctl's own: `USAGE`"
-    " (exit 2; `--json` anywhere before `--`, or an abbreviation argparse accepts, is honoured"
-    " even for usage errors), `INVALID_INPUT` (exit 7, standard input not UTF-8), `NO_REPLY`"
-    " (exit 1, `send`/`chat`: the daemon closed the reply stream before the reply came; the"
-    " message stays queued) and `IRONCTL_INTERNAL` (exit 9). Without `--json` an error is one"
-    " line on standard error.",
+    " standard error. `code` is the daemon's gRPC status name (the offline commands use the"
+    " same names for the same failures), or one of ironctl's own: `USAGE` (exit 2; `--json`"
+    " anywhere before `--`, or an abbreviation argparse accepts, is honoured even for usage"
+    " errors), `NO_EDITOR` (exit 2, no `VISUAL` or `EDITOR` to open), `AMBIGUOUS_METHOD` and"
+    " `UNSUPPORTED_METHOD` (exit 2, `api call`), `INVALID_INPUT` (exit 7: standard input,"
+    " `--persona-file` or the edited text not UTF-8, `--persona-file` unreadable, or `api"
+    " call`'s request JSON not of the method's type), `NO_REPLY` (exit 1, `send`/`chat`: the"
+    " daemon closed the reply stream before the reply came; the message stays queued),"
+    " `NOT_CONFIRMED` (exit 1, `change approve`/`reject` not confirmed), `EDIT_ABORTED` and"
+    " `EDITOR_FAILED` (exit 1, the editor's text empty or unchanged, or the editor failed),"
+    " `CALLER_MISMATCH` (exit 4, `--by` names someone else), `UNKNOWN_METHOD` and"
+    " `UNKNOWN_SYMBOL` (exit 5, `api`), `BAD_SIGNATURE` (exit 10) and `MALFORMED_REPORT`"
+    " (exit 11), and `IRONCTL_INTERNAL` (exit 9). Without `--json` an error is one line on"
+    " standard error.",
     "ironctl never prints a Python traceback (unless `IRONCTL_DEBUG=1`). Values it echoes (a"
     " rejected argument, the daemon's error message) are shown with control, escape, bidi and"
     " zero-width characters escaped (`\\x1b`, `\\u202e`), bytes that are not UTF-8 as `\\xff`,"

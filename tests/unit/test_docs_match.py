@@ -4,13 +4,22 @@ test_docgen.py, the JSON shapes by test_ctl_json.py)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes
+from ironclawd.ctl.containment import _ERROR_CODES as CONTAINMENT_CODES
+from ironclawd.ctl.main import main
 from ironclawd.ctl.shapes import enum_name
+from ironclawd.docgen import handwritten
 from ironclawd.domain.kinds.mcp import server_view
 from ironclawd.domain.mcp import McpServer
+from ironclawd.errors import EXIT_CODE
+from tests.unit import skill_samples as s
 
 ROOT = Path(__file__).parents[2]
 
@@ -49,3 +58,46 @@ def test_the_json_doc_shows_an_mcp_server_as_ironctl_prints_it() -> None:
     assert "not always present" in row, row
     assert local["network"] == "none"
     assert '`"none"`' in row, row
+
+
+def _own_error_codes() -> dict[str, int]:
+    """Each error code ironctl reports of its own (not a daemon's status), with its exit code:
+    every ``CtlError("CODE", exitcodes.NAME, ...)`` in ironclawd/ctl, and containment's."""
+    found = {code: exit_code for exit_code, code in CONTAINMENT_CODES.items()}
+    for path in sorted((ROOT / "ironclawd" / "ctl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "CtlError" and len(node.args) >= 2):  # fmt: skip
+                continue
+            code, exit_arg = node.args[0], node.args[1]
+            assert isinstance(exit_arg, ast.Attribute), ast.dump(exit_arg)
+            for constant in ast.walk(code):
+                value = constant.value if isinstance(constant, ast.Constant) else None
+                if isinstance(value, str) and re.fullmatch(r"[A-Z_]+", value):
+                    found[value] = getattr(exitcodes, exit_arg.attr)
+    return {c: e for c, e in found.items() if c not in EXIT_CODE}
+
+
+def test_the_errors_section_names_every_code_of_ironctl_s_own_with_its_exit() -> None:
+    text = " ".join(handwritten.CTL_ERRORS)
+    codes = _own_error_codes()
+    assert {"USAGE", "NO_REPLY", "CALLER_MISMATCH", "NOT_CONFIRMED"} <= set(codes)
+    for code, exit_code in sorted(codes.items()):
+        at = text.find(f"`{code}`")
+        assert at >= 0, f"ironctl(1) ERRORS does not name {code} (exit {exit_code})"
+        said = re.search(r"exit (\d+)", text[at:])
+        assert said is not None, code
+        assert int(said.group(1)) == exit_code, (code, exit_code, text[at : at + 80])
+
+
+def test_exit_4_says_skill_verify_ends_there_for_a_key_not_trusted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = s.write_folder(tmp_path)  # signed by s.KEY
+    stranger = tmp_path / "stranger.pub"
+    stranger.write_text(s.STRANGER.public_key().to_file())
+    code = main(["skill", "verify", str(folder), "--pubkey", str(stranger), "--json"])
+    assert code == exitcodes.PERMISSION, capsys.readouterr()
+    meaning = dict(handwritten.EXIT_STATUS)[exitcodes.PERMISSION]
+    assert "`skill verify`" in meaning, meaning
+    assert "`--by`" in meaning, meaning  # CALLER_MISMATCH, checked above, ends there too
