@@ -130,7 +130,13 @@ class MinisignFormatError(InvalidArgument):
 
 
 class UpstreamFailed(IronclawError):
-    """An egress upstream could not be reached or broke off (gRPC UNAVAILABLE)."""
+    """An egress upstream could not be reached or broke off (gRPC UNAVAILABLE). ``audit`` is
+    what the audit log keeps when it says more than the message (the address connected to,
+    which the agent is not told)."""
+
+    def __init__(self, message: str, audit: str = "") -> None:
+        super().__init__(message)
+        self.audit = audit or message
 
 
 class ProviderError(IronclawError):

@@ -129,7 +129,13 @@ class PinnedHttpClient:
             response = await transport.handle_async_request(outgoing)
         except httpx.HTTPError as exc:
             await transport.aclose()
-            raise UpstreamFailed(f"{request.host} ({request.address}): {_describe(exc)}") from exc
+            # The agent is told the host it asked for, never the address (the operator may have
+            # opened internal ranges): the audit keeps both.
+            said = _describe(exc)  # an OSError's text may quote the address: withheld too
+            told = said.replace(request.address, "[address withheld]")
+            raise UpstreamFailed(
+                f"{request.host}: {told}", audit=f"{request.host} ({request.address}): {said}"
+            ) from exc
         except BaseException:
             await transport.aclose()
             raise

@@ -176,7 +176,7 @@ class EgressBroker:
             raise
         except (UpstreamFailed, TimeoutError) as exc:
             audit.verdict = "failed"
-            audit.reason = str(exc) if isinstance(exc, UpstreamFailed) else "timed out"
+            audit.reason = exc.audit if isinstance(exc, UpstreamFailed) else "timed out"
             if isinstance(exc, UpstreamFailed) and detector.find(audit.reason.encode()):
                 # An error text may quote what the upstream sent (a malformed status line).
                 audit.reason = f"{audit.host}: the upstream broke off (its error text withheld)"
