@@ -48,9 +48,20 @@ def _channel_name(v: Any) -> str:
 
 
 def _homeserver(v: Any) -> str:
-    parts = urlsplit(v) if isinstance(v, str) else None
-    if parts is None or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise ValueError("a homeserver base URL like https://matrix.example.org")
+    expected = "a homeserver base URL like https://matrix.example.org"
+    if not isinstance(v, str) or "?" in v or "#" in v:
+        raise ValueError(expected)
+    if any(c.isspace() or not c.isprintable() for c in v):
+        raise ValueError(f"{expected}, without spaces or control characters")
+    parts = urlsplit(v)
+    if not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(expected)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{expected} (a port from 1 to 65535)")
     if parts.scheme == "http" and not loopback(parts.hostname):
         raise ValueError("an https:// URL (http:// only for a loopback homeserver)")
     if parts.scheme not in ("https", "http") or parts.username or parts.password:
@@ -158,6 +169,10 @@ def parse_channels(body: Any, source: str) -> tuple[ChannelConfig, ...]:
     channels: list[ChannelConfig] = []
     for index, table in enumerate(body):
         where = f"channels[{index}]"
+        for key in ("type", "name"):
+            if key not in table:
+                raise ConfigError(f"{source}: missing key '{where}.{key}': expected "
+                                  f"{_expected(COMMON_KEYS[key])}")  # fmt: skip
         kind = _convert(COMMON_KEYS["type"], table.get("type"), f"{where}.type", source)
         name = _convert(COMMON_KEYS["name"], table.get("name"), f"{where}.name", source)
         where = f"channels.{name}"
