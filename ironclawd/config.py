@@ -39,6 +39,7 @@ from ironclawd.config_keys import (
     _kinds,
     _mount_allowlist,
     _optional_path,
+    _or_empty,
     _socket_path,
     _text,
     _tools,
@@ -317,8 +318,10 @@ AGENT_KEYS: Mapping[str, _Key] = {
     "persona": _Key(_text(16000), "System prompt; the agent cannot change it."),
     "provider": _Key(_choice(tuple(PROVIDERS)), "Model provider."),
     "model": _Key(_text(200), "Model name at the provider."),
-    "base_url": _Key(_url, "Provider API base URL (default: the provider's public API)."),
-    "credential": _Key(_credential, "Name of the host-held key to inject; never in the box."),
+    "base_url": _Key(_or_empty(_url, "the provider's public API"), "Provider API base URL."),
+    "credential": _Key(
+        _or_empty(_credential, "none"), "Name of the host-held key to inject; never in the box."
+    ),
     "tools": _Key(_tools, "Tools the agent may use."),
     "max_tool_rounds": _Key(_int(0, 64), "Tool rounds per turn."),
     "max_tokens": _Key(_int(1, 200_000), "Output tokens per model call."),

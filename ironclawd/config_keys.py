@@ -123,7 +123,25 @@ def _group_name(v: Any) -> str:
 
 
 def _optional_path(v: Any) -> str:
-    return "" if v == "" else str(_abs_path(v))
+    try:
+        return "" if v == "" else str(_abs_path(v))
+    except ValueError as exc:
+        raise ValueError(f"'' (the system store) or {exc}") from None
+
+
+def _or_empty(convert: Callable[[Any], str], empty: str) -> Callable[[Any], str]:
+    """``convert``, or "" for a key whose documented default is "" (``empty`` says what that
+    means): the reference shows ``credential = ""``, so writing it is no error."""
+
+    def either(v: Any) -> str:
+        if v == "":
+            return ""
+        try:
+            return convert(v)
+        except ValueError as exc:
+            raise ValueError(f"'' ({empty}) or {exc}") from None
+
+    return either
 
 
 def _text(limit: int) -> Callable[[Any], str]:
