@@ -19,6 +19,7 @@ from ironclawd.docgen import handwritten
 from ironclawd.domain.kinds.mcp import server_view
 from ironclawd.domain.mcp import McpServer
 from ironclawd.errors import EXIT_CODE
+from tests.redteam.report import REPORT_JSON
 from tests.unit import skill_samples as s
 
 ROOT = Path(__file__).parents[2]
@@ -101,3 +102,51 @@ def test_exit_4_says_skill_verify_ends_there_for_a_key_not_trusted(
     meaning = dict(handwritten.EXIT_STATUS)[exitcodes.PERMISSION]
     assert "`skill verify`" in meaning, meaning
     assert "`--by`" in meaning, meaning  # CALLER_MISMATCH, checked above, ends there too
+
+
+def _setup_block() -> str:
+    readme = _doc("README.md")
+    return readme.split("## Set up and run", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_s_setup_commands_are_what_ci_and_the_makefile_run() -> None:
+    block = _setup_block()
+    ci_targets = re.findall(r"^make (\w[\w-]*)", _doc(".ci/run"), re.M)
+    assert "test" in ci_targets
+    commands = re.findall(r"^    make (\w+)", block, re.M)
+    assert commands == ["demo", "test"], commands
+    makefile = _doc("Makefile")
+    assert re.search(r"^demo: .*\n\tscripts/demo$", makefile, re.M)
+
+
+def test_the_readme_names_every_step_of_make_test() -> None:
+    makefile = _doc("Makefile")
+    check = re.search(r"^check: (.*)$", makefile, re.M)
+    assert check is not None
+    commands = _setup_block().split("\n\n")[1]  # the indented block of commands
+    said = " ".join(commands.split("make test", 1)[1].split())
+    words = {"check-proto": "stub", "check-docs": "docs drift", "lint": "mypy", "test-unit": "unit"}
+    for step in check.group(1).split():
+        assert words[step] in said, (step, said)
+    tiers = re.search(r"\$\(wildcard (tests/[^)]*)\)", makefile)
+    assert tiers is not None
+    for tier in tiers.group(1).split():
+        name = {"redteam": "red-team"}.get(tier.removeprefix("tests/"), tier.removeprefix("tests/"))
+        assert name in said, (tier, said)
+
+
+def test_the_readme_names_the_files_make_deb_and_the_red_team_write() -> None:
+    readme = _doc("README.md")
+    suite = re.search(r"^SUITE \?= (\w+)$", _doc("Makefile"), re.M)
+    assert suite is not None
+    assert "outdir=${outdir:-dist/$suite}" in _doc("packaging/build-deb")
+    assert f"`dist/{suite.group(1)}/ironclaw_<version>_amd64.deb`" in readme
+    assert f"`results/{REPORT_JSON}`" in readme
+
+
+def test_the_readme_lists_every_document() -> None:
+    listed = _doc("README.md").split("## Documentation", 1)[1]
+    missing = [
+        d.name for d in sorted((ROOT / "docs").glob("*.md")) if f"`docs/{d.name}`" not in listed
+    ]
+    assert not missing, f"README.md's Documentation does not list {missing}"
