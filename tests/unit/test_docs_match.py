@@ -150,3 +150,29 @@ def test_the_readme_lists_every_document() -> None:
         d.name for d in sorted((ROOT / "docs").glob("*.md")) if f"`docs/{d.name}`" not in listed
     ]
     assert not missing, f"README.md's Documentation does not list {missing}"
+
+
+def test_the_install_section_says_what_the_package_is() -> None:
+    version = re.match(r"ironclaw \(([^)]+)\)", _doc("debian/changelog"))
+    assert version is not None
+    for name in ("README.md", "docs/operations.md"):
+        for named in re.findall(r"ironclaw_(\d[^_]*)_amd64\.deb", _doc(name)):
+            assert named == version.group(1), f"{name} names version {named} of the package"
+    install = _doc("docs/operations.md").split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "python3.11" not in install.replace("3.11 on Debian 12", ""), "the suite's python3"
+    for suite in ("bookworm", "trixie"):  # packaging/build-deb --suite: one package per suite
+        assert suite in install, suite
+    assert "/usr/lib/systemd/system/" in install  # debhelper's unit directory on Debian 13
+
+
+def test_the_reload_line_says_what_a_reload_applies() -> None:
+    line = next(line for line in _doc("docs/operations.md").split("\n- ")
+                if line.startswith("`systemctl reload ironclawd`"))  # fmt: skip
+    source = (ROOT / "ironclawd" / "daemon.py").read_text(encoding="utf-8")
+    apply = source.split("def _apply(", 1)[1].split("\n    def ", 1)[0]
+    live = set(re.findall(r"new\.(\w+) != self\._config\.\1", apply))
+    live |= {f"daemon.{key}" for key in re.findall(r"new\.daemon\.(\w+)", apply)}
+    assert live >= {"pool", "daemon.log_level"}, live
+    for what in live:
+        shown = f"`[{what}]`" if "." not in what else f"`{what}`"
+        assert shown in " ".join(line.split()), (what, line)
