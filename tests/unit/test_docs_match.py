@@ -176,3 +176,19 @@ def test_the_reload_line_says_what_a_reload_applies() -> None:
     for what in live:
         shown = f"`[{what}]`" if "." not in what else f"`{what}`"
         assert shown in " ".join(line.split()), (what, line)
+
+
+def test_every_path_of_the_code_a_document_names_exists() -> None:
+    # architecture.md and development.md name placeholders (kinds/NAME.py) and packages.
+    design = {"architecture.md", "development.md"}
+    docs = [f"docs/{d.name}" for d in sorted((ROOT / "docs").glob("*.md")) if d.name not in design]
+    names = ["README.md", *docs]
+    missing = [
+        (name, path)
+        for name in names
+        for path in re.findall(
+            r"`((?:ironclawd|agent|scripts|units|packaging)/[\w./-]*\w)`", _doc(name)
+        )
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, missing
