@@ -19,6 +19,8 @@ from ironclawd.docgen import handwritten
 from ironclawd.domain.kinds.mcp import server_view
 from ironclawd.domain.mcp import McpServer
 from ironclawd.errors import EXIT_CODE
+from ironclawd.formats import skill as skill_format
+from ironclawd.host import webhook
 from tests.redteam.report import REPORT_JSON
 from tests.unit import skill_samples as s
 
@@ -192,3 +194,25 @@ def test_every_path_of_the_code_a_document_names_exists() -> None:
         if not (ROOT / path).exists()
     ]
     assert not missing, missing
+
+
+def test_the_webhook_size_refusal_says_what_is_measured() -> None:
+    row = next(line for line in _doc("docs/channels.md").splitlines() if line.startswith("| 413 |"))
+    assert "text exceeds the channel's `max_message_bytes`" in row, row
+    assert f"plus {webhook.ENVELOPE_SLACK} bytes of envelope" in row, row
+
+
+def test_the_skill_bounds_are_the_format_s() -> None:
+    table = _doc("docs/skills.md").split("| rule | bound |", 1)[1].split("\n\n", 1)[0]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[1:]}
+    assert f"at most {skill_format.MAX_FILES}," in rows["files"]
+    assert f"each at most {skill_format.MAX_FILE_BYTES // 1024} KiB" in rows["files"]
+    assert f"{skill_format.MAX_TOTAL_BYTES // 1024 // 1024} MiB in all" in rows["files"]
+    assert f"{skill_format.MAX_DEPTH} levels deep" in rows["files"]
+    assert f"{skill_format.MAX_PATH} characters" in rows["files"]
+    component = re.search(r"`([^`]+)` per component", rows["names"])
+    assert component is not None
+    assert component.group(1) == skill_format._COMPONENT.pattern
+    assert f"at most {skill_format.MAX_FRONT_MATTER} characters" in rows["front matter"]
+    assert f"`{skill_format.VERSION_RE.pattern}`" in rows["front matter"]
+    assert f"at most {skill_format.MAX_GRANTS} each" in rows["front matter"]
