@@ -67,6 +67,7 @@ class SessionService:
             lifecycle.control, self.layout.idle_timeout, self._sandbox_exited, self._idle
         )
         self._work = OwnedTasks()  # commands in flight (``_owned``)
+        self._closing = False  # ``close`` began: no command starts any more
         # Creates in flight per agent, from the moment they read its spec (before their session
         # is stored): an applied change waits for them (``restart_agent_sessions``).
         self._creating: dict[str, set[asyncio.Task[Any]]] = {}
@@ -320,7 +321,14 @@ class SessionService:
     async def _owned(self, work: Coroutine[Any, Any, T], creating: str = "") -> T:
         """Run ``work`` in a task of the service's and wait for it; cancelling the wait (the
         client left) does not cancel the task. ``creating``: the agent whose new session it
-        creates (``restart_agent_sessions`` waits for it)."""
+        creates (``restart_agent_sessions`` waits for it). Once ``close`` began, ``work`` is
+        cancelled at once, as the commands in flight then are: one started after it would run
+        in a task nobody ends (an approved change's restart, going on in the gateway's task,
+        tore down sandboxes the next start would adopt, and started others as the daemon
+        closed its sockets and its state DB)."""
+        if self._closing:
+            work.close()
+            raise asyncio.CancelledError
         task = self._work.spawn(work)
         task.add_done_callback(_owned_done)
         if creating:
@@ -450,6 +458,7 @@ class SessionService:
         """Let commands in flight finish (those still running after a stop timeout are cancelled
         and end failed), then stop watching (the sandboxes keep running: a restarted daemon
         adopts them)."""
+        self._closing = True
         self._watcher.disarm_all()
         await self._work.settle(self.layout.stop_timeout)
         await asyncio.gather(self._work.close(), self._watcher.close())
