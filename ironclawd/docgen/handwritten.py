@@ -232,10 +232,12 @@ TOML_SEE_ALSO = ("ironclawd(8)", "ironctl(1)")
 CTL_NOTES: dict[str, str] = {
     "doctor": "Exit 0 only if every required check passes; each failure comes with a fix hint.",
     "mcp add": (
-        "The server is probed in its own hardened unit, without network and without its"
-        " credentials; the `mcp` register change then submitted shows in its diff the command,"
-        " the environment (credential names only), the network and every tool with its"
-        " description and schema. Arguments that start with `-` go in one quoted word with the"
+        "A stdio server is probed in its own hardened unit, without network and without its"
+        " credentials; a remote one (`--url`) through the egress broker's checks, with its"
+        " credentials (only root may send ones not yet approved for that URL). The `mcp`"
+        " register change then submitted shows in its diff the command or URL, the environment"
+        " (credential names only), the network and every tool with its description and"
+        " schema. Arguments that start with `-` go in one quoted word with the"
         " command (`--command '/opt/mcp/bin/mcp-server-time --local-timezone UTC'`, split as a"
         " shell would). See [docs/mcp.md](mcp.md)."
     ),
@@ -254,8 +256,9 @@ CTL_NOTES: dict[str, str] = {
     ),
     "channel test": "Logs in, binds and reads the channel's credentials; sends nothing.",
     "channel held": (
-        'Messages from senders an agent\'s permissions hold (`unknown = "hold"`): id, channel,'
-        " room or endpoint, sender identity, text (escapes made visible)."
+        'Messages from senders an agent\'s permissions hold (`unknown = "hold"`), and messages'
+        " the daemon failed to take 5 times: id, channel, room or endpoint, sender identity,"
+        " text (escapes made visible)."
     ),
     "channel admit": "Audited as `channel.admitted`.",
     "channel drop": "Audited as `channel.dropped`.",

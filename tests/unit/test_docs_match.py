@@ -21,6 +21,7 @@ from ironclawd.domain.mcp import McpServer
 from ironclawd.errors import EXIT_CODE
 from ironclawd.formats import skill as skill_format
 from ironclawd.host import webhook
+from ironclawd.services import inbox
 from tests.redteam.report import REPORT_JSON
 from tests.unit import skill_samples as s
 
@@ -216,3 +217,11 @@ def test_the_skill_bounds_are_the_format_s() -> None:
     assert f"at most {skill_format.MAX_FRONT_MATTER} characters" in rows["front matter"]
     assert f"`{skill_format.VERSION_RE.pattern}`" in rows["front matter"]
     assert f"at most {skill_format.MAX_GRANTS} each" in rows["front matter"]
+
+
+def test_the_notes_say_what_held_messages_and_a_remote_probe_are() -> None:
+    held = handwritten.CTL_NOTES["channel held"]
+    assert f"failed to take {inbox.MAX_RECEIVE_TRIES} times" in held, held
+    mcp_add = handwritten.CTL_NOTES["mcp add"]
+    assert "`--url`" in mcp_add, mcp_add  # a remote server: no unit, and its credentials sent
+    assert "with its credentials" in mcp_add, mcp_add
