@@ -180,6 +180,8 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
             session = None  # watch() names what is wrong
         require_talk(self._registry.get(session.agent) if session is not None else None)
         async for reply in self._messages.watch(request.sid, request.after_seq, request.follow):
+            if session is not None:  # a follow stream outlives a change to the permissions
+                require_talk(self._registry.get(session.agent))
             yield admin_pb2.WatchRepliesResponse(
                 reply=admin_pb2.Reply(
                     seq=reply.seq,
