@@ -358,6 +358,9 @@ def _parse_agents(body: Any, source: str) -> tuple[AgentSpec, ...]:
 
 def parse_config(text: str, source: str) -> Config:
     """Parse and validate TOML text; raise ConfigError naming the first bad key."""
+    if text.startswith("\ufeff"):
+        raise ConfigError(f"{source}: not valid TOML: it starts with a byte-order mark (U+FEFF); "
+                          "save it as UTF-8 without one")  # fmt: skip
     try:
         raw = tomli.loads(text)
     except tomli.TOMLDecodeError as exc:
@@ -394,8 +397,12 @@ def load_config(path: Path) -> Config:
     so is one that anyone but its reader's user or root may write: it names what the daemon
     runs as root (``sandbox.runsc``), so its writer owns the host (found by a review)."""
     try:
-        with open(path, "rb") as file:
+        # O_NONBLOCK: a FIFO there made open() wait for a writer (start, doctor); it is refused.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        with open(fd, "rb") as file:
             info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(f"{path}: not a regular file: expected the config file")
             if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
                 raise ConfigError(
                     f"{path}: refusing a config file that others may write (owner uid "
