@@ -236,15 +236,32 @@ MAX_PAYLOAD_BYTES = 5 * 512 * 1024  # 2.5 MiB
 # not bound it, an egress change shows its rules three times. A 1.4 MB egress change made every
 # `ironctl change list` fail (found by a review).
 MAX_SHOWN_BYTES = 3 * 1024 * 1024
+# The most an agent's view (``agent_view``, canonical JSON) may grow to. Unbounded, a view grown
+# past ~1.5 MiB by changes each under the caps above made every later change of the agent,
+# a removal too, larger than MAX_SHOWN_BYTES: nobody could change the agent again (found by a
+# review). A change shows its payload, the view before and after and their diff (at most about
+# twice what changed, JSON escapes): with views of at most this, a change that shrinks the view
+# shows in about 2 MiB and its payload. Tool definitions past this would fill a model's
+# context window anyway (they go with every model call).
+MAX_VIEW_BYTES = 512 * 1024
 
 
 def check_size(payload: str, before: str, after: str, reason: str) -> None:
     """At submission: InvalidArgument, naming the size and the cap, unless the canonical
-    ``payload`` is at most MAX_PAYLOAD_BYTES and the change, as shown, at most MAX_SHOWN_BYTES."""
+    ``payload`` is at most MAX_PAYLOAD_BYTES, the agent's view ``after`` at most MAX_VIEW_BYTES
+    (or no larger than ``before``) and the change, as shown, at most MAX_SHOWN_BYTES."""
     size = len(payload.encode("utf-8", "surrogatepass"))
     if size > MAX_PAYLOAD_BYTES:
         raise InvalidArgument(
             f"payload: {size} bytes as canonical JSON; expected at most {MAX_PAYLOAD_BYTES}"
+        )
+    grown, was = (len(view.encode("utf-8", "surrogatepass")) for view in (after, before))
+    if grown > MAX_VIEW_BYTES and grown > was:
+        raise InvalidArgument(
+            f"change: the agent would take {grown} bytes as the approver sees it (persona, "
+            f"tools, MCP servers and their tool definitions, skills, rules, ...); expected at "
+            f"most {MAX_VIEW_BYTES}: take something away first (this bound never refuses a "
+            "change that makes the agent smaller)"
         )
     shown = shown_bytes(payload, before, after, reason)
     if shown > MAX_SHOWN_BYTES:

@@ -17,6 +17,7 @@ from ironclawd.api.admin_changes import change_to_proto
 from ironclawd.domain.changes import (
     MAX_PAYLOAD_BYTES,
     MAX_SHOWN_BYTES,
+    MAX_VIEW_BYTES,
     ChangeState,
     check_size,
     shown_bytes,
@@ -70,14 +71,13 @@ def test_a_change_too_large_to_show_is_refused_naming_its_size_and_the_cap() -> 
     w = World()
     payload = _widest_egress()
     assert len(payload) < MAX_PAYLOAD_BYTES  # the payload cap alone lets it in
+    assert shown_bytes(payload, "{}", payload, "") > 1.5 * ANSWER  # payload, after and diff
     with pytest.raises(InvalidArgument) as caught:
         w.gateway.submit("egress", "demo", payload, "", "session:s1")
     message = str(caught.value)
-    assert message.startswith("change: ")
-    assert "bytes as shown" in message
-    assert f"expected at most {MAX_SHOWN_BYTES}" in message
-    shown = int(message.split()[1])
-    assert shown > 1.5 * ANSWER  # payload, after and diff: each about 2 MiB
+    # Since stop 50 the agent's view is bounded first (tests/unit/test_change_view_cap.py).
+    assert message.startswith("change: the agent would take ")
+    assert f"expected at most {MAX_VIEW_BYTES}" in message
     assert w.gateway.list_changes() == []
     assert "change.refused" in w.audit.events()
 
@@ -102,10 +102,10 @@ def test_check_size_bounds_and_its_measure() -> None:
     check_size("x" * MAX_PAYLOAD_BYTES, "{}", "{}", "")  # at the cap: shown ~2.5 MiB
     with pytest.raises(InvalidArgument, match=f"payload: {MAX_PAYLOAD_BYTES + 1} bytes"):
         check_size("x" * (MAX_PAYLOAD_BYTES + 1), "{}", "{}", "")
-    # A view that alone fits, but shown before, after and in the diff does not.
-    after = json.dumps({"persona": "é" * (MIB // 2)})
+    # Views that each fit, and a payload that fits, but shown together with the diff do not.
+    before, after = (json.dumps({"persona": c * (300 * 1024)}) for c in "ab")
     with pytest.raises(InvalidArgument, match=f"expected at most {MAX_SHOWN_BYTES}$"):
-        check_size("{}", "{}", after, "")
+        check_size("x" * MAX_PAYLOAD_BYTES, before, after, "")
     # The measure is never below what the admin API sends.
     change = World().gateway.submit("persona", "demo", '{"persona": "terse"}', "r\u00e9ason", ROOT)
     proto = admin_pb2.GetChangeResponse(change=change_to_proto(change))
