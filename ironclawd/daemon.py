@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -15,7 +16,6 @@ import sys
 import time
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -269,10 +269,12 @@ class Daemon:
             _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
 
     def _apply(self, new: Config) -> None:
-        # Only the log level is live; the rest shapes sockets, sandboxes and the registry seed.
-        for table in ("admin", "sandbox", "sockets", "gateway", "egress", "agents", "channels"):
-            if getattr(new, table, None) != getattr(self._config, table, None):
-                log.warning("reload: [%s] changes take effect on restart, not on reload", table)
+        # Live: the log level, the agent log limits and [pool]; the rest shapes sockets,
+        # sandboxes, queues and the registry seed, and waits for a restart.
+        waiting = restart_only(self._config, new)
+        if waiting:
+            log.warning("reload: %s: changes take effect on restart, not on reload",
+                        ", ".join(waiting))  # fmt: skip
         if new.pool != self._config.pool and self._pool is not None:
             # Live: the pool fills or destroys towards the new size (services/pool.py).
             self._pool.configure(new.pool)
@@ -280,12 +282,43 @@ class Daemon:
                      ", ".join(new.pool.agents) or "no agent")  # fmt: skip
         set_level(new.daemon.log_level)
         ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
-        self._config = new
+        # What runs: the live parts of ``new`` over the running rest, so the next reload still
+        # names what only a restart applies (and the status line the socket in use).
+        live = {k: getattr(new.daemon, k) for k in LIVE_DAEMON_KEYS}
+        self._config = dataclasses.replace(
+            self._config, daemon=dataclasses.replace(self._config.daemon, **live),
+            pool=new.pool if self._pool is not None else self._config.pool, source=new.source,
+        )  # fmt: skip
         log.info(
             "configuration reloaded from %s",
             new.source,
             extra=message_id(MessageId.CONFIG_RELOADED),
         )
+
+
+# The keys of [daemon] a reload applies; every other key, and every table but [pool], waits
+# for a restart.
+LIVE_DAEMON_KEYS = ("log_level", "agent_log_lines", "agent_log_window_seconds")
+
+
+def restart_only(running: Config, new: Config) -> list[str]:
+    """What differs between ``running`` and ``new`` that a reload does not apply: ``[table]``
+    or ``daemon.key``, in the config's order. Every table of ``Config`` is compared, so a table
+    added later is named too (a review found [queues], [mcp] and most of [daemon] changed by a
+    reload without a word)."""
+    waiting = [
+        f"[{f.name}]"
+        for f in dataclasses.fields(Config)
+        if f.name not in ("daemon", "pool", "source")
+        and getattr(new, f.name) != getattr(running, f.name)
+    ]
+    waiting[:0] = [
+        f"daemon.{f.name}"
+        for f in dataclasses.fields(running.daemon)
+        if f.name not in LIVE_DAEMON_KEYS
+        and getattr(new.daemon, f.name) != getattr(running.daemon, f.name)
+    ]
+    return waiting
 
 
 def without_httpx_cli() -> None:
@@ -307,7 +340,7 @@ def _config_error(exc: ConfigError) -> dict[str, object]:
     return message_id(MessageId.CONFIG_INVALID, IRONCLAW_CONFIG_ERROR=str(exc))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Options:
     """ironclawd's command line, parsed. Without arguments (as systemd starts it) these are
     the values, and no parser is built: argparse and the gettext it imports took ~2 ms of every

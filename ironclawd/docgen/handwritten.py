@@ -153,8 +153,9 @@ DAEMON_DESCRIPTION = (
 DAEMON_SIGNALS: tuple[tuple[str, str], ...] = (
     (
         "SIGHUP",
-        "reload the configuration (`systemctl reload ironclawd`): `daemon.log_level` and the agent"
-        " log limits apply at once; other tables take effect on restart (a warning names them)",
+        "reload the configuration (`systemctl reload ironclawd`): `daemon.log_level`, the agent"
+        " log limits and `[pool]` apply at once; every other change takes effect on restart (a"
+        " warning names each table or `[daemon]` key that waits)",
     ),
     ("SIGTERM", "stop serving and exit 0; sandboxes keep running and are adopted on start"),
 )
@@ -205,9 +206,9 @@ TOML_DESCRIPTION = (
     " names the key. `ironclawd --check-config [--config PATH]` validates a file without"
     " starting anything.",
     "Tables: `[gateway]`, `[daemon]`, `[admin]`, `[sandbox]`, `[sockets]`, `[egress]`, `[mcp]`,"
-    " `[queues]`, one `[agents.NAME]` per agent, and `[[channels]]`, an array of tables."
-    " Changes take effect on restart; `daemon.log_level` and the agent log limits also on"
-    " reload.",
+    " `[queues]`, `[pool]`, one `[agents.NAME]` per agent, and `[[channels]]`, an array of"
+    " tables. Changes take effect on restart; `daemon.log_level`, the agent log limits and"
+    " `[pool]` also on reload (the journal names whatever else waits for a restart).",
 )
 
 TOML_EXAMPLE = """\
