@@ -44,6 +44,7 @@ from ironclawd.config_keys import (
     _text,
     _tools,
     _url,
+    check_allowlist,
     check_paths,
 )
 from ironclawd.domain.agents import AgentSpec
@@ -389,6 +390,7 @@ def parse_config(text: str, source: str) -> Config:
     daemon, admin = config.daemon, config.admin
     check_paths(daemon.state_dir, daemon.master_key_file, admin.socket, source)
     check_listens(config.channels, admin.socket, daemon.state_dir, source)
+    check_allowlist(config.gateway.mount_allowlist, daemon.master_key_file, source)
     return config
 
 

@@ -112,6 +112,21 @@ def check_paths(state_dir: Path, master_key_file: Path, admin_socket: Path, sour
                 admin_socket)  # fmt: skip
 
 
+def check_allowlist(allowlist: tuple[str, ...], master_key_file: Path, source: str) -> None:
+    """No directory an agent may be granted holds, or lies in, the master key's directory
+    (where the host credentials are kept too) when the config moved it out of /etc/ironclaw:
+    the sandbox spec's check refuses the daemon's own places and ``state_dir`` whatever the
+    allowlist says, but not a key moved elsewhere (found by a review: with the key in
+    /srv/keys and /srv allowlisted, a mounts change could grant /srv/keys)."""
+    keys = normal_path(master_key_file.parent)
+    if _within(keys, str(paths.CONFIG_DIR)):
+        return
+    for root in allowlist:
+        if _within(keys, root) or _within(root, keys):
+            _refuse(source, "gateway.mount_allowlist", "directories apart from the master "
+                    f"key's ({keys}): agents could be granted it", root)  # fmt: skip
+
+
 def _refuse(source: str, key: str, expected: str, value: object) -> NoReturn:
     raise ConfigError(f"{source}: bad value for '{key}': expected {expected}, got {str(value)!r}")
 
