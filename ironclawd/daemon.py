@@ -28,6 +28,7 @@ from ironclawd.api.preflight import check_host
 from ironclawd.api.server import AdminServer, start_admin_server
 from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.config import Config, load_config, reference_markdown
+from ironclawd.config_reload import LIVE_DAEMON_KEYS, restart_only
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host.clock import SystemClock
@@ -92,6 +93,7 @@ class Daemon:
         self._admin: AdminServer | None = None
         self._servicer: AdminServicer | None = None
         self._pool: WarmPool | None = None
+        self._doctor: Doctor | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -115,7 +117,7 @@ class Daemon:
         if restored:
             log.info("took back %d agent control connection(s) from the fd store", restored)
         self._pool = sessions.pool
-        doctor = Doctor(
+        self._doctor = doctor = Doctor(
             config_path=self._config_path, config=self._config, netns=netns,
             units=SystemdUnitManager(), probes=HostProbeSet(), clock=SystemClock(),
             platform_in_use=lambda: sessions.lifecycle.platform, space=wired.space,
@@ -289,36 +291,13 @@ class Daemon:
             self._config, daemon=dataclasses.replace(self._config.daemon, **live),
             pool=new.pool if self._pool is not None else self._config.pool, source=new.source,
         )  # fmt: skip
+        if self._doctor is not None:
+            self._doctor.loaded(self._config)
         log.info(
             "configuration reloaded from %s",
             new.source,
             extra=message_id(MessageId.CONFIG_RELOADED),
         )
-
-
-# The keys of [daemon] a reload applies; every other key, and every table but [pool], waits
-# for a restart.
-LIVE_DAEMON_KEYS = ("log_level", "agent_log_lines", "agent_log_window_seconds")
-
-
-def restart_only(running: Config, new: Config) -> list[str]:
-    """What differs between ``running`` and ``new`` that a reload does not apply: ``[table]``
-    or ``daemon.key``, in the config's order. Every table of ``Config`` is compared, so a table
-    added later is named too (a review found [queues], [mcp] and most of [daemon] changed by a
-    reload without a word)."""
-    waiting = [
-        f"[{f.name}]"
-        for f in dataclasses.fields(Config)
-        if f.name not in ("daemon", "pool", "source")
-        and getattr(new, f.name) != getattr(running, f.name)
-    ]
-    waiting[:0] = [
-        f"daemon.{f.name}"
-        for f in dataclasses.fields(running.daemon)
-        if f.name not in LIVE_DAEMON_KEYS
-        and getattr(new.daemon, f.name) != getattr(running.daemon, f.name)
-    ]
-    return waiting
 
 
 def without_httpx_cli() -> None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ironclawd.config import Config, load_config
+from ironclawd.config_reload import restart_only
 from ironclawd.domain.checks import CheckResult, Status, failed, passed
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.ports import Clock, HostProbes, MountSpace, NetnsManager, UnitManager
@@ -126,6 +127,14 @@ class Doctor:
         exists = self._config_path.exists()
         detail = f"{self._config_path} is valid" if exists else "no config file: using defaults"
         if current != self._config:
+            waiting = restart_only(self._config, current)
+            if waiting:
+                return CheckResult(
+                    "config.file",
+                    Status.WARN,
+                    f"{detail}, but {', '.join(waiting)} differ from what runs",
+                    "systemctl restart ironclawd (a reload does not apply them)",
+                )
             return CheckResult(
                 "config.file",
                 Status.WARN,
@@ -133,6 +142,12 @@ class Doctor:
                 "systemctl reload ironclawd",
             )
         return passed("config.file", detail)
+
+    def loaded(self, config: Config) -> None:
+        """The configuration that runs now, after a reload (daemon.py): what the file is
+        compared with. Without it, every reload left the check warning for good (found by a
+        review, stop 50)."""
+        self._config = config
 
     def _check_admin_socket(self) -> CheckResult:
         path = self._config.admin.socket
