@@ -153,11 +153,24 @@ class WarmPool:
         if not len(self._loop):
             self._closing = False
             self._loop.spawn(self._run())
+        self._name_unknown()
 
     def configure(self, config: PoolConfig) -> None:
         """A reloaded ``[pool]``: the loop fills or drops towards it."""
         self._config = config
         self._wake.set()
+        self._name_unknown()
+
+    def _name_unknown(self) -> None:
+        """Say which agents of ``[pool] agents`` the registry does not hold: a misspelt name
+        gave no pool and no word (found by a review). Not refused: an approved create_agent
+        change may bring the agent later, and the pool then fills for it."""
+        unknown = [a for a in self._config.agents if a not in self._agents]
+        if self._config.size > 0 and unknown:
+            log.warning(
+                "pool: no agent named %s in the registry (yet): nothing is pooled for it until "
+                "one is created (ironctl agent list)", ", ".join(unknown),
+            )  # fmt: skip
 
     async def close(self, grace: float = 30.0) -> None:
         """Stop refilling and destroy every sandbox the pool holds (none is left for a later

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ironclawd.domain.pool import PoolConfig
 from ironclawd.domain.session import Session
 from ironclawd.errors import HostError
 from tests.unit.test_pool_bookkeeping import PoolWorld, until
@@ -46,8 +47,8 @@ def test_a_state_db_error_in_a_refill_is_logged_and_the_pool_fills_after_it(
 
 # The back-off overflowed a float after 1024 failures in a row (found by a review of this
 # stop's diff): 17 h at the 60 s cap, and the loop ended with OverflowError.
-def test_the_refill_loop_outlives_a_long_outage() -> None:
-    logging.getLogger("ironclawd.pool").disabled = True
+def test_the_refill_loop_outlives_a_long_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logging.getLogger("ironclawd.pool"), "disabled", True)
     world = PoolWorld()
     steps = [0]
 
@@ -77,3 +78,28 @@ def test_the_refill_loop_outlives_a_long_outage() -> None:
 
     done, exc = asyncio.run(go())
     assert not done, f"the refill loop ended after {steps[0]} failures: {exc!r}"
+
+
+# A misspelt agent in [pool] agents gave no pool and no word (found by the config review,
+# stop 50); it is named at the start and at a reload, and the known agents still fill.
+def test_an_agent_of_pool_agents_the_registry_lacks_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = PoolWorld()
+    world.pool.configure(PoolConfig(size=2, agents=("demo", "dmeo"), min_available_bytes=0))
+
+    async def go() -> Any:
+        world.pool.start()
+        try:
+            await until(lambda: world.ready() == 2)
+        finally:
+            await world.pool.close(grace=0.1)
+            await world.service.close()
+
+    asyncio.run(go())
+    named = [r.getMessage() for r in caplog.records if "registry" in r.getMessage()]
+    assert named
+    assert all(m.startswith("pool: no agent named dmeo in the registry") for m in named)
+    caplog.clear()
+    world.pool.configure(PoolConfig(size=0, agents=("dmeo",)))  # no pool: nothing to say
+    assert not [r for r in caplog.records if "registry" in r.getMessage()]
