@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl import argtypes, exitcodes, render
 from ironclawd.ctl.changes import show_change
 from ironclawd.ctl.shapes import print_json
 
@@ -41,7 +41,7 @@ def cmd_agent_show(args: argparse.Namespace, stub: Stub) -> int:
 
 
 def cmd_agent_create(args: argparse.Namespace, stub: Stub) -> int:
-    payload = {"persona": args.persona, "tools": [t for t in (args.tools or "").split(",") if t]}
+    payload = {"persona": args.persona, "tools": argtypes.names(args.tools)}
     if args.provider:
         payload["provider"] = args.provider
     if args.model:

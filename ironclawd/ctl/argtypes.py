@@ -31,6 +31,13 @@ def shown_message(message: str) -> str:
     return text if len(text) <= _MESSAGE else f"{text[:_MESSAGE]}... (cut)"
 
 
+def names(value: str | None) -> list[str]:
+    """A comma-separated list as a person types it (``--tools "read_file, write_file"``): each
+    name stripped of spaces, empty ones dropped. Sent as typed, " write_file" was refused as an
+    unknown tool whose leading space the error did not show (found by a review)."""
+    return [name.strip() for name in (value or "").split(",") if name.strip()]
+
+
 def int_range(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: an integer from lo to hi inclusive."""
 

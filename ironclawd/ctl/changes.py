@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import editor, exitcodes, render, terminal
+from ironclawd.ctl import argtypes, editor, exitcodes, render, terminal
 from ironclawd.ctl.caller import confirm_caller
 from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_file, read_stdin
 from ironclawd.ctl.shapes import print_json, to_dict
@@ -29,7 +29,7 @@ def _payload(args: argparse.Namespace) -> str:
     if getattr(args, "persona", None) is not None:
         fields["persona"] = read_stdin() if args.persona == "-" else args.persona
     if getattr(args, "tools", None) is not None:
-        fields["tools"] = [t for t in args.tools.split(",") if t]
+        fields["tools"] = argtypes.names(args.tools)
     return json.dumps(fields)
 
 
