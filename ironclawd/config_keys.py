@@ -90,6 +90,18 @@ def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
+# The daemon's own directories that stay closed to other users whatever the config says
+# (root-only, or 0711 to be passed through): the admin socket's directory, made 0755, may be
+# none of them, nor lie in one (a socket in /run/ironclaw/internal opened the directory of the
+# sandboxes' gRPC socket; the credentials stay in /etc/ironclaw/credentials when the master key
+# moves).
+_CLOSED_DIRS = tuple(
+    (str(d), "a directory the daemon keeps closed")
+    for d in (paths.INTERNAL_DIR, paths.SESSIONS_RUN_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR,
+              paths.MOUNTNS_DIR, paths.CACHE_DIR, paths.CREDENTIALS_DIR)
+)  # fmt: skip
+
+
 def check_paths(state_dir: Path, master_key_file: Path, admin_socket: Path, source: str) -> None:
     """The paths of [daemon] and [admin] against each other: the master key is kept apart from
     what it encrypts, and the admin socket's directory, made 0755 with an ``internal/``
@@ -102,9 +114,12 @@ def check_paths(state_dir: Path, master_key_file: Path, admin_socket: Path, sour
                 "key is kept apart from the data it encrypts", master_key_file)  # fmt: skip
     here = normal_path(admin_socket.parent)
     why = "its directory is made 0755 and gets an internal/ directory"
-    for directory, name in ((state, "state_dir"), (normal_path(master_key_file.parent),
-                            "master_key_file's directory")):  # fmt: skip
-        if _within(here, directory):
+    closed = ((state, "state_dir"), (normal_path(master_key_file.parent),
+              "master_key_file's directory"), *_CLOSED_DIRS)  # fmt: skip
+    for directory, name in closed:
+        # A key in '/' (every path lies there) is kept closed by its own mode: '/' is not
+        # opened by a socket below it, only the socket's own directory is.
+        if directory != "/" and _within(here, directory):
             _refuse(source, "admin.socket", f"a socket outside {name} ({directory}): {why} "
                     "(0755)", admin_socket)  # fmt: skip
     if here == "/":

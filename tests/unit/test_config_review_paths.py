@@ -73,3 +73,33 @@ def test_paths_of_their_own_are_taken() -> None:
     )
     assert str(config.admin.socket) == "/run/ic/admin.sock"
     assert str(config.daemon.master_key_file) == "/etc/ic/keys/master.key"
+
+
+@pytest.mark.parametrize(
+    ("socket", "key_file", "why"),
+    [
+        # The daemon's root-only directories: each stays 0700 (or 0711), and one the admin
+        # socket lies in was made 0755 for the daemon's life (api/server.py).
+        ("/run/ironclaw/internal/admin.sock", "", "/run/ironclaw/internal"),
+        ("/run/ironclaw/keys/admin.sock", "", "/run/ironclaw/keys"),
+        ("/run/ironclaw/ingest/admin.sock", "", "/run/ironclaw/ingest"),
+        ("/run/ironclaw/mntns/admin.sock", "", "/run/ironclaw/mntns"),
+        ("/run/ironclaw/sessions/admin.sock", "", "/run/ironclaw/sessions"),
+        ("/var/cache/ironclaw/admin.sock", "", "/var/cache/ironclaw"),
+        # The host credentials stay in /etc/ironclaw/credentials when the master key moves.
+        ("/etc/ironclaw/credentials/admin.sock", "/srv/keys/master.key", "credentials"),
+    ],
+)
+def test_an_admin_socket_in_a_closed_directory_of_the_daemon_is_refused(
+    socket: str, key_file: str, why: str
+) -> None:
+    key = f"[daemon]\nmaster_key_file = '{key_file}'\n" if key_file else ""
+    with pytest.raises(ConfigError, match=r"'admin\.socket': expected .*0755") as caught:
+        parse_config(f"{key}[admin]\nsocket = '{socket}'\n", "t.toml")
+    assert why in str(caught.value)
+
+
+def test_a_master_key_in_the_root_directory_refuses_no_admin_socket_outside_it() -> None:
+    # Every directory lies in '/': the socket's own directory is what is opened, not '/'.
+    config = parse_config("[daemon]\nmaster_key_file = '/master.key'\n", "t.toml")
+    assert str(config.admin.socket) == "/run/ironclaw/admin.sock"
