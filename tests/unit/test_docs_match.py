@@ -5,12 +5,15 @@ test_docgen.py, the JSON shapes by test_ctl_json.py)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2
+from ironclawd.config import Config
+from ironclawd.config_reload import restart_only
 from ironclawd.ctl import exitcodes
 from ironclawd.ctl.containment import _ERROR_CODES as CONTAINMENT_CODES
 from ironclawd.ctl.main import main
@@ -179,6 +182,27 @@ def test_the_reload_line_says_what_a_reload_applies() -> None:
     for what in live:
         shown = f"`[{what}]`" if "." not in what else f"`{what}`"
         assert shown in " ".join(line.split()), (what, line)
+
+
+def test_the_reload_line_leaves_no_change_unnamed_that_a_reload_names() -> None:
+    # A reload's warning names every table and [daemon] key that waits for a restart
+    # (config_reload.restart_only); the line said [queues], [mcp] and [daemon]'s other keys
+    # went without a word.
+    line = " ".join(next(line for line in _doc("docs/operations.md").split("\n- ")
+                         if line.startswith("`systemctl reload ironclawd`")).split())  # fmt: skip
+    running = Config()
+    changed = {
+        "[queues]": dataclasses.replace(running, queues=dataclasses.replace(
+            running.queues, max_reply_bytes=running.queues.max_reply_bytes + 1)),
+        "[mcp]": dataclasses.replace(running, mcp=dataclasses.replace(
+            running.mcp, connect_timeout_seconds=running.mcp.connect_timeout_seconds + 1)),
+        "daemon.state_dir": dataclasses.replace(running, daemon=dataclasses.replace(
+            running.daemon, state_dir=Path("/srv/ic"))),
+    }  # fmt: skip
+    for named, new in changed.items():
+        assert restart_only(running, new) == [named]
+    said = re.search(r"but not for [^.]*", line)
+    assert said is None, f"docs/operations.md: a reload names those too: {said.group(0)!r}"
 
 
 def test_every_path_of_the_code_a_document_names_exists() -> None:
