@@ -1,6 +1,7 @@
 """Attacks on ingestion: hostile rows in outbound.db, the swap of outbound.db for a link to a
 host FIFO while announcing commits, filling the outbound directory, setid bits, and a link
-planted for ``session rm`` to follow. The host side (the tests) checks what the daemon did."""
+planted for ``session rm`` to follow, and (in a warm pool's sandbox, before its claim) outbound.db
+planted as a link. The host side (the tests) checks what the daemon did."""
 
 from __future__ import annotations
 
@@ -184,6 +185,13 @@ def plant_link(opts: Opts) -> object:
     return {"planted": target}
 
 
+def plant_queue(opts: Opts) -> object:
+    """In a warm pool's sandbox, before any claim: the outbound.db the claim will make, planted
+    first as a link to a host path (the claim must refuse it and never follow it)."""
+    os.symlink(opts.get("plant_target", "/etc/shadow"), OUTBOUND)
+    return {"planted": OUTBOUND, "to": os.readlink(OUTBOUND)}
+
+
 ATTACKS: dict[str, Attack] = {
     "queues.row.negative-in-reply-to": row_negative,
     "queues.row.non-utf8-body": row_non_utf8,
@@ -193,4 +201,5 @@ ATTACKS: dict[str, Attack] = {
     "queues.quota.outbound-fill": fill_outbound,
     "queues.setid.outbound-file": setid_file,
     "queues.rm.planted-symlink": plant_link,
+    "queues.pool.outbound-db-planted": plant_queue,
 }
