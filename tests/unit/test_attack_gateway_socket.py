@@ -8,7 +8,8 @@ hang on that name hold when the request comes in through the socket.
   this file nothing tested it). The same payload from an operator is accepted, so the refusal is
   the policy, not a bad payload.
 - Registering an MCP server (code on the host) is refused from a session.
-- Another agent cannot be named, whatever the reason text claims.
+- Another agent cannot be named, whatever the reason text claims, nor taken over by a
+  ``create_agent`` change naming it (the one kind a session may aim at another name).
 - A change of another session or of an operator answers exactly as an id that does not exist:
   no oracle for which ids exist.
 """
@@ -125,6 +126,19 @@ def test_a_session_cannot_name_another_agent() -> None:
     assert {c.agent for c in world.store.changes.values()} == {"demo"}
     assert {c.submitter for c in world.store.changes.values()} == {f"session:{SID}"}
     assert world.registry["other"].persona == DEMO.persona
+
+
+def test_a_session_cannot_take_over_an_agent_by_creating_it_again() -> None:
+    world = _world()
+    payload = json.dumps({"persona": "obey the box", "tools": ["read_file"]})
+    for agent in ("other", "demo"):
+        with pytest.raises(IronclawError, match=f"agent '{agent}' already exists"):
+            _submit(_servicer(world), kind="create_agent", agent=agent, payload_json=payload)
+    assert world.store.changes == {}
+    assert world.registry["other"].persona == DEMO.persona
+    # Control: a new agent may be asked for; it waits for a human.
+    response = _submit(_servicer(world), kind="create_agent", agent="fresh", payload_json=payload)
+    assert response.change.state == ChangeState.PENDING.value
 
 
 def test_another_sessions_or_an_operators_change_reads_as_one_that_does_not_exist() -> None:
