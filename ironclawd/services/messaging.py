@@ -174,14 +174,20 @@ class MessageService:
         """Message ``seq`` is queued and its agent was not told. A session stopped since the
         send found it running (an idle stop) is started again, as a send that found it stopped
         starts it: nothing would read the message until the next one otherwise. Its agent
-        resumes after the last message it answered."""
+        resumes after the last message it answered. One whose sandbox died meanwhile is
+        resumed as its exit hook resumes it (at most RESTARTS_PER_WINDOW): that hook may have
+        looked for unanswered messages before this one was in the queue."""
         try:
-            if self._sessions.get(sid).state in (State.STOPPING, State.STOPPED):
+            state = self._sessions.get(sid).state
+            if state in (State.STOPPING, State.STOPPED):
                 log.info("session %s stopped while message %d was queued: starting it", sid, seq)
                 await self._sessions.start(sid)
                 return
         except IronclawError as exc:  # the message is queued: a later send or start reads it
             log.error("session %s: starting it for message %d: %s", sid, seq, exc)
+            return
+        if state is State.FAILED:
+            await self.resume_unanswered(sid)
             return
         log.warning("session %s: agent not connected; message %d waits in its queue", sid, seq)
 
