@@ -109,6 +109,10 @@ def scan(p):
     needles = {name: bytes.fromhex(h) for name, h in p["needles"].items()}
     control = p["sid"].encode()
     hits, argv_seen, sid_in_argv = [], 0, False
+    try:
+        runsc_visible = bool(open(f"/proc/{p['runsc_pid']}/cmdline", "rb").read())
+    except OSError:
+        runsc_visible = False
     me = str(os.getpid())
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if pid == me:
@@ -126,7 +130,8 @@ def scan(p):
         if proc.returncode == 0 and proc.stdout:
             shown += 1
         hits += [f"systemctl show {unit}: {n}" for n, b in needles.items() if b in proc.stdout]
-    summary = {"argv": argv_seen, "sid_in_argv": sid_in_argv, "units": shown}
+    summary = {"argv": argv_seen, "sid_in_argv": sid_in_argv, "runsc_visible": runsc_visible,
+               "units": shown}
     if hits:
         return json.dumps({**summary, "hits": hits})
     raise Refused(json.dumps(summary))
@@ -200,6 +205,10 @@ def target(egress_world: World) -> Iterator[Target]:  # noqa: F811 - the fixture
     try:
         run = f"/run/ironclaw/sessions/{sid}"
         assert sysd.run(["test", "-S", f"{run}/egress.sock"]).returncode == 0, "control"
+        # Control: the box's own agent is served on egress.sock (and a reply was ingested, so
+        # the daemon has made its private-copy directory).
+        reply = egress_world.fetch(sid, {"url": "https://keyed.egress.test/v1/hello"})
+        assert "HTTP 200" in reply, reply
         masters = [m for m in MASTER_KEYS if sysd.run(["test", "-f", m]).returncode == 0]
         assert masters, f"control: no master key at {MASTER_KEYS}"
         name, value = next(iter(CREDENTIALS.items()))
@@ -211,6 +220,7 @@ def target(egress_world: World) -> Iterator[Target]:  # noqa: F811 - the fixture
         needles = {"session-key": key.encode().hex()}
         needles |= {f"credential-{n}": v.encode().hex() for n, v in CREDENTIALS.items()}
         pid = _root(sysd, "systemctl", "show", "-P", "MainPID", "ironclawd").strip()
+        runsc = _root(sysd, "systemctl", "show", "-P", "MainPID", box.unit).strip()
         params = {
             "sid": sid,
             "credentials_dir": CREDENTIALS_DIR,
@@ -220,6 +230,7 @@ def target(egress_world: World) -> Iterator[Target]:  # noqa: F811 - the fixture
             "needles": needles,
             "units": [box.unit, "ironclawd.service"],
             "tcp": _tcp_listeners(sysd, pid),
+            "runsc_pid": runsc,
         }
         yield Target(box, params)
     finally:
@@ -236,13 +247,17 @@ def attack_as(sysd: SystemdHarness, user: str, params: dict[str, Any]) -> dict[s
     return results
 
 
-def _scan_control(result: dict[str, Any]) -> bool:
-    """The argv scan saw runsc's processes (the session id is in their argv) and both units."""
+def _scan_control(result: dict[str, Any], *, as_root: bool) -> bool:
+    """The argv scan saw runsc's argv (the session id is in it) and, for root, both units. A
+    user for whom /proc hides runsc's process (hidepid) could not see its argv at all: that is
+    the wall too, not a blind scan."""
     try:
         seen = json.loads(result["detail"])
     except ValueError:
         return False
-    return bool(seen.get("sid_in_argv")) and seen.get("units") == 2
+    if as_root:
+        return bool(seen.get("sid_in_argv")) and seen.get("units") == 2
+    return bool(seen.get("sid_in_argv")) or seen.get("runsc_visible") is False
 
 
 def test_root_control_every_attack_works_for_root(
@@ -256,7 +271,7 @@ def test_root_control_every_attack_works_for_root(
     # Root's scan is the control of everyone's: it sees what a user may, and finds nothing.
     scan = results["host-users.secrets.argv-and-units"]
     assert scan["ok"] is False, f"a secret in an argv or a unit property: {scan}"
-    assert _scan_control(scan), scan
+    assert _scan_control(scan, as_root=True), scan
 
 
 @pytest.mark.parametrize("user", USERS)
@@ -276,13 +291,15 @@ def test_unprivileged_host_user_s50(
         contained = r["ok"] is False
         evidence = f"as {user}: {r['errno'] or 'refused'}: {r['detail']}"
         if attack_id == "host-users.egress.fetch":
+            # Refused at the door (the cgroup check aborts the connection), not by a request
+            # check of a call that was let in.
             logged = "refused a egress.sock connection" in journal
-            contained = contained and logged
+            contained = contained and logged and "UNAVAILABLE" in str(r["detail"])
             evidence += f"; daemon logged the refusal: {logged}"
         if attack_id == "host-users.secrets.argv-and-units":
-            control = _scan_control(r)
+            control = _scan_control(r, as_root=False)
             contained = contained and control
-            evidence += f"; the scan saw runsc's argv and both units: {control}"
+            evidence += f"; the scan saw runsc's argv (or /proc hid it): {control}"
         record(
             ledger, f"{attack_id}.{user}", "host-users", TITLES[attack_id], contained,
             evidence, stance="host-user", error=r["ok"] is None,
