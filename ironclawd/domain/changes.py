@@ -12,6 +12,7 @@ import difflib
 import enum
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -239,26 +240,39 @@ MAX_SHOWN_BYTES = 3 * 1024 * 1024
 # The most an agent's view (``agent_view``, canonical JSON) may grow to. Unbounded, a view grown
 # past ~1.5 MiB by changes each under the caps above made every later change of the agent,
 # a removal too, larger than MAX_SHOWN_BYTES: nobody could change the agent again (found by a
-# review). A change shows its payload, the view before and after and their diff (at most about
-# twice what changed, JSON escapes): with views of at most this, a change that shrinks the view
-# shows in about 2 MiB and its payload. Tool definitions past this would fill a model's
-# context window anyway (they go with every model call).
+# review). A change shows its payload, the view before and after and their diff, whose lines
+# are ASCII (``_escaped``: a two-byte character takes six there): the view is measured so
+# (``escaped_bytes``), and with views of at most this a change that shrinks the view shows in
+# about 2 MiB and its payload. Measured in UTF-8, a view of ~470 KiB of accented text passed,
+# and shortening its MCP server's definitions showed as 4.3 MB and was refused (found by a
+# review). Tool definitions past this would fill a model's context window anyway (they go
+# with every model call).
 MAX_VIEW_BYTES = 512 * 1024
+_BMP = re.compile("[\x80-\uffff]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def escaped_bytes(text: str) -> int:
+    """The length of JSON ``text`` with every non-ASCII character escaped, as the diff shows
+    it: ``\\uXXXX`` (6 bytes), a pair of them beyond the BMP."""
+    return len(text) + 5 * len(_BMP.findall(text)) + 11 * len(_ASTRAL.findall(text))
 
 
 def check_size(payload: str, before: str, after: str, reason: str) -> None:
     """At submission: InvalidArgument, naming the size and the cap, unless the canonical
     ``payload`` is at most MAX_PAYLOAD_BYTES, the agent's view ``after`` at most MAX_VIEW_BYTES
-    (or no larger than ``before``) and the change, as shown, at most MAX_SHOWN_BYTES."""
+    as the diff shows it (``escaped_bytes``; or no larger than ``before``) and the change, as
+    shown, at most MAX_SHOWN_BYTES."""
     size = len(payload.encode("utf-8", "surrogatepass"))
     if size > MAX_PAYLOAD_BYTES:
         raise InvalidArgument(
             f"payload: {size} bytes as canonical JSON; expected at most {MAX_PAYLOAD_BYTES}"
         )
-    grown, was = (len(view.encode("utf-8", "surrogatepass")) for view in (after, before))
+    grown, was = (escaped_bytes(view) for view in (after, before))
     if grown > MAX_VIEW_BYTES and grown > was:
         raise InvalidArgument(
-            f"change: the agent would take {grown} bytes as the approver sees it (persona, "
+            f"change: the agent would take {grown} bytes as the approver sees it (JSON, "
+            "characters past ASCII escaped as \\uXXXX; persona, "
             f"tools, MCP servers and their tool definitions, skills, rules, ...); expected at "
             f"most {MAX_VIEW_BYTES}: take something away first (this bound never refuses a "
             "change that makes the agent smaller)"

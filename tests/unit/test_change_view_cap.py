@@ -64,3 +64,52 @@ def test_a_view_up_to_the_bound_is_taken() -> None:
     assert len(at) <= MAX_VIEW_BYTES
     check_size("{}", "{}", at, "")
     assert ChangeState.PENDING.value == "pending"
+
+
+def mcp_server(name: str, chars: int, letter: str, tag: str, tools: int = 4) -> dict[str, object]:
+    """An MCP server of ``tools`` tools whose schemas hold ``chars`` of ``letter`` each."""
+    schema = json.dumps({"type": "object", "description": tag + letter * chars},
+                        ensure_ascii=False)  # fmt: skip
+    defs = [{"name": f"t{n}", "description": "d", "input_schema": schema} for n in range(tools)]
+    return {"name": name, "command": [f"/opt/mcp/{name}"], "tools": defs}
+
+
+def submit_mcp(w: World, payload: dict[str, object]) -> str:
+    change = w.gateway.submit("mcp", "demo", json.dumps(payload, ensure_ascii=False), "", ROOT)
+    return w.approve(change).state.value
+
+
+def test_a_view_is_measured_as_the_approver_sees_it_non_ascii_escaped() -> None:
+    # 'é' is two bytes in the view's UTF-8 and six in the diff (\u00e9): measured in UTF-8, a
+    # view of ~470 KiB passed the bound, and a change that made it smaller (the server's
+    # definitions shortened) showed as 4.28 MB and was refused (MAX_SHOWN_BYTES).
+    view = json.dumps({"persona": "é" * (MAX_VIEW_BYTES // 4)}, ensure_ascii=False)
+    assert len(view.encode()) < MAX_VIEW_BYTES
+    with pytest.raises(InvalidArgument, match="the agent would take"):
+        check_size("{}", "{}", view, "")
+    w = World()
+    with pytest.raises(InvalidArgument, match="the agent would take"):
+        submit_mcp(w, {"op": "register", "server": mcp_server("big", 60_000, "é", "v1")})
+
+
+def refusal(w: World, payload: dict[str, object]) -> str:
+    """Why the change was refused at submission ("" if it was applied)."""
+    try:
+        assert submit_mcp(w, payload) == "applied"
+    except InvalidArgument as exc:
+        return str(exc)
+    return ""
+
+
+def test_a_view_as_large_as_the_bound_admits_can_be_replaced_by_a_smaller_one() -> None:
+    for letter in ("e", "é"):
+        w = World()
+        chars = 64_000
+        # The largest server of 8 tools the bound takes, to 1000 characters.
+        while why := refusal(
+            w, {"op": "register", "server": mcp_server("big", chars, letter, "v1", tools=8)}
+        ):
+            assert "the agent would take" in why
+            chars -= 1000
+        smaller = mcp_server("big", chars - 1000, letter, "v2", tools=8)
+        assert submit_mcp(w, {"op": "register", "server": smaller}) == "applied", (letter, chars)
