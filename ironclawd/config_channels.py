@@ -21,7 +21,8 @@ from ironclawd.config_keys import (
     _int,
     _Key,
     loopback,
-    normal_path,
+    real_dir,
+    real_path,
 )
 from ironclawd.domain.channels import (
     CHANNEL_NAME_RE,
@@ -214,7 +215,7 @@ def check_listens(
     """Each webhook listens where nothing else does: a listener replaces the socket at its path
     when it starts (host/webhook.py), after the admin API's, so one at ``admin.socket`` took
     that socket's place; one at another channel's address took its socket, or failed to bind."""
-    admin = normal_path(str(admin_socket))
+    admin = real_path(admin_socket)  # spelled otherwise (/var/run for /run), the same socket
     own = (admin_socket.parent / paths.INTERNAL_DIR.name, paths.INTERNAL_DIR,
            paths.SESSIONS_RUN_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR, paths.MOUNTNS_DIR,
            state_dir)  # fmt: skip
@@ -224,12 +225,12 @@ def check_listens(
             continue
         key, listen = f"channels.{channel.name}.listen", channel.listen
         if listen.startswith("unix:"):
-            path = normal_path(listen[5:])
+            path = real_path(listen[5:])
             address: _Address = path
             if path == admin:
                 _refuse(source, key, "a socket path other than the admin socket (admin.socket, "
                         f"{admin}: the listener would take its place)", listen)  # fmt: skip
-            inside = next((d for d in map(normal_path, own) if path.startswith(d + "/")), "")
+            inside = next((d for d in map(real_dir, own) if path.startswith(d + "/")), "")
             if inside:
                 _refuse(source, key, f"a socket path outside {inside} (the daemon's own)", listen)
         else:

@@ -86,6 +86,21 @@ def normal_path(path: str | Path) -> str:
     return "/" + os.path.normpath(str(path)).lstrip("/")
 
 
+def real_dir(path: str | Path) -> str:
+    """A directory as the kernel reaches it: the symlinks of its existing parts followed
+    (/var/run is /run on Debian), then ``normal_path``. A path checked only as spelled was
+    passed by another spelling of the same place."""
+    return normal_path(os.path.realpath(path))
+
+
+def real_path(path: str | Path) -> str:
+    """A file's path with its directory as the kernel reaches it (``real_dir``); the last part
+    is not followed, as bind(), lstat() and unlink() do not follow it."""
+    spelled = normal_path(path)
+    return normal_path(os.path.join(real_dir(os.path.dirname(spelled)),
+                                    os.path.basename(spelled)))  # fmt: skip
+
+
 def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
@@ -106,16 +121,16 @@ def check_paths(state_dir: Path, master_key_file: Path, admin_socket: Path, sour
     """The paths of [daemon] and [admin] against each other: the master key is kept apart from
     what it encrypts, and the admin socket's directory, made 0755 with an ``internal/``
     directory in it (api/server.py), is none that must stay closed."""
-    state, key = normal_path(state_dir), normal_path(master_key_file)
-    if state == "/":
+    if normal_path(state_dir) == "/":
         _refuse(source, "daemon.state_dir", "an absolute directory other than '/'", state_dir)
+    state, key = real_dir(state_dir), real_path(master_key_file)
     if _within(key, state):
         _refuse(source, "daemon.master_key_file", f"a file outside state_dir ({state}): the "
                 "key is kept apart from the data it encrypts", master_key_file)  # fmt: skip
-    here = normal_path(admin_socket.parent)
+    here = real_dir(admin_socket.parent)
     why = "its directory is made 0755 and gets an internal/ directory"
-    closed = ((state, "state_dir"), (normal_path(master_key_file.parent),
-              "master_key_file's directory"), *_CLOSED_DIRS)  # fmt: skip
+    closed = ((state, "state_dir"), (os.path.dirname(key), "master_key_file's directory"),
+              *((real_dir(d), name) for d, name in _CLOSED_DIRS))  # fmt: skip
     for directory, name in closed:
         # A key in '/' (every path lies there) is kept closed by its own mode: '/' is not
         # opened by a socket below it, only the socket's own directory is.
@@ -133,11 +148,11 @@ def check_allowlist(allowlist: tuple[str, ...], master_key_file: Path, source: s
     the sandbox spec's check refuses the daemon's own places and ``state_dir`` whatever the
     allowlist says, but not a key moved elsewhere (found by a review: with the key in
     /srv/keys and /srv allowlisted, a mounts change could grant /srv/keys)."""
-    keys = normal_path(master_key_file.parent)
-    if _within(keys, str(paths.CONFIG_DIR)):
+    keys = real_dir(master_key_file.parent)
+    if _within(keys, real_dir(paths.CONFIG_DIR)):
         return
     for root in allowlist:
-        if _within(keys, root) or _within(root, keys):
+        if _within(keys, real_dir(root)) or _within(real_dir(root), keys):
             _refuse(source, "gateway.mount_allowlist", "directories apart from the master "
                     f"key's ({keys}): agents could be granted it", root)  # fmt: skip
 

@@ -5,6 +5,8 @@ socket's path and left ironctl talking to a webhook server (found by a review)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ironclawd.config import parse_config
@@ -64,3 +66,28 @@ def test_two_channels_on_one_listen_address_are_refused(first: str, second: str)
 def test_distinct_listen_addresses_are_accepted(first: str, second: str) -> None:
     config = parse_config(_hook("first", first) + _hook("second", second), "t.toml")
     assert [c.listen for c in config.channels] == [first, second]
+
+
+def test_a_listen_socket_reached_through_a_symlinked_directory_is_refused(
+    tmp_path: Path,
+) -> None:
+    # /var/run is /run on Debian: "unix:/var/run/ironclaw/admin.sock" passed the comparison of
+    # spellings, and the listener (its lstat and unlink follow the directory's symlink) took
+    # the admin socket's place all the same; so did a second channel on the other spelling.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "alias").symlink_to("run")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state-alias").symlink_to("state")
+    admin = f"[admin]\nsocket = '{tmp_path}/run/ctl.sock'\n"
+    state = f"[daemon]\nstate_dir = '{tmp_path}/state'\n"
+    cases = [
+        (admin + _hook("hooks", f"unix:{tmp_path}/alias/ctl.sock"), "hooks", "admin socket"),
+        (admin + _hook("hooks", f"unix:{tmp_path}/alias/internal/x.sock"), "hooks", "internal"),
+        (state + _hook("hooks", f"unix:{tmp_path}/state-alias/h.sock"), "hooks", "state"),
+        (_hook("first", f"unix:{tmp_path}/run/h.sock")
+         + _hook("second", f"unix:{tmp_path}/alias/h.sock"), "second", "channel 'first'"),
+    ]  # fmt: skip
+    for text, channel, why in cases:
+        with pytest.raises(ConfigError, match=rf"channels\.{channel}\.listen") as caught:
+            parse_config(text, "t.toml")
+        assert why in str(caught.value), text

@@ -11,6 +11,8 @@ they share a directory with (found by a review):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ironclawd.config import parse_config
@@ -103,3 +105,25 @@ def test_a_master_key_in_the_root_directory_refuses_no_admin_socket_outside_it()
     # Every directory lies in '/': the socket's own directory is what is opened, not '/'.
     config = parse_config("[daemon]\nmaster_key_file = '/master.key'\n", "t.toml")
     assert str(config.admin.socket) == "/run/ironclaw/admin.sock"
+
+
+def test_an_admin_socket_reached_through_a_symlinked_directory_is_refused(
+    tmp_path: Path,
+) -> None:
+    # /var/run is /run on Debian: "/var/run/ironclaw/internal/admin.sock" passed as a path of
+    # its own and opened /run/ironclaw/internal all the same (the kernel follows the link).
+    (tmp_path / "state").mkdir()
+    (tmp_path / "alias").symlink_to("state")
+    text = (f"[daemon]\nstate_dir = '{tmp_path}/state'\n"
+            f"[admin]\nsocket = '{tmp_path}/alias/admin.sock'\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'admin\.socket': expected .*state_dir"):
+        parse_config(text, "t.toml")
+
+
+def test_an_allowlist_reaching_a_moved_key_through_a_symlink_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "srv" / "keys").mkdir(parents=True)
+    (tmp_path / "keys").symlink_to("srv/keys")
+    text = (f"[daemon]\nmaster_key_file = '{tmp_path}/keys/master.key'\n"
+            f"[gateway]\nmount_allowlist = ['{tmp_path}/srv']\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'gateway\.mount_allowlist'"):
+        parse_config(text, "t.toml")
