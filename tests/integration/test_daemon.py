@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -245,10 +246,17 @@ def test_mcp_server_units_an_earlier_run_left_are_stopped_after_ready(daemon: An
     try:
         mark = cursor(daemon)
         assert daemon.run(["systemctl", "restart", "ironclawd"]).returncode == 0  # at READY
-        proc = sh(daemon, f"for i in $(seq 100); do systemctl is-active -q {leftover} || break; "
-                          f"sleep 0.1; done; systemctl is-active {leftover} {other}")  # fmt: skip
+        # Until the stop has ended, not only begun: "deactivating" is not active either (CI
+        # saw the loop end on it once, stop 49).
+        proc = sh(daemon, f"for i in $(seq 100); do case $(systemctl is-active {leftover}) in "
+                          f"inactive|failed) break;; esac; sleep 0.1; done; "
+                          f"systemctl is-active {leftover} {other}")  # fmt: skip
         assert out(proc).split()[:2] == ["inactive", "active"], out(proc)
-        lines = journal_since(daemon, mark).splitlines()
+        for _ in range(50):  # the journal may get the lines after the unit is inactive
+            lines = journal_since(daemon, mark).splitlines()
+            if any(line.startswith(f"Stopped {leftover}") for line in lines):
+                break
+            time.sleep(0.1)
         ready = next(i for i, line in enumerate(lines) if " ready: serving admin API" in line)
         stopped = next(i for i, line in enumerate(lines)
                        if line.startswith(f"Stopped {leftover}"))  # fmt: skip

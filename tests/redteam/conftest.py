@@ -24,7 +24,8 @@ import contextlib
 import json
 import select
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +69,29 @@ def journal_cursor(sysd: SystemdHarness) -> str:
 
 
 def journal_since(sysd: SystemdHarness, cursor: str, unit: str = "ironclawd.service") -> str:
-    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor]
-    return out(sysd.run(argv))
+    """The messages ``unit`` logged after ``cursor``, a line each. Filtered here, not with
+    ``-u``: systemd 252's journalctl, given a match and ``--after-cursor`` whose entry does not
+    match, skips the first matching entry (a refusal the daemon logged went unseen, stop 50)."""
+    argv = ["journalctl", "--no-pager", "-o", "json", "--after-cursor", cursor]
+    lines = []
+    for raw in out(sysd.run(argv, timeout=60)).splitlines():
+        entry = json.loads(raw) if raw.startswith("{") else {}
+        if entry.get("_SYSTEMD_UNIT") == unit and isinstance(entry.get("MESSAGE"), str):
+            lines.append(entry["MESSAGE"])
+    return "\n".join(lines)
+
+
+def journal_with(sysd: SystemdHarness, cursor: str, needles: Iterable[str],
+                 within: float = 10.0) -> str:  # fmt: skip
+    """The daemon's journal since ``cursor`` once every one of ``needles`` is in it, or when
+    ``within`` seconds have passed (the caller judges what is missing)."""
+    wanted = list(needles)
+    deadline = time.monotonic() + within
+    while True:
+        text = journal_since(sysd, cursor)
+        if all(n in text for n in wanted) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)
 
 
 @dataclass

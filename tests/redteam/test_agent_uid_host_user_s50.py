@@ -20,9 +20,10 @@ import pytest
 
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import RUNNING, journal_cursor, journal_since, out, record, sh
+from tests.redteam.conftest import RUNNING, journal_cursor, journal_with, out, record, sh
 from tests.redteam.report import Ledger
 from tests.redteam.test_attack_hosts import (
+    REFUSAL_LINES,
     TITLES,
     Target,
     attack_as,
@@ -74,7 +75,7 @@ def test_a_host_account_with_the_agents_uid_reaches_nothing_of_a_session(
     before = out(sh(daemon, sockets))
     results = attack_as(daemon, agent_uid_user, target.params)
     after = out(sh(daemon, sockets))
-    journal = journal_since(daemon, mark)
+    journal = journal_with(daemon, mark, REFUSAL_LINES)
     assert set(results) == set(TITLES)
     unchanged = before == after
     escaped = []

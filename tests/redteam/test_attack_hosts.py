@@ -19,7 +19,7 @@ from tests.redteam.conftest import (
     RUNNING,
     Sandbox,
     journal_cursor,
-    journal_since,
+    journal_with,
     module_sessions,
     out,
     record,
@@ -134,6 +134,8 @@ def attack_as(sysd: SystemdHarness, user: str, params: dict[str, Any]) -> dict[s
 # unit (the tests below check that the daemon logged each refusal); the admin API's internal
 # socket answers only calls its peer-credential front vouches for: root reaching it is told so.
 ROOT_REFUSED = frozenset({"host-users.model.call", "host-users.gateway.submit"})
+# What the daemon logs of them, waited for (bounded) before the verdicts.
+REFUSAL_LINES = ("refused a model.sock connection", "refused a gateway.sock connection")
 ROOT_ANSWERED = {"host-users.admin.internal-socket": "UNAUTHENTICATED: "}
 
 
@@ -159,7 +161,7 @@ def test_unprivileged_host_user(
     before = out(sh(daemon, f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"))
     results = attack_as(daemon, user, target.params)
     after = out(sh(daemon, f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"))
-    journal = journal_since(daemon, mark)
+    journal = journal_with(daemon, mark, REFUSAL_LINES)
     assert target.box.state() == RUNNING
     unchanged = before == after
     escaped = []
