@@ -100,19 +100,25 @@ def ready_pooled_sids(agent: str) -> list[str]:
     return [s for s in ready if s not in gone]
 
 
-def wait_ready(stub: admin_pb2_grpc.AdminServiceStub, agent: str, timeout: float = 120) -> None:
+def wait_ready(stub: admin_pb2_grpc.AdminServiceStub, agent: str = POOLED,
+               want: int = POOL_SIZE, timeout: float = 120) -> None:  # fmt: skip
+    """Untimed, before every round of every way: until the pool is full again. Waiting for one
+    ready sandbox left the refill of the other (a sandbox's start, ~1 s of both cores) running
+    into the next round, often the cold twin's, which it slowed (found by a review, stop 50)."""
     deadline = time.monotonic() + timeout
-    while ready_pooled(stub, agent) < 1:
+    while ready_pooled(stub, agent) < want:
         if time.monotonic() > deadline:
-            raise SystemExit(f"bench: no pooled sandbox of {agent} ready within {timeout:g} s")
+            raise SystemExit(
+                f"bench: the pool of {agent} did not hold {want} ready sandboxes within "
+                f"{timeout:g} s"
+            )
         time.sleep(0.05)
 
 
 def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
     def by_ctl(agent: str) -> Way:
         def run(_r: int) -> dict[str, float]:
-            if agent == POOLED:
-                wait_ready(stub, agent)
+            wait_ready(stub)
             holder: dict[str, str] = {}
 
             def create() -> None:
@@ -129,8 +135,7 @@ def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
 
     def by_chat(agent: str) -> Way:
         def run(_r: int) -> dict[str, float]:
-            if agent == POOLED:
-                wait_ready(stub, agent)
+            wait_ready(stub)
             started = time.perf_counter()
             sid = chat(agent)
             took = time.perf_counter() - started
@@ -141,8 +146,7 @@ def ways(stub: admin_pb2_grpc.AdminServiceStub) -> dict[str, Way]:
 
     def by_grpc(agent: str) -> Way:
         def run(_r: int) -> dict[str, float]:
-            if agent == POOLED:
-                wait_ready(stub, agent)
+            wait_ready(stub)
             started = time.perf_counter()
             sid = stub.CreateSession(
                 admin_pb2.CreateSessionRequest(agent=agent), timeout=120
