@@ -17,7 +17,12 @@ from ironclawd import paths
 from ironclawd.api.admin import AdminServicer
 from ironclawd.api.auth import CallerInterceptor
 from ironclawd.api.peer import PeerFront, PeerRegistry
-from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, remove_stale_socket
+from ironclawd.api.sockets import (
+    bind_unix_socket,
+    ensure_private_dir,
+    ensure_shared_dir,
+    remove_stale_socket,
+)
 from ironclawd.config import AdminConfig
 from ironclawd.errors import HostError
 
@@ -60,7 +65,7 @@ async def start_admin_server(config: AdminConfig, servicer: AdminServicer) -> Ad
         ) from None
     run_dir = config.socket.parent
     internal_dir = run_dir / paths.INTERNAL_DIR.name
-    ensure_private_dir(run_dir, 0o755)
+    ensure_shared_dir(run_dir, 0o755)
     ensure_private_dir(internal_dir, 0o700)
     internal_socket = internal_dir / paths.INTERNAL_ADMIN_SOCKET.name
 

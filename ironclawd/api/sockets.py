@@ -37,6 +37,27 @@ def ensure_private_dir(path: Path, mode: int) -> None:
     os.chmod(path, mode, follow_symlinks=False)
 
 
+def ensure_shared_dir(path: Path, mode: int) -> None:
+    """A directory others must pass through (the admin socket's): made ``mode`` if missing,
+    checked as :func:`ensure_private_dir` checks, but never widened when it was there already:
+    ``admin.socket = "/root/ic.sock"`` made /root 0755 (found by a review, stop 50). One that
+    others cannot pass through is refused, naming it and what to do."""
+    if not os.path.lexists(path):
+        ensure_private_dir(path, mode)
+        return
+    for ancestor in reversed(path.parents):
+        _check_dir(ancestor, allow_sticky=True)
+    _check_dir(path, allow_sticky=False)
+    current = stat.S_IMODE(os.lstat(path).st_mode)
+    if not current & stat.S_IXOTH:
+        raise HostError(
+            f"refusing {path} for the admin socket: mode {current:04o}, so the admin group's "
+            "members could not reach the socket, and the daemon does not widen a directory it "
+            "did not make; make it 0755 yourself or pick another admin.socket (default "
+            "/run/ironclaw/admin.sock)"
+        )
+
+
 def check_existing_dirs(path: Path) -> None:
     """The checks of :func:`ensure_private_dir` on the parts of ``path`` that exist already,
     without creating anything (``ironclawd --check-config``)."""
