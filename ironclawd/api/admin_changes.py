@@ -35,14 +35,20 @@ def operator_groups() -> frozenset[str]:
     return current_caller().group_names
 
 
-def require_talk(spec: AgentSpec | None) -> None:
-    """Refuse the caller unless the agent's permissions let them talk to it (``user:`` and
-    ``group:`` entries; none named: every admin member may). Talking covers sending a
-    message, reading the agent's replies and admitting a held message to it."""
+def may_talk(spec: AgentSpec | None) -> bool:
+    """Whether the agent's permissions let the caller talk to it (``user:`` and ``group:``
+    entries; none named: every admin member may; no such agent: nothing to refuse)."""
     caller = current_caller()
-    if spec is not None and not host_user_allowed(
+    return spec is None or host_user_allowed(
         spec.permissions, caller.user_name, sorted(operator_groups())
-    ):
+    )
+
+
+def require_talk(spec: AgentSpec | None) -> None:
+    """Refuse the caller unless :func:`may_talk`. Talking covers sending a message, reading
+    the agent's replies, and seeing (``ListHeld``) or admitting a held message to it."""
+    caller = current_caller()
+    if spec is not None and not may_talk(spec):
         raise PolicyDenied(
             f"uid {caller.uid} ({caller.user_name}) may not talk to agent '{spec.name}': its "
             "permissions allow only the host users and groups they name "

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.api.admin_changes import operator, require_talk
+from ironclawd.api.admin_changes import may_talk, operator, require_talk
 from ironclawd.domain.channels import sender_event_id
 from ironclawd.errors import InvalidArgument
 from ironclawd.ports.channel_records import HeldMessage
@@ -55,15 +55,23 @@ class ChannelsMixin:
         # passed gRPC's 4 MiB answer from about three full channels (found by a review).
         rows = self._inbox.held(min(request.after_id, MAX_ROW_ID), limit + 1)
         page: list[HeldMessage] = []
-        size = 0
+        size, scanned = 0, 0
         for h in rows[:limit]:
+            # A message held for an agent the caller may not talk to is not theirs to read
+            # (its text may be for the agent's named users alone): skipped, not ending the page.
+            route = self._inbox.route(h.channel, h.where)
+            if route is not None and not may_talk(route[0]):
+                scanned += 1
+                continue
             size += len(h.text.encode("utf-8", "surrogatepass")) + len(h.sender) + len(h.where)
             if page and size > HELD_PAGE_TEXT:
                 break
             page.append(h)
-        more = len(page) < len(rows)
+            scanned += 1
+        more = scanned < len(rows)
         return admin_pb2.ListHeldResponse(
-            held=[held_to_proto(h) for h in page], next_after_id=page[-1].id if more else 0
+            held=[held_to_proto(h) for h in page],
+            next_after_id=rows[scanned - 1].id if more and scanned else 0,
         )
 
     async def AdmitHeld(

@@ -31,7 +31,7 @@ def _servicer(count: int) -> ChannelsMixin:
         held = HeldMessage(0, f"ch{n % 4}", "!r", "@eve", f"${n}", "", TEXT, False, 5.0)
         assert records.hold(held, 10_000, 10**9) is not None
     servicer = ChannelsMixin()
-    servicer._inbox = SimpleNamespace(held=records.held)  # type: ignore[assignment]
+    servicer._inbox = SimpleNamespace(held=records.held, route=lambda c, w: None)  # type: ignore[assignment]
     return servicer
 
 
