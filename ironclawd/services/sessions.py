@@ -239,11 +239,17 @@ class SessionService:
     def touch(self, sid: str) -> None:
         """Record activity (a message) so the idle timer starts over. Kept in memory and written
         to the state DB at most every TOUCH_PERSIST_SECONDS: every send and every ingested reply
-        touches, and each write is an fsync on the message path."""
+        touches, and each write is an fsync on the message path. A session removed meanwhile
+        (a reply ingested as it went) is left alone: nothing is kept for an id it no longer
+        names (the state DB caches the records it holds: a live one's check reads nothing)."""
+        try:
+            session = self._store.get(sid)
+        except NotFound:
+            return
         now = self._clock.time()
         self._last_active[sid] = now
         if now - self._persisted_active.get(sid, 0.0) >= TOUCH_PERSIST_SECONDS:
-            self._store.save(replace(self._store.get(sid), last_active_at=now))
+            self._store.save(replace(session, last_active_at=now))
             self._persisted_active[sid] = now
         self._watcher.arm_idle(sid)
 
