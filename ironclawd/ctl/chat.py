@@ -10,20 +10,57 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl import exitcodes, render, wire
 from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_stdin
 from ironclawd.ctl.shapes import print_json, to_dict
+from ironclawd.ctl.text import visible
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
 
 
+# A send that failed with these may have been queued all the same: the daemon took the request
+# and its answer did not come (the deadline passed while a stopped session was started, the
+# daemon went away, or failed after the queue took the message).
+_UNKNOWN_OUTCOME = frozenset({
+    wire.StatusCode.DEADLINE_EXCEEDED, wire.StatusCode.UNAVAILABLE, wire.StatusCode.CANCELLED,
+    wire.StatusCode.INTERNAL, wire.StatusCode.UNKNOWN, wire.StatusCode.ABORTED,
+    wire.StatusCode.DATA_LOSS,
+})  # fmt: skip
+
+
 def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMessageResponse:
-    # A client id makes a retried send (after a timeout, say) safe: the daemon queues it once.
-    # 128 random bits in hex, as uuid4().hex was (uuid imports platform: milliseconds).
+    # The client id makes the daemon queue a request it receives twice (a resent frame) once.
+    # Each run of ironctl makes a new one: a re-run is a second message, which is why a failure
+    # after the daemon may have queued it says so. 128 random bits in hex, as uuid4().hex was
+    # (uuid imports platform: milliseconds).
     request = admin_pb2.SendMessageRequest(sid=sid, text=text, client_id=os.urandom(16).hex())
-    reply: admin_pb2.SendMessageResponse = stub.SendMessage(request, timeout=timeout)
+    try:
+        reply: admin_pb2.SendMessageResponse = stub.SendMessage(request, timeout=timeout)
+    except wire.RpcError as err:
+        if err.code() not in _UNKNOWN_OUTCOME or err.details().startswith("connect to "):
+            raise  # refused, or never reached the daemon (wire.open_admin_socket): not queued
+        raise _failed(err, f"the message may or may not have been queued to session {sid}: "
+                      "look for its reply before sending it again: "
+                      f"{_watch_hint(sid, 0)}") from None  # fmt: skip
     return reply
+
+
+_DETAIL = 300  # characters of the daemon's words in a failure of a step after the send
+
+
+def _failed(err: wire.RpcError, what: str) -> CtlError:
+    """The daemon's status ``err`` (its code, exit code and words), and ``what`` it means."""
+    code = err.code().name
+    detail = visible(err.details())
+    if len(detail) > _DETAIL:  # cut here: the whole message is cut later, and ``what`` is
+        detail = f"{detail[:_DETAIL]}... (cut)"  # what the operator must read
+    return CtlError(code, exitcodes.for_status(code), f"{code.lower()}: {detail}; {what}")
+
+
+def _watch_hint(sid: str, after: int) -> str:
+    request = json.dumps({"sid": sid, "after_seq": after} if after else {"sid": sid})
+    return f"ironctl api call WatchReplies '{request}'"
 
 
 def _replies(stub: Stub, sid: str, after: int, timeout: float | None) -> Iterator[admin_pb2.Reply]:
@@ -36,9 +73,15 @@ def _answer(
     stub: Stub, sid: str, sent: admin_pb2.SendMessageResponse, timeout: float
 ) -> admin_pb2.Reply:
 
-    for reply in _replies(stub, sid, sent.replies_before, timeout):
-        if reply.in_reply_to == sent.seq:
-            return reply
+    try:
+        for reply in _replies(stub, sid, sent.replies_before, timeout):
+            if reply.in_reply_to == sent.seq:
+                return reply
+    except wire.RpcError as err:
+        # The message is queued and will be answered: sent again, it would be a second one.
+        raise _failed(err, f"message {sent.seq} is queued to session {sid}: do not send it "
+                      "again; its reply, once there: "
+                      f"{_watch_hint(sid, sent.replies_before)}") from None  # fmt: skip
     # A follow stream ends without an error only when the daemon closes it (the session was
     # stopped or removed, the daemon is shutting down): a failure the operator can act on.
     raise CtlError(
