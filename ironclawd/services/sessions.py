@@ -281,6 +281,12 @@ class SessionService:
     async def stop_locked(self, session: Session, final: State, error: str = "") -> Session:
         self._watcher.disarm_idle(session.sid)
         self._built.pop(session.sid, None)
+        if session.state is State.CREATING:
+            # Left by a create that could not record its failure (a full disk). CREATING may not
+            # become STOPPING: that first stop failed with Conflict, and only a second one worked.
+            # A crash during the teardown leaves it CREATING, which reconcile fails and tears down.
+            await self.lifecycle.teardown(session)
+            return self.move(session, final, error=error)
         if session.state is not State.STOPPING:  # a stop a crash interrupted goes on
             session = self.move(session, State.STOPPING)
         await self.lifecycle.teardown(session)
