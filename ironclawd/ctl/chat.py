@@ -40,10 +40,26 @@ def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMess
     except wire.RpcError as err:
         if err.code() not in _UNKNOWN_OUTCOME or err.details().startswith("connect to "):
             raise  # refused, or never reached the daemon (wire.open_admin_socket): not queued
-        raise _failed(err, f"the message may or may not have been queued to session {sid}: "
-                      "look for its reply before sending it again: "
-                      f"{_watch_hint(sid, 0)}") from None  # fmt: skip
+        raise _failed(err, _unknown(sid)) from None
+    except KeyboardInterrupt:
+        _interrupted(_unknown(sid))
+        raise
     return reply
+
+
+def _unknown(sid: str) -> str:
+    return (f"the message may or may not have been queued to session {sid}: look for its "
+            f"reply before sending it again: {_watch_hint(sid, 0)}")  # fmt: skip
+
+
+def _queued(sid: str, sent: admin_pb2.SendMessageResponse) -> str:
+    return (f"message {sent.seq} is queued to session {sid}: do not send it again; its reply, "
+            f"once there: {_watch_hint(sid, sent.replies_before)}")  # fmt: skip
+
+
+def _interrupted(what: str) -> None:
+    """Ctrl-C came while a message was in flight: say where it stands (main() ends quietly)."""
+    print(f"\nironctl: interrupted: {visible(what)}", file=sys.stderr, flush=True)
 
 
 _DETAIL = 300  # characters of the daemon's words in a failure of a step after the send
@@ -79,9 +95,10 @@ def _answer(
                 return reply
     except wire.RpcError as err:
         # The message is queued and will be answered: sent again, it would be a second one.
-        raise _failed(err, f"message {sent.seq} is queued to session {sid}: do not send it "
-                      "again; its reply, once there: "
-                      f"{_watch_hint(sid, sent.replies_before)}") from None  # fmt: skip
+        raise _failed(err, _queued(sid, sent)) from None
+    except KeyboardInterrupt:
+        _interrupted(_queued(sid, sent))
+        raise
     # A follow stream ends without an error only when the daemon closes it (the session was
     # stopped or removed, the daemon is shutting down): a failure the operator can act on.
     raise CtlError(

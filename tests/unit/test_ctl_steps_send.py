@@ -150,3 +150,48 @@ def test_a_long_status_message_never_cuts_off_what_was_queued(
     assert code == exitcodes.INTERNAL
     assert "message 7 is queued" in err
     assert err.rstrip().endswith('\'{"sid": "abcdefgh0001", "after_seq": 3}\''), err[-200:]
+
+
+class Interrupted(QueuedStub):
+    """Ctrl-C while the reply is awaited."""
+
+    watch_error = KeyboardInterrupt()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_ctrl_c_while_the_reply_is_awaited_names_the_queued_message(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    code, out, err = _run(capsys, monkeypatch, Interrupted, *argv)
+    assert (code, out) == (exitcodes.INTERRUPTED, "")
+    assert f"message 7 is queued to session {SID}" in err, err
+    assert "do not send it again" in err
+    assert f'ironctl api call WatchReplies \'{{"sid": "{SID}", "after_seq": 3}}\'' in err, err
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_ctrl_c_while_the_send_is_answered_says_whether_it_was_queued_is_not_known(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    class Stub(QueuedStub):
+        send_error = KeyboardInterrupt()
+
+    code, out, err = _run(capsys, monkeypatch, Stub, *argv)
+    assert (code, out) == (exitcodes.INTERRUPTED, "")
+    assert f"may or may not have been queued to session {SID}" in err, err
+
+
+def test_ctrl_c_at_the_prompt_says_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stdin:
+        buffer = type("B", (), {"readline": staticmethod(lambda: (_ for _ in ()).throw(
+            KeyboardInterrupt()))})()  # fmt: skip
+
+        def isatty(self) -> bool:
+            return False
+
+    monkeypatch.setattr(rpc, "stub_for", Interrupted)
+    monkeypatch.setattr("sys.stdin", Stdin())
+    assert main(["chat", SID, *NO_DAEMON]) == exitcodes.INTERRUPTED
+    assert capsys.readouterr() == ("", "")
