@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, render
+from ironclawd.ctl import exitcodes, render, wire
 from ironclawd.ctl.changes import show_change
 from ironclawd.ctl.common import CtlError
 
@@ -32,7 +32,11 @@ def _agent(args: argparse.Namespace, stub: Stub) -> admin_pb2.Agent:
     return stub.GetAgent(request, timeout=args.timeout).agent
 
 
-def _submit(args: argparse.Namespace, stub: Stub, names: list[str], what: str) -> int:
+def _submit(
+    args: argparse.Namespace, stub: Stub, names: list[str], what: str, read: list[str] | None = None
+) -> int:
+    """Submit ``names`` as the agent's whole list. ``read``: the requested packages ``names``
+    was computed from (add, remove), checked against those the daemon computed the change from."""
     request = admin_pb2.SubmitChangeRequest(
         kind="packages",
         agent=args.agent,
@@ -40,10 +44,43 @@ def _submit(args: argparse.Namespace, stub: Stub, names: list[str], what: str) -
         reason=args.reason or "",
     )
     change = stub.SubmitChange(request, timeout=args.timeout).change
+    if read is not None:
+        _check_base(args, stub, change, read)
     if not args.json:
         print(f"{what}: packages change {change.id} is pending a human decision")
     show_change(args, change)
     return exitcodes.OK
+
+
+def _check_base(
+    args: argparse.Namespace, stub: Stub, change: admin_pb2.Change, read: list[str]
+) -> None:
+    """Raise, the change withdrawn, if the agent's requested packages changed between the read
+    and the submit (another packages change applied): the list sent would undo that change."""
+    if change.kind != "packages" or not change.before_json:
+        return  # not the change sent, or abridged (too large to show): never approved anyway
+    before = [p["name"] for p in json.loads(change.before_json).get("packages", [])
+              if p.get("requested")]  # fmt: skip
+    if before == read:
+        return
+    moved = (f"agent {args.agent}'s requested packages changed while ironctl package "
+             f"{args.verb} ran (were: {', '.join(read) or 'none'}; now: "
+             f"{', '.join(before) or 'none'}), and change {change.id}, computed from the old "
+             "list, would undo that")  # fmt: skip
+    note = (f"withdrawn by ironctl package {args.verb}: computed from an outdated list of "
+            "requested packages")  # fmt: skip
+    try:
+        stub.RejectChange(admin_pb2.RejectChangeRequest(id=change.id, note=note),
+                          timeout=args.timeout)  # fmt: skip
+    except wire.RpcError as err:
+        why = f"{err.code().name.lower()}: {err.details()}"
+        raise CtlError("CONFLICT", exitcodes.CONFLICT,
+                       f"{moved}: change {change.id} is pending; reject it (ironctl change "
+                       f"reject {change.id} --yes) and run the command again (withdrawing it "
+                       f"failed: {why})") from None  # fmt: skip
+    raise CtlError("CONFLICT", exitcodes.CONFLICT,
+                   f"{moved}: it was withdrawn (rejected) and nothing is pending; run the "
+                   "command again")  # fmt: skip
 
 
 def _requested(args: argparse.Namespace, stub: Stub) -> list[str]:
@@ -63,7 +100,8 @@ def cmd_add(args: argparse.Namespace, stub: Stub) -> int:
             "nothing_to_do", exitcodes.USAGE,
             f"agent {args.agent} already has {', '.join(args.names)}; nothing to submit",
         )  # fmt: skip
-    return _submit(args, stub, current + list(dict.fromkeys(new)), f"adding {' '.join(new)}")
+    names = current + list(dict.fromkeys(new))
+    return _submit(args, stub, names, f"adding {' '.join(new)}", current)
 
 
 def cmd_remove(args: argparse.Namespace, stub: Stub) -> int:
@@ -76,7 +114,7 @@ def cmd_remove(args: argparse.Namespace, stub: Stub) -> int:
             f"(it has: {', '.join(current) or 'none'}; dependencies go with what needs them)",
         )  # fmt: skip
     kept = [n for n in current if n not in args.names]
-    return _submit(args, stub, kept, f"removing {' '.join(args.names)}")
+    return _submit(args, stub, kept, f"removing {' '.join(args.names)}", current)
 
 
 def cmd_list(args: argparse.Namespace, stub: Stub) -> int:
