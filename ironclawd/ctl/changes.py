@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import argtypes, editor, exitcodes, render, terminal
+from ironclawd.ctl import argtypes, editor, exitcodes, render, terminal, wire
 from ironclawd.ctl.caller import confirm_caller
 from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_file, read_stdin
 from ironclawd.ctl.shapes import print_json, to_dict
@@ -94,17 +94,46 @@ def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
             "terminal: pass --persona-file FILE, --persona - (standard input) or --persona TEXT"
         )
     confirm_caller(args, stub)
-    if _persona_missing(args):
-        agent = stub.GetAgent(admin_pb2.GetAgentRequest(name=args.agent), timeout=args.timeout)
-        args.persona = editor.edit(agent.agent.persona, f"persona of {args.agent}", ".md")
-    request = admin_pb2.SubmitChangeRequest(
-        kind=args.kind, agent=args.agent, payload_json=_payload(args), reason=args.reason or ""
-    )
-    change = stub.SubmitChange(request, timeout=args.timeout).change
+    change = _edit_and_submit(args, stub) if _persona_missing(args) else _submit(args, stub)
     if not args.json:
         print(f"change {change.id} is pending a human decision")
     show_change(args, change)
     return exitcodes.OK
+
+
+def _submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
+    request = admin_pb2.SubmitChangeRequest(
+        kind=args.kind, agent=args.agent, payload_json=_payload(args), reason=args.reason or ""
+    )
+    change: admin_pb2.Change = stub.SubmitChange(request, timeout=args.timeout).change
+    return change
+
+
+def _persona(args: argparse.Namespace, stub: Stub) -> str:
+    request = admin_pb2.GetAgentRequest(name=args.agent)
+    return str(stub.GetAgent(request, timeout=args.timeout).agent.persona)
+
+
+def _edit_and_submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
+    """Edit the agent's persona in $EDITOR and submit it. An edit takes minutes: a persona
+    changed meanwhile is not overwritten by text written from the old one, and the text is
+    kept in a file whenever it is not submitted (the daemon refused it, or is gone)."""
+    original = _persona(args, stub)
+    args.persona = editor.edit(original, f"persona of {args.agent}", ".md")
+    try:
+        if _persona(args, stub) != original:
+            kept = editor.keep(args.persona, ".md")
+            raise CtlError("CONFLICT", exitcodes.CONFLICT,
+                           f"the persona of {args.agent} changed while it was edited (a "
+                           "change was applied): nothing submitted, as it would undo that; "
+                           f"your text is kept in {kept}: compare it with the persona now "
+                           f"(ironctl agent show {args.agent}), then submit it with "
+                           f"--persona-file {kept}")  # fmt: skip
+        return _submit(args, stub)
+    except wire.RpcError as err:
+        kept = editor.keep(args.persona, ".md")
+        raise wire.RpcError(err.code(), f"{err.details()}; nothing submitted: your text is "
+                            f"kept in {kept} (--persona-file {kept})") from None  # fmt: skip
 
 
 def cmd_list(args: argparse.Namespace, stub: Stub) -> int:

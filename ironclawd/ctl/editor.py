@@ -77,3 +77,12 @@ def edit(original: str, what: str, suffix: str = ".txt") -> str:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return edited_text(original, written, edited, what)
+
+
+def keep(text: str, suffix: str = ".txt") -> str:
+    """Write ``text`` to a new private file (0600, as mkstemp makes it) and return its path:
+    an edit that could not be submitted is not lost."""
+    fd, path = tempfile.mkstemp(prefix="ironctl-", suffix=suffix)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
