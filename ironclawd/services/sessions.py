@@ -37,6 +37,12 @@ T = TypeVar("T")
 TOUCH_PERSIST_SECONDS = 10.0
 # How many times one start may find its agent's spec replaced under it and start again.
 MAX_RESPECS = 3
+# The error of each record an approved change's restart writes for a session until it runs again
+# (stopping, stopped, starting): a stop or a death of the daemon that cuts the restart leaves it
+# stopped so, and the change's resume at the next start starts it again.
+RESTARTING = (
+    "restarting on its agent's new spec: it starts again when the approved change is applied"
+)
 
 
 class SessionService:
@@ -205,7 +211,7 @@ class SessionService:
         They are waited for here, creates not yet stored among them, so that when this returns
         no session of the agent runs, or is about to run, what the old spec granted (a revoked
         mount). A session already running this very spec (started after it was put) is not
-        restarted again."""
+        restarted again; one a restart cut (``RESTARTING``) is started."""
         creating = set(self._creating.get(agent, ()))
         starting = [
             s.sid for s in self.list_sessions()
@@ -219,17 +225,40 @@ class SessionService:
         current = self._agents.get(agent)
         restarted: list[str] = []
         for session in self.list_sessions():
-            if session.agent != agent or session.state is not State.RUNNING:
+            if session.agent != agent or not _restartable(session):
                 continue
             if current is not None and self._built.get(session.sid) is current:
                 continue  # started with this very spec, after it was put
             try:
-                await self.stop(session.sid)
-                await self.start(session.sid)
-                restarted.append(session.sid)
+                if await self._owned(self._restart_cmd(session.sid)):
+                    restarted.append(session.sid)
             except IronclawError as exc:
                 log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
         return restarted
+
+    async def _restart_cmd(self, sid: str) -> bool:
+        """Stop ``sid`` and start it on its agent's spec, under its lock throughout; False if it
+        is no longer to restart (stopped or removed since). Stopped in one command and started
+        in the next, a session stayed stopped when the daemon's stop refused or cancelled the
+        start, or its death cut it, and the change's resume restarted only running sessions."""
+        async with self.lock(sid):
+            session = self._store.get(sid)
+            if not _restartable(session):
+                return False
+            agent = find_agent(self._agents, session.agent)
+            await self._guarded(sid, "restarting", self._restart(session, agent))
+            return True
+
+    async def _restart(self, session: Session, agent: AgentSpec) -> Session:
+        try:
+            if session.state is State.RUNNING:
+                session = await self.stop_locked(session, State.STOPPED, error=RESTARTING)
+            return await self._start(session, agent, mark=RESTARTING)
+        except asyncio.CancelledError:  # the daemon stops: its next start finishes the restart
+            left = self._store.get(session.sid)
+            if left.state in LIVE:
+                await self.stop_locked(left, State.STOPPED, error=RESTARTING)
+            raise
 
     def answered(self, sid: str) -> None:
         """A reply of ``sid`` was taken in (the pool waits for a claim's first one)."""
@@ -288,7 +317,8 @@ class SessionService:
             await self.lifecycle.teardown(session)
             return self.move(session, final, error=error)
         if session.state is not State.STOPPING:  # a stop a crash interrupted goes on
-            session = self.move(session, State.STOPPING)
+            # A restart's mark is there from the first record on (reconcile keeps it).
+            session = self.move(session, State.STOPPING, error=_marked(error))
         await self.lifecycle.teardown(session)
         return self.move(session, final, error=error)
 
@@ -372,8 +402,10 @@ class SessionService:
                     self.audit_quietly(failed, State.FAILED.value)
             raise
 
-    async def _start(self, session: Session, agent: AgentSpec, pooled: bool = False) -> Session:
-        session = self.move(session, State.STARTING)
+    async def _start(
+        self, session: Session, agent: AgentSpec, pooled: bool = False, *, mark: str = ""
+    ) -> Session:
+        session = self.move(session, State.STARTING, error=mark)
         sid = session.sid
         try:
             if pooled and not await self.lifecycle.claimable(session):
@@ -505,6 +537,17 @@ class SessionLock(asyncio.Lock):
         self._users -= 1
         if self._users == 0 and self._table.get(self._sid) is self:
             del self._table[self._sid]
+
+
+def _restartable(session: Session) -> bool:
+    """Running, or left stopped by a restart that was cut (``RESTARTING``)."""
+    return session.state is State.RUNNING or (
+        session.state is State.STOPPED and session.error == RESTARTING
+    )
+
+
+def _marked(error: str) -> str:
+    return error if error == RESTARTING else ""
 
 
 def _owned_done(task: asyncio.Task[Any]) -> None:
