@@ -44,7 +44,7 @@ def _submit(
         reason=args.reason or "",
     )
     change = stub.SubmitChange(request, timeout=args.timeout).change
-    if read is not None:
+    if read is not None and change.kind == request.kind:  # (else not the change sent)
         _check_base(args, stub, change, read)
     if not args.json:
         print(f"{what}: packages change {change.id} is pending a human decision")
@@ -57,8 +57,8 @@ def _check_base(
 ) -> None:
     """Raise, the change withdrawn, if the agent's requested packages changed between the read
     and the submit (another packages change applied): the list sent would undo that change."""
-    if change.kind != "packages" or not change.before_json:
-        return  # not the change sent, or abridged (too large to show): never approved anyway
+    if not change.before_json:  # abridged (too large to show): it cannot be approved anyway
+        return
     before = [p["name"] for p in json.loads(change.before_json).get("packages", [])
               if p.get("requested")]  # fmt: skip
     if before == read:
