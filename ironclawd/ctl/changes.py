@@ -13,7 +13,15 @@ from rich.text import Text
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import argtypes, editor, exitcodes, render, terminal, wire
 from ironclawd.ctl.caller import confirm_caller
-from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_file, read_stdin
+from ironclawd.ctl.common import (
+    CtlError,
+    UsageError,
+    decode_stdin,
+    failed_call,
+    outcome_unknown,
+    read_file,
+    read_stdin,
+)
 from ironclawd.ctl.shapes import print_json, to_dict
 
 if TYPE_CHECKING:
@@ -190,16 +198,22 @@ def cmd_decide(args: argparse.Namespace, stub: Stub) -> int:
     confirm_caller(args, stub)
     change = stub.GetChange(admin_pb2.GetChangeRequest(id=args.id), timeout=args.timeout).change
     _confirm(args, change, args.verb)
-    if args.verb == "approve":
-        # The hash is the one shown to the approver; a change altered since fails the approval.
-        expected = args.hash or change.hash
-        decided = stub.ApproveChange(
-            admin_pb2.ApproveChangeRequest(id=args.id, hash=expected), timeout=args.timeout
-        ).change
-    else:
-        decided = stub.RejectChange(
-            admin_pb2.RejectChangeRequest(id=args.id, note=args.note or ""), timeout=args.timeout
-        ).change
+    try:
+        if args.verb == "approve":
+            # The hash is the one shown to the approver; a change altered since fails it.
+            expected = args.hash or change.hash
+            decided = stub.ApproveChange(
+                admin_pb2.ApproveChangeRequest(id=args.id, hash=expected), timeout=args.timeout
+            ).change
+        else:
+            request = admin_pb2.RejectChangeRequest(id=args.id, note=args.note or "")
+            decided = stub.RejectChange(request, timeout=args.timeout).change
+    except wire.RpcError as err:
+        if not outcome_unknown(err):
+            raise
+        # The daemon decides (and applies) in a task a client leaving does not cut.
+        raise failed_call(err, f"whether change {change.id} was {args.verb}d is not known: "
+                             f"see ironctl change show {change.id}") from None  # fmt: skip
     if args.json:
         print_json(decided)
     else:

@@ -11,22 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render, wire
-from ironclawd.ctl.common import CtlError, UsageError, decode_stdin, read_stdin
+from ironclawd.ctl.common import (
+    CtlError,
+    UsageError,
+    decode_stdin,
+    failed_call,
+    outcome_unknown,
+    read_stdin,
+)
 from ironclawd.ctl.shapes import print_json, to_dict
 from ironclawd.ctl.text import visible
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
-
-
-# A send that failed with these may have been queued all the same: the daemon took the request
-# and its answer did not come (the deadline passed while a stopped session was started, the
-# daemon went away, or failed after the queue took the message).
-_UNKNOWN_OUTCOME = frozenset({
-    wire.StatusCode.DEADLINE_EXCEEDED, wire.StatusCode.UNAVAILABLE, wire.StatusCode.CANCELLED,
-    wire.StatusCode.INTERNAL, wire.StatusCode.UNKNOWN, wire.StatusCode.ABORTED,
-    wire.StatusCode.DATA_LOSS,
-})  # fmt: skip
 
 
 def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMessageResponse:
@@ -38,9 +35,9 @@ def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMess
     try:
         reply: admin_pb2.SendMessageResponse = stub.SendMessage(request, timeout=timeout)
     except wire.RpcError as err:
-        if err.code() not in _UNKNOWN_OUTCOME or err.details().startswith("connect to "):
-            raise  # refused, or never reached the daemon (wire.open_admin_socket): not queued
-        raise _failed(err, _unknown(sid)) from None
+        if not outcome_unknown(err):
+            raise  # refused, or never reached the daemon: not queued
+        raise failed_call(err, _unknown(sid)) from None
     except KeyboardInterrupt:
         _interrupted(_unknown(sid))
         raise
@@ -60,18 +57,6 @@ def _queued(sid: str, sent: admin_pb2.SendMessageResponse) -> str:
 def _interrupted(what: str) -> None:
     """Ctrl-C came while a message was in flight: say where it stands (main() ends quietly)."""
     print(f"\nironctl: interrupted: {visible(what)}", file=sys.stderr, flush=True)
-
-
-_DETAIL = 300  # characters of the daemon's words in a failure of a step after the send
-
-
-def _failed(err: wire.RpcError, what: str) -> CtlError:
-    """The daemon's status ``err`` (its code, exit code and words), and ``what`` it means."""
-    code = err.code().name
-    detail = visible(err.details())
-    if len(detail) > _DETAIL:  # cut here: the whole message is cut later, and ``what`` is
-        detail = f"{detail[:_DETAIL]}... (cut)"  # what the operator must read
-    return CtlError(code, exitcodes.for_status(code), f"{code.lower()}: {detail}; {what}")
 
 
 def _watch_hint(sid: str, after: int) -> str:
@@ -95,7 +80,7 @@ def _answer(
                 return reply
     except wire.RpcError as err:
         # The message is queued and will be answered: sent again, it would be a second one.
-        raise _failed(err, _queued(sid, sent)) from None
+        raise failed_call(err, _queued(sid, sent)) from None
     except KeyboardInterrupt:
         _interrupted(_queued(sid, sent))
         raise

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ironclawd.ctl import argtypes, exitcodes
+from ironclawd.ctl.text import visible
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from ironclaw.admin.v1.admin_pb2_grpc import AdminServiceStub
+    from ironclawd.ctl.wire import RpcError
 
     # What every handler is given (for annotations only: the parser never imports grpc).
     Stub: TypeAlias = AdminServiceStub
@@ -34,6 +36,29 @@ class CtlError(Exception):
         super().__init__(message)
         self.code = code
         self.exit_code = exit_code
+
+
+# A call that failed with these may have been done all the same (a message queued, a decision
+# applied): the daemon took the request and its answer did not come (the deadline passed, the
+# daemon went away, or failed after doing the work).
+UNKNOWN_OUTCOME = frozenset({"DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "INTERNAL",
+                             "UNKNOWN", "ABORTED", "DATA_LOSS"})  # fmt: skip
+_DETAIL = 300  # characters of the daemon's words kept before what such a failure means
+
+
+def outcome_unknown(err: RpcError) -> bool:
+    """Whether the call that failed with ``err`` may have been done: not a refusal, and not a
+    connect that never reached the daemon (wire.open_admin_socket's words)."""
+    return err.code().name in UNKNOWN_OUTCOME and not err.details().startswith("connect to ")
+
+
+def failed_call(err: RpcError, what: str) -> CtlError:
+    """The daemon's status ``err`` (its code, exit code and words), and ``what`` it means."""
+    code = err.code().name
+    detail = visible(err.details())
+    if len(detail) > _DETAIL:  # cut here: the whole message is cut later, and ``what`` is
+        detail = f"{detail[:_DETAIL]}... (cut)"  # what the operator must read
+    return CtlError(code, exitcodes.for_status(code), f"{code.lower()}: {detail}; {what}")
 
 
 class UsageError(CtlError):
