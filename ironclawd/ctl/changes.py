@@ -131,7 +131,7 @@ def _edit_and_submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
     try:
         if _persona(args, stub) != original:
             kept = editor.keep(args.persona, ".md")
-            raise CtlError("CONFLICT", exitcodes.CONFLICT,
+            raise CtlError("FAILED_PRECONDITION", exitcodes.CONFLICT,
                            f"the persona of {args.agent} changed while it was edited (a "
                            "change was applied): nothing submitted, as it would undo that; "
                            f"your text is kept in {kept}: compare it with the persona now "

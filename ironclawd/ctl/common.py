@@ -52,13 +52,21 @@ def outcome_unknown(err: RpcError) -> bool:
     return err.code().name in UNKNOWN_OUTCOME and not err.details().startswith("connect to ")
 
 
-def failed_call(err: RpcError, what: str) -> CtlError:
+def failed_call(err: RpcError, what: str) -> StatusError:
     """The daemon's status ``err`` (its code, exit code and words), and ``what`` it means."""
     code = err.code().name
     detail = visible(err.details())
     if len(detail) > _DETAIL:  # cut here: the whole message is cut later, and ``what`` is
         detail = f"{detail[:_DETAIL]}... (cut)"  # what the operator must read
-    return CtlError(code, exitcodes.for_status(code), f"{code.lower()}: {detail}; {what}")
+    return StatusError(code, f"{code.lower()}: {detail}; {what}")
+
+
+class StatusError(CtlError):
+    """A daemon's status (``code``, its name: no code of ironctl's own), with its exit code,
+    and a message ironctl wrote: what the failure means for what was asked."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, exitcodes.for_status(code), message)
 
 
 class UsageError(CtlError):

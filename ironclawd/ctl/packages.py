@@ -74,11 +74,11 @@ def _check_base(
                           timeout=args.timeout)  # fmt: skip
     except wire.RpcError as err:
         why = f"{err.code().name.lower()}: {err.details()}"
-        raise CtlError("CONFLICT", exitcodes.CONFLICT,
+        raise CtlError("FAILED_PRECONDITION", exitcodes.CONFLICT,
                        f"{moved}: change {change.id} is pending; reject it (ironctl change "
                        f"reject {change.id} --yes) and run the command again (withdrawing it "
                        f"failed: {why})") from None  # fmt: skip
-    raise CtlError("CONFLICT", exitcodes.CONFLICT,
+    raise CtlError("FAILED_PRECONDITION", exitcodes.CONFLICT,
                    f"{moved}: it was withdrawn (rejected) and nothing is pending; run the "
                    "command again")  # fmt: skip
 

@@ -84,7 +84,9 @@ def test_a_change_computed_from_an_outdated_list_is_withdrawn_and_said(
     code = main([*argv, *NO_DAEMON, "--json"])
     out, err = capsys.readouterr()
     assert (code, err) == (exitcodes.CONFLICT, "")
-    assert json.loads(out)["error"]["code"] == "CONFLICT"
+    assert (
+        json.loads(out)["error"]["code"] == "FAILED_PRECONDITION"
+    )  # the daemon's own for a conflict
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)

@@ -73,7 +73,9 @@ def test_a_persona_changed_during_the_edit_is_not_overwritten_and_the_text_is_ke
     code = main([*ARGV, "--json"])
     out, err = capsys.readouterr()
     assert (code, err) == (exitcodes.CONFLICT, "")
-    assert json.loads(out)["error"]["code"] == "CONFLICT"
+    assert (
+        json.loads(out)["error"]["code"] == "FAILED_PRECONDITION"
+    )  # the daemon's own for a conflict
 
 
 def test_a_persona_unchanged_during_the_edit_is_submitted(
