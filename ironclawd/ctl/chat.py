@@ -91,7 +91,8 @@ def _answer(
         exitcodes.FAILED,
         f"session {sid}: the reply stream ended before the reply to message {sent.seq} "
         "(was the session stopped, or the daemon restarted?); the message stays queued: "
-        f"see ironctl session show {sid}",
+        f"see ironctl session show {sid}; its reply, once there: "
+        f"{_watch_hint(sid, sent.replies_before)}",
     )
 
 
@@ -121,19 +122,38 @@ def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
         sid = created.session.sid
         print(f"started session {sid} of agent {render.visible(args.agent)}", file=sys.stderr)
     interactive = sys.stdin.isatty()
-    while True:
-        if interactive:
-            print("you> ", end="", flush=True)
-        line = decode_stdin(sys.stdin.buffer.readline())
-        if not line:
-            return exitcodes.OK
-        text = line.rstrip("\n")
-        if not text.strip():
-            continue
-        sent = _send(stub, sid, text, args.timeout)
-        reply = _answer(stub, sid, sent, args.timeout)
-        prefix = "agent> " if interactive else ""
-        print(prefix + render.visible(reply.text, newlines=True), flush=True)
+    asked = False
+    try:
+        while True:
+            if interactive:
+                print("you> ", end="", flush=True)
+            line = decode_stdin(sys.stdin.buffer.readline())
+            if not line:
+                return exitcodes.OK
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            asked = True  # from here the session holds the operator's words: it stays
+            sent = _send(stub, sid, text, args.timeout)
+            reply = _answer(stub, sid, sent, args.timeout)
+            prefix = "agent> " if interactive else ""
+            print(prefix + render.visible(reply.text, newlines=True), flush=True)
+    finally:
+        if not args.sid and not asked:
+            _remove_unused(stub, sid, args.timeout)
+
+
+def _remove_unused(stub: Stub, sid: str, timeout: float) -> None:
+    """A session ``chat --agent`` started and nothing was said in: removed, not left running
+    (``ironctl chat --agent demo </dev/null`` left one for every run, a pooled sandbox taken
+    each time; found by a review, stop 50). A failure to remove is said, never raised."""
+    try:
+        stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=timeout)
+    except wire.RpcError as err:
+        print(f"ironctl chat: nothing was sent, but session {sid} could not be removed: "
+              f"{visible(err.details())}", file=sys.stderr)  # fmt: skip
+        return
+    print(f"ironctl chat: nothing was sent: removed session {sid}", file=sys.stderr)
 
 
 def cmd_verify(args: argparse.Namespace, stub: Stub) -> int:

@@ -28,7 +28,10 @@ def register(sub: Any, session_verbs: Any) -> None:
         "chat:cmd_chat",
     )
     chat.add_argument("sid", metavar="SID", nargs="?", help="session id")
-    chat.add_argument("--agent", help="start a new session of this agent")
+    chat.add_argument(
+        "--agent",
+        help="start a new session of this agent (removed again if nothing is said in it)",
+    )
     verify = add_command(
         session_verbs,
         "verify",
