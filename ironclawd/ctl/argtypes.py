@@ -38,6 +38,19 @@ def names(value: str | None) -> list[str]:
     return [name.strip() for name in (value or "").split(",") if name.strip()]
 
 
+_CLIENT_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def client_id(value: str) -> str:
+    """``send --client-id``: what the daemon takes (domain/messages.py CLIENT_ID_RE), checked
+    before anything is sent."""
+    if not 1 <= len(value) <= 64 or not set(value) <= _CLIENT_ID_CHARS:
+        raise argparse.ArgumentTypeError(
+            f"expected 1-64 characters of A-Z a-z 0-9 . _ : -, got {shown(value)!r}"
+        )
+    return value
+
+
 def int_range(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: an integer from lo to hi inclusive."""
 

@@ -26,12 +26,16 @@ if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
 
 
-def _send(stub: Stub, sid: str, text: str, timeout: float) -> admin_pb2.SendMessageResponse:
+def _send(
+    stub: Stub, sid: str, text: str, timeout: float, client_id: str | None = None
+) -> admin_pb2.SendMessageResponse:
     # The client id makes the daemon queue a request it receives twice (a resent frame) once.
-    # Each run of ironctl makes a new one: a re-run is a second message, which is why a failure
-    # after the daemon may have queued it says so. 128 random bits in hex, as uuid4().hex was
-    # (uuid imports platform: milliseconds).
-    request = admin_pb2.SendMessageRequest(sid=sid, text=text, client_id=os.urandom(16).hex())
+    # Without --client-id each run of ironctl makes a new one: a re-run is a second message,
+    # which is why a failure after the daemon may have queued it says so. 128 random bits in
+    # hex, as uuid4().hex was (uuid imports platform: milliseconds).
+    request = admin_pb2.SendMessageRequest(
+        sid=sid, text=text, client_id=client_id or os.urandom(16).hex()
+    )
     try:
         reply: admin_pb2.SendMessageResponse = stub.SendMessage(request, timeout=timeout)
     except wire.RpcError as err:
@@ -74,8 +78,10 @@ def _answer(
     stub: Stub, sid: str, sent: admin_pb2.SendMessageResponse, timeout: float
 ) -> admin_pb2.Reply:
 
+    # A repeated client id answers the first message's seq, whose reply may be in already.
+    after = 0 if sent.duplicate else sent.replies_before
     try:
-        for reply in _replies(stub, sid, sent.replies_before, timeout):
+        for reply in _replies(stub, sid, after, timeout):
             if reply.in_reply_to == sent.seq:
                 return reply
     except wire.RpcError as err:
@@ -98,7 +104,7 @@ def _answer(
 
 def cmd_send(args: argparse.Namespace, stub: Stub) -> int:
     text = read_stdin() if args.text == "-" else args.text
-    sent = _send(stub, args.sid, text, args.timeout)
+    sent = _send(stub, args.sid, text, args.timeout, args.client_id)
     if args.no_wait:
         doc: dict[str, Any] = {"seq": sent.seq, "duplicate": sent.duplicate}
         print(json.dumps(doc) if args.json else f"queued as message {sent.seq}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ironclawd.ctl.argtypes import client_id
 from ironclawd.ctl.common import add_command
 
 
@@ -20,6 +21,13 @@ def register(sub: Any, session_verbs: Any) -> None:
     send.add_argument("sid", metavar="SID", help="session id")
     send.add_argument("text", metavar="TEXT", help="the message, or - to read standard input")
     send.add_argument("--no-wait", action="store_true", help="queue it; do not wait for a reply")
+    send.add_argument(
+        "--client-id",
+        metavar="ID",
+        type=client_id,
+        help="your id for this message (1-64 of A-Z a-z 0-9 . _ : -): sent again with the same "
+        "id, it is queued once and the first one's reply is printed (safe retries)",
+    )
     chat = add_command(
         sub,
         "chat",
