@@ -21,7 +21,7 @@ from ironclawd.host.mounts import HostMounts
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.reconcile import reconcile
 from ironclawd.services.registry import Registry
-from ironclawd.services.sessions import SessionService
+from ironclawd.services.sessions import RESTARTING, SessionService
 from tests.fakes import FakeClock, MemoryAgents, MemoryChanges, RecordingAudit
 from tests.unit.test_session_service import SID, World
 
@@ -168,5 +168,26 @@ def test_a_restart_the_daemons_death_cuts_is_finished_at_the_next_start(state: S
         changes_left.changes.update(left["changes"])
         agents_left.specs.update(left["agents"])
         await _brought_back(Daemon(again, changes_left, agents_left), change)
+
+    asyncio.run(go())
+
+
+def test_a_marked_session_the_operator_stops_is_not_started_by_the_resume() -> None:
+    """A cut restart left the session stopped and marked; the operator stops it (on purpose:
+    ``ironctl session stop`` answered "stopped"): the change's resume, or the restart of any
+    later change of the agent, must not start it behind her back."""
+    world = _world()
+
+    async def go() -> None:
+        service = world.service
+        await service.create("demo", SID)
+        await service.stop(SID)
+        world.store.save(dataclasses.replace(world.store.get(SID), error=RESTARTING))
+        stopped = await service.stop(SID)
+        assert stopped.state is State.STOPPED
+        assert stopped.error == ""
+        assert await service.restart_agent_sessions("demo") == []
+        assert world.store.get(SID).state is State.STOPPED
+        await service.close()
 
     asyncio.run(go())
