@@ -39,7 +39,8 @@ TOUCH_PERSIST_SECONDS = 10.0
 MAX_RESPECS = 3
 # The error of each record an approved change's restart writes for a session until it runs again
 # (stopping, stopped, starting): a stop or a death of the daemon that cuts the restart leaves it
-# stopped so, and the change's resume at the next start starts it again.
+# stopped so, and the change's resume at the next start starts it again (unless the operator
+# stopped it since: her stop clears the mark).
 RESTARTING = (
     "restarting on its agent's new spec: it starts again when the approved change is applied"
 )
@@ -168,6 +169,10 @@ class SessionService:
         async with self.lock(sid):
             session = self._store.get(sid)
             if session.state is State.STOPPED:
+                if session.error == RESTARTING and not idle:  # stopped on purpose: stays so
+                    session = replace(session, error="", updated_at=self._clock.time())
+                    self._store.save(session)
+                    self.audit_event(session, "stopped")
                 return session
             if idle:
                 idle_for = self._clock.time() - self._with_activity(session).last_active_at
