@@ -108,3 +108,30 @@ def test_an_edited_persona_the_daemon_refuses_is_kept(
     assert len(kept) == 1
     assert kept[0].read_text(encoding="utf-8") == EDITED
     assert f"your text is kept in {kept[0]}" in err, err
+
+
+def test_an_edited_persona_whose_submit_got_no_answer_is_not_said_unsubmitted(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The daemon may have stored the change when its answer did not come (the deadline
+    passed, the connection broke): "nothing submitted" would have the operator submit the
+    text a second time, a second pending change of the same persona."""
+
+    class Silent(Daemon):
+        personas = ("You help.", "You help.")
+
+        def SubmitChange(self, request: Any, timeout: float) -> Any:
+            self.submitted.append(request)
+            raise wire.RpcError(wire.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    monkeypatch.setattr(rpc, "stub_for", Silent)
+    code = main(ARGV)
+    out, err = capsys.readouterr()
+    assert (code, out) == (exitcodes.TIMEOUT, ""), (code, out, err)
+    assert "nothing submitted" not in err, err
+    assert "whether the persona change was submitted is not known" in err, err
+    assert "ironctl change pending" in err, err
+    kept = list(tmp_path.iterdir())
+    assert len(kept) == 1
+    assert kept[0].read_text(encoding="utf-8") == EDITED
+    assert f"your text is kept in {kept[0]}" in err, err
