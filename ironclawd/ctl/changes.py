@@ -128,6 +128,7 @@ def _edit_and_submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
     kept in a file whenever it is not submitted (the daemon refused it, or is gone)."""
     original = _persona(args, stub)
     args.persona = editor.edit(original, f"persona of {args.agent}", ".md")
+    reread = False  # the persona was read again: an error after it is the submit's
     try:
         if _persona(args, stub) != original:
             kept = editor.keep(args.persona, ".md")
@@ -137,9 +138,14 @@ def _edit_and_submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
                            f"your text is kept in {kept}: compare it with the persona now "
                            f"(ironctl agent show {args.agent}), then submit it with "
                            f"--persona-file {kept}")  # fmt: skip
+        reread = True
         return _submit(args, stub)
     except wire.RpcError as err:
         kept = editor.keep(args.persona, ".md")
+        if reread and outcome_unknown(err):  # the daemon may have stored it all the same
+            raise failed_call(err, "whether the persona change was submitted is not known: see "
+                              f"ironctl change pending; your text is kept in {kept} "
+                              f"(--persona-file {kept})") from None  # fmt: skip
         raise wire.RpcError(err.code(), f"{err.details()}; nothing submitted: your text is "
                             f"kept in {kept} (--persona-file {kept})") from None  # fmt: skip
 
