@@ -35,6 +35,9 @@ class Stub:
     def WatchReplies(self, request: Any, timeout: float) -> Iterator[Any]:
         yield admin_pb2.WatchRepliesResponse(reply=admin_pb2.Reply(seq=1, in_reply_to=1, text="hi"))
 
+    def GetSession(self, request: Any, timeout: float) -> admin_pb2.GetSessionResponse:
+        return admin_pb2.GetSessionResponse(session=admin_pb2.Session(sid=request.sid))
+
     def RemoveSession(self, request: Any, timeout: float) -> admin_pb2.RemoveSessionResponse:
         Stub.calls.append(f"remove {request.sid} force={request.force}")
         return admin_pb2.RemoveSessionResponse()
@@ -67,3 +70,27 @@ def test_a_session_a_message_went_to_stays(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_session_named_on_the_command_line_stays(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chat(monkeypatch, b"", "abcdefgh0001") == exitcodes.OK
     assert Stub.calls == []
+
+
+def test_a_session_someone_else_sent_a_message_to_meanwhile_stays(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its id is in ironctl session list from the start: another operator's ironctl send (or an
+    admitted held message) went to it while this chat sat at its prompt. Removing it would
+    destroy her conversation, queues and all."""
+
+    class Used(Stub):
+        def CreateSession(self, request: Any, timeout: float) -> Any:
+            Stub.calls.append("create")
+            made = admin_pb2.Session(sid="abcdefgh0009", created_at=100.0, last_active_at=100.0)
+            return admin_pb2.CreateSessionResponse(session=made)
+
+        def GetSession(self, request: Any, timeout: float) -> admin_pb2.GetSessionResponse:
+            Stub.calls.append("get")
+            now = admin_pb2.Session(sid=request.sid, created_at=100.0, last_active_at=160.0)
+            return admin_pb2.GetSessionResponse(session=now)
+
+    monkeypatch.setattr(rpc, "stub_for", Used)
+    assert chat(monkeypatch, b"", "--agent", "demo") == exitcodes.OK
+    assert not [c for c in Stub.calls if c.startswith("remove")], Stub.calls
+    assert "kept" in capsys.readouterr().err
