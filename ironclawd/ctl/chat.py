@@ -118,14 +118,15 @@ def cmd_send(args: argparse.Namespace, stub: Stub) -> int:
 
 
 def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
-    sid = args.sid
+    sid, made = args.sid, None
     if not sid:
         if not args.agent:
             raise UsageError("ironctl chat: give a session id or --agent NAME")
         created = stub.CreateSession(
             admin_pb2.CreateSessionRequest(agent=args.agent), timeout=args.timeout
         )
-        sid = created.session.sid
+        made = created.session
+        sid = made.sid
         print(f"started session {sid} of agent {render.visible(args.agent)}", file=sys.stderr)
     interactive = sys.stdin.isatty()
     asked = False
@@ -145,15 +146,23 @@ def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
             prefix = "agent> " if interactive else ""
             print(prefix + render.visible(reply.text, newlines=True), flush=True)
     finally:
-        if not args.sid and not asked:
-            _remove_unused(stub, sid, args.timeout)
+        if made is not None and not asked:
+            _remove_unused(stub, made, args.timeout)
 
 
-def _remove_unused(stub: Stub, sid: str, timeout: float) -> None:
+def _remove_unused(stub: Stub, made: admin_pb2.Session, timeout: float) -> None:
     """A session ``chat --agent`` started and nothing was said in: removed, not left running
     (``ironctl chat --agent demo </dev/null`` left one for every run, a pooled sandbox taken
-    each time; found by a review, stop 50). A failure to remove is said, never raised."""
+    each time; found by a review, stop 50). A failure to remove is said, never raised. One
+    active since it was made (another operator's send: its id is listed from the start) is
+    someone else's conversation now: kept."""
+    sid = made.sid
     try:
+        now = stub.GetSession(admin_pb2.GetSessionRequest(sid=sid), timeout=timeout).session
+        if now.last_active_at != made.last_active_at:
+            print(f"ironctl chat: nothing was sent from here, but session {sid} got a message "
+                  "meanwhile: kept", file=sys.stderr)  # fmt: skip
+            return
         stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=timeout)
     except wire.RpcError as err:
         print(f"ironctl chat: nothing was sent, but session {sid} could not be removed: "
