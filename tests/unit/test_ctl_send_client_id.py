@@ -79,3 +79,20 @@ def test_a_bad_id_is_a_usage_error_before_anything_is_sent(
     assert code == exitcodes.USAGE
     assert "expected 1-64 characters" in capsys.readouterr().err
     assert Stub.seen == {}
+
+
+def test_a_repeated_id_says_nothing_new_was_queued(capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon matches the id alone, not the text: an id used again (a script's fixed one)
+    with other words printed the first message's reply, or "queued as message 4", as if these
+    words had been queued and answered."""
+    assert main(["send", SID, "hi", "--client-id", "daily", *NO_DAEMON]) == exitcodes.OK
+    capsys.readouterr()
+    assert main(["send", SID, "bye", "--client-id", "daily", *NO_DAEMON]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert out == "answer to 4\n"
+    assert "client id daily was used before, for message 4: nothing new queued" in err, err
+    argv = ["send", SID, "bye", "--client-id", "daily", "--no-wait", *NO_DAEMON]
+    assert main(argv) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert "queued as message 4" not in out, out
+    assert "nothing new queued" in err + out
