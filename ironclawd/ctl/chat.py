@@ -105,10 +105,16 @@ def _answer(
 def cmd_send(args: argparse.Namespace, stub: Stub) -> int:
     text = read_stdin() if args.text == "-" else args.text
     sent = _send(stub, args.sid, text, args.timeout, args.client_id)
+    # The daemon matches the id alone, not the text: words sent under an id used before are
+    # not queued, and the reply is the first message's.
+    again = sent.duplicate and args.client_id and not args.json
+    said = f"client id {args.client_id} was used before, for message {sent.seq}: nothing new queued"
     if args.no_wait:
         doc: dict[str, Any] = {"seq": sent.seq, "duplicate": sent.duplicate}
-        print(json.dumps(doc) if args.json else f"queued as message {sent.seq}")
+        print(json.dumps(doc) if args.json else said if again else f"queued as message {sent.seq}")
         return exitcodes.OK
+    if again:
+        print(f"ironctl send: {said}; its reply:", file=sys.stderr)
     reply = _answer(stub, args.sid, sent, args.timeout)
     if args.json:
         print(json.dumps({"seq": sent.seq, "reply": to_dict(reply)}))
