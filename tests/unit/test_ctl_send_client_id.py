@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, rpc
+from ironclawd.ctl import exitcodes, rpc, wire
 from ironclawd.ctl.main import main
 
 NO_DAEMON = ["--socket", "/nonexistent/ironclaw-admin.sock"]
@@ -96,3 +96,24 @@ def test_a_repeated_id_says_nothing_new_was_queued(capsys: pytest.CaptureFixture
     out, err = capsys.readouterr()
     assert "queued as message 4" not in out, out
     assert "nothing new queued" in err + out
+
+
+def test_a_repeated_ids_failed_wait_points_at_a_reply_already_in(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate's replies_before is counted now, past the first message's reply: the way to
+    read it that a failed wait prints must look from the start, as the wait itself does."""
+
+    class Cut(Stub):
+        def WatchReplies(self, request: Any, timeout: float) -> Iterator[Any]:
+            Stub.watched_from.append(request.after_seq)
+            raise wire.RpcError(wire.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    Stub.seen["job-18"] = 4
+    monkeypatch.setattr(rpc, "stub_for", Cut)
+    code = main(["send", SID, "hi", "--client-id", "job-18", *NO_DAEMON])
+    err = capsys.readouterr().err
+    assert code == exitcodes.TIMEOUT, err
+    assert Stub.watched_from == [0]
+    assert "message 4 is queued" in err, err
+    assert "after_seq" not in err, err  # 9 would skip the reply to message 4 (seq 4)
