@@ -53,9 +53,9 @@ def _unknown(sid: str) -> str:
             f"reply before sending it again: {_watch_hint(sid, 0)}")  # fmt: skip
 
 
-def _queued(sid: str, sent: admin_pb2.SendMessageResponse) -> str:
-    return (f"message {sent.seq} is queued to session {sid}: do not send it again; its reply, "
-            f"once there: {_watch_hint(sid, sent.replies_before)}")  # fmt: skip
+def _queued(sid: str, seq: int, after: int) -> str:
+    return (f"message {seq} is queued to session {sid}: do not send it again; its reply, "
+            f"once there: {_watch_hint(sid, after)}")  # fmt: skip
 
 
 def _interrupted(what: str) -> None:
@@ -78,7 +78,8 @@ def _answer(
     stub: Stub, sid: str, sent: admin_pb2.SendMessageResponse, timeout: float
 ) -> admin_pb2.Reply:
 
-    # A repeated client id answers the first message's seq, whose reply may be in already.
+    # A repeated client id answers the first message's seq, whose reply may be in already
+    # (the hints below look from there too).
     after = 0 if sent.duplicate else sent.replies_before
     try:
         for reply in _replies(stub, sid, after, timeout):
@@ -86,9 +87,9 @@ def _answer(
                 return reply
     except wire.RpcError as err:
         # The message is queued and will be answered: sent again, it would be a second one.
-        raise failed_call(err, _queued(sid, sent)) from None
+        raise failed_call(err, _queued(sid, sent.seq, after)) from None
     except KeyboardInterrupt:
-        _interrupted(_queued(sid, sent))
+        _interrupted(_queued(sid, sent.seq, after))
         raise
     # A follow stream ends without an error only when the daemon closes it (the session was
     # stopped or removed, the daemon is shutting down): a failure the operator can act on.
@@ -98,7 +99,7 @@ def _answer(
         f"session {sid}: the reply stream ended before the reply to message {sent.seq} "
         "(was the session stopped, or the daemon restarted?); the message stays queued: "
         f"see ironctl session show {sid}; its reply, once there: "
-        f"{_watch_hint(sid, sent.replies_before)}",
+        f"{_watch_hint(sid, after)}",
     )
 
 
