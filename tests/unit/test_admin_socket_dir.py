@@ -48,3 +48,17 @@ def test_a_passable_directory_that_was_there_is_taken_as_it_is(base: Path) -> No
     srv.chmod(0o711)
     ensure_shared_dir(srv, 0o755)
     assert mode(srv) == 0o711
+
+
+def test_a_directory_only_the_admin_group_may_pass_through_is_taken_as_it_is(base: Path) -> None:
+    """0750 (or 0710) root:<admin group> lets exactly the admin group's members reach the
+    socket: tighter than 0755, not a reason to refuse to start. (The group here is root's, gid
+    0: unit tests do not chown.)"""
+    run = base / "run"
+    run.mkdir()
+    run.chmod(0o750)
+    assert os.lstat(run).st_gid == 0
+    ensure_shared_dir(run, 0o755, gid=0)
+    assert mode(run) == 0o750
+    with pytest.raises(HostError, match="mode 0750"):  # another group's members pass: not ours
+        ensure_shared_dir(run, 0o755, gid=4242)
