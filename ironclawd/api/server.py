@@ -65,7 +65,7 @@ async def start_admin_server(config: AdminConfig, servicer: AdminServicer) -> Ad
         ) from None
     run_dir = config.socket.parent
     internal_dir = run_dir / paths.INTERNAL_DIR.name
-    ensure_shared_dir(run_dir, 0o755)
+    ensure_shared_dir(run_dir, 0o755, gid=admin_gid)
     ensure_private_dir(internal_dir, 0o700)
     internal_socket = internal_dir / paths.INTERNAL_ADMIN_SOCKET.name
 

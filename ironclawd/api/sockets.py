@@ -37,24 +37,27 @@ def ensure_private_dir(path: Path, mode: int) -> None:
     os.chmod(path, mode, follow_symlinks=False)
 
 
-def ensure_shared_dir(path: Path, mode: int) -> None:
+def ensure_shared_dir(path: Path, mode: int, *, gid: int | None = None) -> None:
     """A directory others must pass through (the admin socket's): made ``mode`` if missing,
     checked as :func:`ensure_private_dir` checks, but never widened when it was there already:
     ``admin.socket = "/root/ic.sock"`` made /root 0755 (found by a review, stop 50). One that
-    others cannot pass through is refused, naming it and what to do."""
+    others cannot pass through is refused, naming it and what to do; one of group ``gid`` (the
+    admin group's) that its group may pass through is taken too (0750 root:ironclaw-admin)."""
     if not os.path.lexists(path):
         ensure_private_dir(path, mode)
         return
     for ancestor in reversed(path.parents):
         _check_dir(ancestor, allow_sticky=True)
     _check_dir(path, allow_sticky=False)
-    current = stat.S_IMODE(os.lstat(path).st_mode)
-    if not current & stat.S_IXOTH:
+    st = os.lstat(path)
+    current = stat.S_IMODE(st.st_mode)
+    by_group = gid is not None and st.st_gid == gid and current & stat.S_IXGRP
+    if not current & stat.S_IXOTH and not by_group:
         raise HostError(
             f"refusing {path} for the admin socket: mode {current:04o}, so the admin group's "
             "members could not reach the socket, and the daemon does not widen a directory it "
-            "did not make; make it 0755 yourself or pick another admin.socket (default "
-            "/run/ironclaw/admin.sock)"
+            "did not make; make it 0755 (or 0750 and of the admin group) yourself or pick "
+            "another admin.socket (default /run/ironclaw/admin.sock)"
         )
 
 
