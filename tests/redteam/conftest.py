@@ -71,14 +71,31 @@ def journal_cursor(sysd: SystemdHarness) -> str:
 def journal_since(sysd: SystemdHarness, cursor: str, unit: str = "ironclawd.service") -> str:
     """The messages ``unit`` logged after ``cursor``, a line each. Filtered here, not with
     ``-u``: systemd 252's journalctl, given a match and ``--after-cursor`` whose entry does not
-    match, skips the first matching entry (a refusal the daemon logged went unseen, stop 50)."""
-    argv = ["journalctl", "--no-pager", "-o", "json", "--after-cursor", cursor]
+    match, skips the first matching entry (a refusal the daemon logged went unseen, stop 50).
+    As ``-o cat`` did: every message whole (``--all``: JSON makes one over 4096 bytes null),
+    one not UTF-8 decoded (JSON gives its bytes), and, as ``-u`` did, systemd's own lines about
+    the unit (a sandbox unit's exit)."""
+    argv = ["journalctl", "--no-pager", "--all", "-o", "json", "--after-cursor", cursor]
     lines = []
     for raw in out(sysd.run(argv, timeout=60)).splitlines():
         entry = json.loads(raw) if raw.startswith("{") else {}
-        if entry.get("_SYSTEMD_UNIT") == unit and isinstance(entry.get("MESSAGE"), str):
-            lines.append(entry["MESSAGE"])
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):
+            message = bytes(message).decode(errors="replace")
+        if _about(entry, unit) and isinstance(message, str):
+            lines.append(message)
     return "\n".join(lines)
+
+
+def _about(entry: dict[str, Any], unit: str) -> bool:
+    """Whether ``journalctl -u unit`` shows ``entry`` (journalctl(1): the unit's processes, and
+    systemd's and root's messages about it)."""
+    if entry.get("_SYSTEMD_UNIT") == unit:
+        return True
+    if entry.get("_PID") == "1" and entry.get("UNIT") == unit:
+        return True
+    root = entry.get("_UID") == "0"
+    return root and unit in (entry.get("OBJECT_SYSTEMD_UNIT"), entry.get("COREDUMP_UNIT"))
 
 
 def journal_with(sysd: SystemdHarness, cursor: str, needles: Iterable[str],
