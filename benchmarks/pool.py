@@ -8,9 +8,10 @@ the same rounds. Engage = ``ironctl session create --agent A --json`` then ``iro
 TEXT`` until it prints the reply (two processes, as a person or script does); the same in one
 process, ``ironctl chat --agent A`` with the message on standard input (it starts the session,
 prints the reply and ends at the end of its input); and the same over gRPC (CreateSession, then
-SendMessage until the reply arrives on WatchReplies). Before a pooled
-round the benchmark waits (untimed) until the pool holds a ready sandbox: the figure is a claim,
-not a pool that ran dry. Sessions are removed after each round (untimed).
+SendMessage until the reply arrives on WatchReplies). Before every
+round of every way the benchmark waits (untimed) until the pool is full again: the figure is a
+claim, not a pool that ran dry, and no refill runs into the next round (the cold twin's
+included). Sessions are removed after each round (untimed).
 
 Then what a waiting pooled sandbox costs while nobody claims it: the CPU of the pool's ready
 sandboxes (every process of their units, from /proc/<pid>/stat) over ``BENCH_IDLE_SECONDS``
