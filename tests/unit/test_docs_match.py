@@ -119,6 +119,7 @@ def test_the_readme_s_setup_commands_are_what_ci_and_the_makefile_run() -> None:
     block = _setup_block()
     ci_targets = re.findall(r"^make (\w[\w-]*)", _doc(".ci/run"), re.M)
     assert "test" in ci_targets
+    assert "demo" in ci_targets  # the main job runs on every CI run too (stop 50)
     commands = re.findall(r"^    make (\w+)", block, re.M)
     assert commands == ["demo", "test"], commands
     makefile = _doc("Makefile")
