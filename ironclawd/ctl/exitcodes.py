@@ -30,10 +30,12 @@ HELP = """exit codes:
      disk space exhausted: try again later)
   2  bad command line (also: an argument that is not UTF-8, a number out of range)
   3  daemon not reachable (is ironclawd running? systemctl status ironclawd)
-  4  permission denied (join group ironclaw-admin, then log in again)
+  4  permission denied (join group ironclaw-admin, then log in again; or a policy refused
+     it: an agent's permissions or approver group, --by naming someone else, skill verify
+     with a key that did not sign)
   5  not found      6  conflict with current state      7  invalid argument (or input)
   8  timed out      9  internal error (in the daemon, or in ironctl)
-  containment verify: 10 bad or missing signature   11 malformed report
+  containment verify, skill verify: 10 bad or missing signature   11 malformed report
                       12 an attack escaped          13 inconclusive (an attack errored, or
                          the negative control saw no escape)
   130 interrupted (Ctrl-C)    141 standard output was closed early (| head)"""

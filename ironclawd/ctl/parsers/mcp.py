@@ -32,7 +32,10 @@ def register(sub: Any) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     verbs = mcp.add_subparsers(dest="verb", metavar="VERB", required=True)
     add = add_command(
-        verbs, "add", "probe a stdio MCP server, then submit its registration (a human approves)",
+        verbs,
+        "add",
+        "probe an MCP server (stdio, or remote with --url), then submit its registration "
+        "(a human approves)",
         "ironctl mcp add time --agent demo --command /opt/mcp/bin/mcp-server-time\n"
         "  ironctl mcp add time --agent demo --command '/opt/mcp/bin/mcp-server-time "
         "--local-timezone UTC'\n  ironctl mcp add gh --agent demo --credential GITHUB_TOKEN=gh "
