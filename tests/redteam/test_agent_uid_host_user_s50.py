@@ -20,13 +20,11 @@ import pytest
 
 from ironclawd.domain.agents import AGENT_GID, AGENT_UID
 from tests.harness.private_systemd import SystemdHarness
-from tests.redteam.conftest import RUNNING, journal_cursor, journal_with, out, record, sh
+from tests.redteam.conftest import RUNNING, out, sh
 from tests.redteam.report import Ledger
 from tests.redteam.test_attack_hosts import (
-    REFUSAL_LINES,
-    TITLES,
     Target,
-    attack_as,
+    judged_attacks,
     target,  # noqa: F401 - the module's session and its parameters, a fixture
 )
 
@@ -70,31 +68,9 @@ def test_a_host_account_with_the_agents_uid_reaches_nothing_of_a_session(
     owner = out(daemon.run(["stat", "-c", "%u", key])).strip()
     assert owner == str(AGENT_UID), f"control: {key} is owned by {owner}"
 
-    mark = journal_cursor(daemon)
-    sockets = f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"
-    before = out(sh(daemon, sockets))
-    results = attack_as(daemon, agent_uid_user, target.params)
-    after = out(sh(daemon, sockets))
-    journal = journal_with(daemon, mark, REFUSAL_LINES)
-    assert set(results) == set(TITLES)
-    unchanged = before == after
-    escaped = []
-    for attack_id, r in sorted(results.items()):
-        contained = r["ok"] is False and unchanged
-        evidence = f"as the agent's uid {AGENT_UID}: {r['errno'] or 'refused'}: {r['detail']}"
-        if attack_id in ("host-users.model.call", "host-users.gateway.submit"):
-            sock = attack_id.split(".")[1]
-            logged = f"refused a {sock}.sock connection" in journal
-            contained = contained and logged
-            evidence += f"; daemon logged the refusal: {logged}"
-        record(
-            ledger, f"{attack_id}.agent-uid", "host-users",
-            f"{TITLES[attack_id]} (as a host account with the agent's uid)", contained,
-            evidence + ("" if unchanged else "; the sockets dir CHANGED"),
-            stance="host-user", error=r["ok"] is None,
-        )  # fmt: skip
-        if not contained:
-            escaped.append((attack_id, r))
+    escaped = judged_attacks(daemon, ledger, target, agent_uid_user,
+                             f"as the agent's uid {AGENT_UID}", "agent-uid",
+                             " (as a host account with the agent's uid)")  # fmt: skip
     assert target.box.state() == RUNNING
     assert target.box.send("still here").endswith("still here")
     assert not escaped, escaped

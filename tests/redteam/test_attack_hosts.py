@@ -157,30 +157,48 @@ def test_root_control_every_attack_works_for_root(target: Target, daemon: System
 def test_unprivileged_host_user(
     target: Target, daemon: SystemdHarness, ledger: Ledger, user: str
 ) -> None:
-    mark = journal_cursor(daemon)
-    before = out(sh(daemon, f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"))
-    results = attack_as(daemon, user, target.params)
-    after = out(sh(daemon, f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"))
-    journal = journal_with(daemon, mark, REFUSAL_LINES)
+    stance_user = "throwaway" if user == THROWAWAY else user
+    escaped = judged_attacks(daemon, ledger, target, user, f"as {stance_user}", stance_user, "")
     assert target.box.state() == RUNNING
+    # The box still works for its own agent after all that.
+    assert target.box.send("still here").endswith("still here")
+    assert not escaped, escaped
+
+
+def judged_attacks(
+    sysd: SystemdHarness,
+    ledger: Ledger,
+    target: Target,
+    user: str,
+    who: str,
+    suffix: str,
+    title: str,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every attack of host_attacks.py run as ``user``, each recorded (id ``<attack>.<suffix>``,
+    ``title`` after its own), judged contained only if refused, the sockets dir unchanged and,
+    for the model and gateway sockets, the daemon's refusal in its journal; the escapes."""
+    sockets = f"ls -la --time-style=+ /run/ironclaw/sessions/{target.box.sid}"
+    mark = journal_cursor(sysd)
+    before = out(sh(sysd, sockets))
+    results = attack_as(sysd, user, target.params)
+    after = out(sh(sysd, sockets))
+    journal = journal_with(sysd, mark, REFUSAL_LINES)
+    assert set(results) == set(TITLES)
     unchanged = before == after
     escaped = []
-    stance_user = "throwaway" if user == THROWAWAY else user
     for attack_id, r in sorted(results.items()):
         contained = r["ok"] is False and unchanged
-        evidence = f"as {stance_user}: {r['errno'] or 'refused'}: {r['detail']}"
+        evidence = f"{who}: {r['errno'] or 'refused'}: {r['detail']}"
         if attack_id in ("host-users.model.call", "host-users.gateway.submit"):
             sock = attack_id.split(".")[1]
             logged = f"refused a {sock}.sock connection" in journal
             contained = contained and logged
             evidence += f"; daemon logged the refusal: {logged}"
         record(
-            ledger, f"{attack_id}.{stance_user}", "host-users", TITLES[attack_id], contained,
+            ledger, f"{attack_id}.{suffix}", "host-users", TITLES[attack_id] + title, contained,
             evidence + ("" if unchanged else "; the sockets dir CHANGED"),
             stance="host-user", error=r["ok"] is None,
         )  # fmt: skip
         if not contained:
             escaped.append((attack_id, r))
-    # The box still works for its own agent after all that.
-    assert target.box.send("still here").endswith("still here")
-    assert not escaped, escaped
+    return escaped

@@ -67,33 +67,12 @@ ROOT_REFUSED = frozenset(
 # Run as each user with the host's python3 (grpc from the checkout's virtualenv), parameters as
 # JSON on stdin, a JSON map of attack id -> {ok, errno, detail} out: host_attacks.py's shape.
 SCRIPT = r"""
-import errno, json, os, subprocess, sys
+import json, os, subprocess, sys
 import grpc
-
-class Refused(Exception):
-    pass
-
-def attempt(fn):
-    try:
-        detail = fn()
-    except OSError as exc:
-        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-        return {"ok": False, "errno": name, "detail": str(exc)[:300]}
-    except Refused as exc:
-        return {"ok": False, "errno": None, "detail": str(exc)[:300]}
-    except Exception as exc:
-        return {"ok": None, "errno": None, "detail": f"probe error: {exc!r}"[:300]}
-    return {"ok": True, "errno": None, "detail": str(detail)[:300]}
-
-def read(path):
-    with open(path, "rb") as handle:
-        return f"read {len(handle.read(4096))} bytes of {path}"
-
-def plant(directory):
-    path = os.path.join(directory, "planted")
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    os.unlink(path)
-    return f"created a file in {directory}"
+# The attempt wrapper and the read and plant attacks of host_attacks.py, shared (the checkout
+# is on PYTHONPATH; that module runs nothing when imported).
+from tests.redteam.host_attacks import Refused, _attempt as attempt, _create_in as plant
+from tests.redteam.host_attacks import _read as read
 
 def fetch(path):
     with grpc.insecure_channel(f"unix:{path}") as channel:
@@ -240,7 +219,7 @@ def target(egress_world: World) -> Iterator[Target]:  # noqa: F811 - the fixture
 def attack_as(sysd: SystemdHarness, user: str, params: dict[str, Any]) -> dict[str, Any]:
     site = sysd.run([str(ROOT / ".venv/bin/python"), "-c", "import grpc;print(grpc.__file__)"])
     packages = out(site).strip().rsplit("/grpc/", 1)[0]
-    argv = ["env", f"PYTHONPATH={packages}", PYTHON, "-c", SCRIPT]
+    argv = ["env", f"PYTHONPATH={packages}:{ROOT}", PYTHON, "-c", SCRIPT]
     proc = sysd.run(argv, user=user, input=json.dumps(params).encode(), timeout=180)
     assert proc.returncode == 0, out(proc)
     results: dict[str, Any] = json.loads(proc.stdout)

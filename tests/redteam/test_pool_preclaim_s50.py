@@ -29,6 +29,7 @@ from tests.redteam.conftest import (
     Sessions,
     journal_cursor,
     journal_since,
+    module_sessions,
     out,
     record,
     sh,
@@ -45,13 +46,8 @@ REFUSED_CLAIM = "claiming a pooled sandbox for session"
 
 @pytest.fixture
 def pool(daemon: SystemdHarness) -> Iterator[Sessions]:
-    with pooled_daemon(daemon):
-        sessions = Sessions(daemon, pooled=True)
-        try:
-            yield sessions
-        finally:
-            failures = sessions.remove_all()
-            assert not failures, failures
+    with pooled_daemon(daemon), module_sessions(daemon, pooled=True) as sessions:
+        yield sessions
 
 
 def _waiting(sysd: SystemdHarness) -> Sandbox:

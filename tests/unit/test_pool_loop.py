@@ -16,6 +16,20 @@ from ironclawd.errors import HostError
 from tests.unit.test_pool_bookkeeping import PoolWorld, until
 
 
+def fill(world: PoolWorld) -> None:
+    """Start the pool, let it fill to 2, close it and the service."""
+
+    async def go() -> None:
+        world.pool.start()
+        try:
+            await until(lambda: world.ready() == 2)
+        finally:
+            await world.pool.close(grace=0.1)
+            await world.service.close()
+
+    asyncio.run(go())
+
+
 def test_a_state_db_error_in_a_refill_is_logged_and_the_pool_fills_after_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -31,15 +45,7 @@ def test_a_state_db_error_in_a_refill_is_logged_and_the_pool_fills_after_it(
 
     world.store.get = get  # type: ignore[method-assign]
 
-    async def go() -> Any:
-        world.pool.start()
-        try:
-            await until(lambda: world.ready() == 2)
-        finally:
-            await world.pool.close(grace=0.1)
-            await world.service.close()
-
-    asyncio.run(go())
+    fill(world)
     (line,) = [r for r in caplog.records if "pool: refilling" in r.getMessage()]
     assert "disk I/O error" in line.getMessage()
     assert "next try in 1s" in line.getMessage()
@@ -88,15 +94,7 @@ def test_an_agent_of_pool_agents_the_registry_lacks_is_named(
     world = PoolWorld()
     world.pool.configure(PoolConfig(size=2, agents=("demo", "dmeo"), min_available_bytes=0))
 
-    async def go() -> Any:
-        world.pool.start()
-        try:
-            await until(lambda: world.ready() == 2)
-        finally:
-            await world.pool.close(grace=0.1)
-            await world.service.close()
-
-    asyncio.run(go())
+    fill(world)
     named = [r.getMessage() for r in caplog.records if "registry" in r.getMessage()]
     assert named
     assert all(m.startswith("pool: no agent named dmeo in the registry") for m in named)
