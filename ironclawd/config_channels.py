@@ -149,7 +149,8 @@ WEBHOOK_KEYS: Mapping[str, _Key] = {
     "listen": _Key(
         _listen,
         "Webhook: where to listen (IP:port, or unix:/path for a proxy); an address no other "
-        "channel uses, a path outside the daemon's directories and not `admin.socket`.",
+        "channel's takes (::ffff:a.b.c.d is a.b.c.d; 0.0.0.0 takes its port's IPv4 addresses, "
+        "[::] all), a path outside the daemon's directories and not `admin.socket`.",
     ),
     "endpoints": _Key(
         _endpoints, "Webhook: endpoints (POST /hooks/<name>), each with its HMAC key credential."
@@ -206,7 +207,8 @@ def parse_channels(body: Any, source: str) -> tuple[ChannelConfig, ...]:
     return tuple(channels)
 
 
-_Address = str | tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]  # unix path, or IP
+_IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+_Address = str | tuple[_IP, int]  # unix path, or IP (as bound) and port
 
 
 def check_listens(
@@ -219,7 +221,7 @@ def check_listens(
     own = (admin_socket.parent / paths.INTERNAL_DIR.name, paths.INTERNAL_DIR,
            paths.SESSIONS_RUN_DIR, paths.KEYS_RUN_DIR, paths.INGEST_DIR, paths.MOUNTNS_DIR,
            state_dir)  # fmt: skip
-    seen: list[tuple[str, _Address]] = []
+    seen: list[tuple[str, str, _Address]] = []  # channel, its listen, where it binds
     for channel in channels:
         if channel.type != "webhook":
             continue
@@ -235,24 +237,34 @@ def check_listens(
                 _refuse(source, key, f"a socket path outside {inside} (the daemon's own)", listen)
         else:
             host, _, port = listen.rpartition(":")
-            address = (ipaddress.ip_address(host.strip("[]")), int(port))
-        other = next((name for name, a in seen if _clash(a, address)), None)
+            address = (_bound_as(ipaddress.ip_address(host.strip("[]"))), int(port))
+        other = next(((name, value) for name, value, a in seen if _clash(a, address)), None)
         if other is not None:
-            _refuse(source, key, f"an address no other channel listens on (channel '{other}' "
-                    "listens there too)", listen)  # fmt: skip
-        seen.append((channel.name, address))
+            _refuse(source, key, f"an address no other channel listens on (channel '{other[0]}' "
+                    f"listens on {other[1]!r}: the two cannot both bind)", listen)  # fmt: skip
+        seen.append((channel.name, listen, address))
+
+
+def _bound_as(ip: _IP) -> _IP:
+    """The address a socket bound to ``ip`` holds: an IPv4-mapped IPv6 address (::ffff:a.b.c.d)
+    is bound as the IPv4 address, by an IPv6 socket that is not v6-only (host/webhook.py
+    leaves IPV6_V6ONLY as the system has it, off by default), and clashes as that address."""
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip if mapped is None else mapped
 
 
 def _clash(a: _Address, b: _Address) -> bool:
+    """Whether binding ``b`` fails once ``a`` listens (Linux, SO_REUSEADDR as the listener sets
+    it): the same address and port; or the same port and one of them a wildcard taking the
+    other's address: 0.0.0.0 takes every IPv4 address, a dual-stack [::] every address."""
     if isinstance(a, str) or isinstance(b, str):
         return a == b
     (one, port), (two, other_port) = a, b
     if port != other_port:
         return False
-    wildcard = ipaddress.ip_address("::")  # dual-stack: it takes the IPv4 addresses too
-    v4_any = ipaddress.ip_address("0.0.0.0")
-    return (one == two or wildcard in (one, two)
-            or (v4_any in (one, two) and one.version == two.version == 4))  # fmt: skip
+    if one == two or ipaddress.IPv6Address("::") in (one, two):
+        return True
+    return one.version == two.version == 4 and ipaddress.IPv4Address("0.0.0.0") in (one, two)
 
 
 def _refuse(source: str, key: str, expected: str, value: str) -> NoReturn:

@@ -91,3 +91,45 @@ def test_a_listen_socket_reached_through_a_symlinked_directory_is_refused(
         with pytest.raises(ConfigError, match=rf"channels\.{channel}\.listen") as caught:
             parse_config(text, "t.toml")
         assert why in str(caught.value), text
+
+
+# What Linux answers when both bind, the first listening (SO_REUSEADDR as host/webhook.py sets
+# it, net.ipv6.bindv6only=0 as Debian has it): an IPv4-mapped address is its IPv4 address, a
+# wildcard takes every address of its family on the port, [::] those of both families.
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("127.0.0.1:8787", "[::ffff:127.0.0.1]:8787"),
+        ("[::ffff:127.0.0.1]:8787", "127.0.0.1:8787"),
+        ("[::ffff:7f00:1]:8787", "[::ffff:127.0.0.1]:8787"),
+        ("0.0.0.0:8787", "[::ffff:127.0.0.1]:8787"),
+        ("[::ffff:0.0.0.0]:8787", "127.0.0.2:8787"),
+        ("[::ffff:0.0.0.0]:8787", "0.0.0.0:8787"),
+        ("[::]:8787", "0.0.0.0:8787"),
+        ("[::]:8787", "[::1]:8787"),
+        ("[::1]:8787", "[::]:8787"),
+        ("[::]:8787", "[::ffff:0.0.0.0]:8787"),
+    ],
+)
+def test_two_channels_that_would_clash_at_bind_are_refused(first: str, second: str) -> None:
+    text = _hook("first", first) + _hook("second", second)
+    with pytest.raises(ConfigError, match=r"channels\.second\.listen") as caught:
+        parse_config(text, "t.toml")
+    assert f"channel 'first' listens on {first!r}" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("0.0.0.0:8787", "[::1]:8787"),
+        ("[::ffff:0.0.0.0]:8787", "[::1]:8787"),
+        ("[::ffff:127.0.0.1]:8787", "[::1]:8787"),
+        ("[::ffff:127.0.0.1]:8787", "127.0.0.2:8787"),
+        ("[::ffff:127.0.0.1]:8787", "[::ffff:127.0.0.2]:8787"),
+        ("[::ffff:127.0.0.1]:8787", "127.0.0.1:8788"),
+        ("[::]:8787", "0.0.0.0:8788"),
+    ],
+)
+def test_two_channels_that_bind_side_by_side_are_accepted(first: str, second: str) -> None:
+    config = parse_config(_hook("first", first) + _hook("second", second), "t.toml")
+    assert [c.listen for c in config.channels] == [first, second]
