@@ -63,10 +63,19 @@ class InboundWriter:
             _keyed(self._db, key)
             self._db.execute("PRAGMA journal_mode = DELETE")
             self._db.execute("PRAGMA synchronous = FULL")
-            if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
                 self._db.executescript(
                     f"BEGIN IMMEDIATE; {INBOUND_SCHEMA}; "
                     f"PRAGMA user_version = {QUEUE_VERSION}; COMMIT;"
+                )
+            elif version != QUEUE_VERSION:
+                # Another version's file (a downgrade, or a session left by a newer daemon):
+                # appending in this version's format would feed its agent rows it misreads.
+                self._db.close()
+                raise HostError(
+                    f"refusing inbound queue {path}: format version {version}, this ironclawd "
+                    f"writes version {QUEUE_VERSION} (made by another ironclawd version)"
                 )
 
     def append(self, body: str, created_at: float, client_id: str | None) -> tuple[int, bool]:
