@@ -52,6 +52,9 @@ OUTBOUND_SCHEMA = (
     "CREATE TABLE messages (seq INTEGER PRIMARY KEY, in_reply_to INTEGER NOT NULL, "
     "created_at REAL NOT NULL, body TEXT NOT NULL)"
 )
+# The agent's queue format (agent/queues.py QUEUE_VERSION, its user_version): a file of another
+# version (an agent of another ironclawd version, adopted or restarted) is refused, not misread.
+OUTBOUND_VERSION = 1
 READ_ATTEMPTS = 50
 READ_BACKOFF = 0.002
 # Every read of a copy is interrupted once it has used this much of its thread's CPU (SQLite's
@@ -423,6 +426,13 @@ def _select(
         ).fetchall()[0][0]
         if schema != OUTBOUND_SCHEMA:
             raise HostError(f"refusing {OUTBOUND_FILE}: unexpected schema {str(schema)[:120]!r}")
+        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+        if version != OUTBOUND_VERSION:
+            raise HostError(
+                f"refusing {OUTBOUND_FILE}: format version {version}, this ironclawd reads "
+                f"version {OUTBOUND_VERSION} (an agent of another ironclawd version wrote it; "
+                "its replies stay in the file)"
+            )
         # SQLite types are advisory: wrong types come back as NULL, and a body is fetched
         # only when it is text within the cap (its length is known without converting it).
         cursor = conn.execute(
@@ -543,7 +553,7 @@ def restore_outbound(
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as the agent makes it
             conn.execute("BEGIN")
             conn.execute(OUTBOUND_SCHEMA)
-            conn.execute("PRAGMA user_version = 1")
+            conn.execute(f"PRAGMA user_version = {OUTBOUND_VERSION}")
             for row in rows:
                 conn.execute(
                     "INSERT INTO messages (seq, in_reply_to, created_at, body) VALUES (?, ?, ?, ?)",

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import sqlcipher3
 
+from agent import queues as agent_queues
+from agent.queues import Outbound as AgentOutbound
 from ironclawd.errors import HostError
-from ironclawd.store import queues
+from ironclawd.store import outbound, queues
 
 KEY = bytes(range(32))
 
@@ -38,3 +40,30 @@ def test_an_inbound_queue_of_a_newer_version_is_refused_not_appended_to(tmp_path
     assert again.execute("SELECT body FROM messages").fetchall() == [("before the downgrade",)]
     assert again.execute("PRAGMA user_version").fetchone()[0] == queues.QUEUE_VERSION + 1
     again.close()
+
+
+def test_an_outbound_queue_of_another_version_is_refused_its_replies_kept(tmp_path: Path) -> None:
+    """An agent of another version (adopted after an upgrade or a downgrade) wrote its queue in
+    a format this daemon does not know: the read says so, and the rows wait for a daemon that
+    knows it, instead of being taken as this version's."""
+    outdir = tmp_path / "queues" / "s1" / "outbound"
+    outdir.mkdir(parents=True, mode=0o700)
+    path = outdir / outbound.OUTBOUND_FILE
+    agent = AgentOutbound(path, KEY)
+    agent.append(1, "a reply")
+    agent._db.close()
+    _set_version(path, outbound.OUTBOUND_VERSION + 1)
+    reader = outbound.OutboundReader(outdir, KEY, os.getuid(), tmp_path / "scratch", 1 << 20)
+    with pytest.raises(HostError, match=rf"refusing outbound\.db: format version "
+                       rf"{outbound.OUTBOUND_VERSION + 1}, this ironclawd reads version "
+                       rf"{outbound.OUTBOUND_VERSION} .*its replies stay"):  # fmt: skip
+        reader.read_after(0, 10, 1000)
+    _set_version(path, outbound.OUTBOUND_VERSION)
+    assert [row[0] for row in reader.read_after(0, 10, 1000)] == [1]
+    reader.close()
+
+
+def test_the_daemon_and_the_agent_agree_on_the_outbound_format() -> None:
+    assert (outbound.OUTBOUND_SCHEMA, outbound.OUTBOUND_VERSION) == (
+        agent_queues.OUTBOUND_SCHEMA, agent_queues.QUEUE_VERSION,
+    )  # fmt: skip
