@@ -44,6 +44,17 @@ def _keyed(conn: sqlcipher3.Connection, key: bytes) -> None:
     conn.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
 
 
+def _check_version(conn: sqlcipher3.Connection, path: Path, known: tuple[int, ...]) -> None:
+    """Refuse a queue file of a format this agent does not know (an ironclawd of another
+    version made it: its rows would be misread, or written in a format its reader misreads)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in known:
+        raise QueueError(
+            f"refusing {path}: format version {version}, this agent knows version "
+            f"{QUEUE_VERSION} (made by another ironclawd version)"
+        )
+
+
 class Inbound:
     """The agent's one read-only connection to inbound.db, opened and keyed once (a fresh
     connection per message cost more than the read: open, key, schema). SQLite drops its page
@@ -97,6 +108,8 @@ class Inbound:
             try:
                 _keyed(conn, self._key)
                 conn.execute("PRAGMA query_only = ON")
+                # 0: the host has yet to make its table (the read fails, and is tried again).
+                _check_version(conn, self._path, (0, QUEUE_VERSION))
             except BaseException:
                 conn.close()
                 raise
@@ -140,6 +153,7 @@ class Outbound:
         # the tmpfs's 32 MiB. Off: 0.46 MB. What a freed page keeps is ciphertext under the key
         # this process and the host hold anyway.
         self._db.execute("PRAGMA secure_delete = OFF")
+        _check_version(self._db, path, (0, QUEUE_VERSION))
         if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
             # Before the first table: pages that pruning frees can then be given back to the
             # session's tmpfs (a file made by an older agent keeps them for its new rows).

@@ -67,3 +67,40 @@ def test_the_daemon_and_the_agent_agree_on_the_outbound_format() -> None:
     assert (outbound.OUTBOUND_SCHEMA, outbound.OUTBOUND_VERSION) == (
         agent_queues.OUTBOUND_SCHEMA, agent_queues.QUEUE_VERSION,
     )  # fmt: skip
+
+
+def test_the_agent_refuses_an_outbound_queue_of_a_newer_version(tmp_path: Path) -> None:
+    """A session started again by an older daemon runs the older agent on the file the newer
+    agent left on the session's tmpfs: it must not append rows of its format to it."""
+    path = tmp_path / "outbound.db"
+    newer = AgentOutbound(path, KEY)
+    newer.append(1, "a reply")
+    newer._db.close()
+    _set_version(path, agent_queues.QUEUE_VERSION + 1)
+    with pytest.raises(agent_queues.QueueError, match=rf"refusing {path}: format version "
+                       rf"{agent_queues.QUEUE_VERSION + 1}, this agent knows version "
+                       rf"{agent_queues.QUEUE_VERSION}"):  # fmt: skip
+        AgentOutbound(path, KEY)
+    _set_version(path, agent_queues.QUEUE_VERSION)
+    assert AgentOutbound(path, KEY).last_seq() == 1
+
+
+def test_the_agent_refuses_an_inbound_queue_of_another_version_at_once(tmp_path: Path) -> None:
+    """A running agent adopted by a daemon that writes its inbound queue in another format
+    stops with the reason instead of answering rows it misreads (no retries: a version does not
+    change by waiting)."""
+    writer = queues.InboundWriter(tmp_path, KEY, os.getgid())
+    writer.append("hello", 1.0, None)
+    writer.close()
+    path = tmp_path / queues.INBOUND_FILE
+    _set_version(path, agent_queues.QUEUE_VERSION + 1)
+    inbound = agent_queues.Inbound(path, KEY)
+    with pytest.raises(agent_queues.QueueError, match=rf"refusing {path}: format version "):
+        inbound.read_after(0, 1)
+    _set_version(path, agent_queues.QUEUE_VERSION)
+    assert inbound.read_after(0, 1) == [(1, "hello")]
+    inbound.close()
+
+
+def test_the_daemon_and_the_agent_agree_on_the_inbound_version() -> None:
+    assert queues.QUEUE_VERSION == agent_queues.QUEUE_VERSION
