@@ -10,11 +10,14 @@ change the daemon too.
 
 The cache is one JSON file, root-only (0600 in a 0700 directory), written atomically; it keeps
 the latest entry of each kind only, so it cannot grow. A missing, unreadable or malformed cache
-is an empty one. Shared by the bundle and host layers, so it imports nothing of theirs.
+is an empty one, and so is one another build of ironclawd wrote (``_build``): what it learnt came
+from its own parsing, hashing and trials, which this build's may not match. Shared by the bundle
+and host layers, so it imports nothing of theirs.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -23,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ironclawd import __version__
 from ironclawd.atomic import atomic_write
 
 log = logging.getLogger("ironclawd.filecache")
@@ -35,6 +39,14 @@ def file_identity(path: Path) -> str:
     """The identity of ``path`` (symlinks followed: what runs or is read is the target)."""
     st = path.stat()
     return f"{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+
+
+@functools.cache
+def _build() -> str:
+    """The build of ironclawd running: its version and this module's file identity. Installing,
+    upgrading or downgrading the package replaces every file of it (a new inode), so a cache
+    another build wrote is not taken, even of the same version number."""
+    return f"{__version__}\0{file_identity(Path(__file__))}"
 
 
 def tree_identity(roots: Iterable[Path]) -> str:
@@ -73,7 +85,8 @@ class IdentityCache:
         cache that cannot be written is logged and skipped: the next start computes again."""
         entries = self._load()
         entries[kind] = {"key": key, "value": value}
-        data = json.dumps({"version": _VERSION, "entries": entries}, sort_keys=True).encode()
+        doc = {"version": _VERSION, "build": _build(), "entries": entries}
+        data = json.dumps(doc, sort_keys=True).encode()
         try:
             self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self._path.parent, 0o700)
@@ -97,7 +110,11 @@ class IdentityCache:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             return {}
-        if not isinstance(doc, dict) or doc.get("version") != _VERSION:
+        # Another ironclawd's answers are not this one's (see the module's docstring).
+        if not isinstance(doc, dict) or (doc.get("version"), doc.get("build")) != (
+            _VERSION,
+            _build(),
+        ):
             return {}
         entries = doc.get("entries")
         return dict(entries) if isinstance(entries, dict) else {}

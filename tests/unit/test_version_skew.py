@@ -4,6 +4,7 @@ known; it is never read as if it were this version's, nor written over."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import sqlcipher3
 
 from agent import queues as agent_queues
 from agent.queues import Outbound as AgentOutbound
+from ironclawd import filecache
 from ironclawd.errors import HostError
+from ironclawd.filecache import IdentityCache
 from ironclawd.store import outbound, queues
 
 KEY = bytes(range(32))
@@ -104,3 +107,24 @@ def test_the_agent_refuses_an_inbound_queue_of_another_version_at_once(tmp_path:
 
 def test_the_daemon_and_the_agent_agree_on_the_inbound_version() -> None:
     assert queues.QUEUE_VERSION == agent_queues.QUEUE_VERSION
+
+
+def test_a_start_cache_another_build_wrote_is_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What another ironclawd learnt about the same unchanged runsc or agent image came from
+    its parsing, hashing and platform trials: after an upgrade or a downgrade it is learnt
+    again, not taken."""
+    path = tmp_path / "cache" / "start.json"
+    path.parent.mkdir(mode=0o700)
+    # As the version before builds were recorded wrote it.
+    path.write_text(
+        json.dumps({"version": 1, "entries": {"runsc-detect": {"key": "runsc", "value": "old"}}})
+    )
+    assert IdentityCache(path).get("runsc-detect", "runsc") is None
+    monkeypatch.setattr(filecache, "_build", lambda: "0.1.0\0another install")
+    IdentityCache(path).put("runsc-detect", "runsc", "older")
+    monkeypatch.undo()
+    assert IdentityCache(path).get("runsc-detect", "runsc") is None
+    IdentityCache(path).put("runsc-detect", "runsc", "this build's")
+    assert IdentityCache(path).get("runsc-detect", "runsc") == "this build's"
