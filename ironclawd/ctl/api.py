@@ -89,7 +89,9 @@ def open_reflection(socket_path: str, timeout: float | None = None) -> Reflected
         pinned = os.open(socket_path, os.O_PATH | os.O_CLOEXEC)
     except OSError as err:
         raise wire.RpcError(
-            wire.StatusCode.UNAVAILABLE, f"connect to unix:{socket_path}: {err.strerror or err}"
+            wire.StatusCode.UNAVAILABLE,
+            f"connect to unix:{socket_path}: {err.strerror or err}",
+            transport=True,
         ) from None
     try:
         through = f"/proc/self/fd/{pinned}"  # 24 bytes at most: well within sun_path's 108

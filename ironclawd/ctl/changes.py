@@ -147,7 +147,8 @@ def _edit_and_submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
                               f"ironctl change pending; your text is kept in {kept} "
                               f"(--persona-file {kept})") from None  # fmt: skip
         raise wire.RpcError(err.code(), f"{err.details()}; nothing submitted: your text is "
-                            f"kept in {kept} (--persona-file {kept})") from None  # fmt: skip
+                            f"kept in {kept} (--persona-file {kept})",
+                            transport=err.transport) from None  # fmt: skip
 
 
 def cmd_list(args: argparse.Namespace, stub: Stub) -> int:

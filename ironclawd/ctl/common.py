@@ -58,15 +58,18 @@ def failed_call(err: RpcError, what: str) -> StatusError:
     detail = visible(err.details())
     if len(detail) > _DETAIL:  # cut here: the whole message is cut later, and ``what`` is
         detail = f"{detail[:_DETAIL]}... (cut)"  # what the operator must read
-    return StatusError(code, f"{code.lower()}: {detail}; {what}")
+    transport = getattr(err, "transport", None)  # (None: grpcio's, which does not say)
+    return StatusError(code, f"{code.lower()}: {detail}; {what}", transport=transport)
 
 
 class StatusError(CtlError):
     """A daemon's status (``code``, its name: no code of ironctl's own), with its exit code,
-    and a message ironctl wrote: what the failure means for what was asked."""
+    and a message ironctl wrote: what the failure means for what was asked. ``transport``:
+    the failure's own (wire.RpcError), to say what to do about a daemon not reached (rpc.py)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, transport: bool | None = False) -> None:
         super().__init__(code, exitcodes.for_status(code), message)
+        self.transport = transport
 
 
 class UsageError(CtlError):

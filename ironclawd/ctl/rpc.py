@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd import __version__
 from ironclawd.ctl import argtypes, exitcodes, wire
+from ironclawd.ctl.common import StatusError
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace, handler: Callable[[argparse.Namespace, Stub], 
         return handler(args, stub_for(channel))
     except wire.RpcError as err:
         return _report_rpc_error(args, err)
+    except StatusError as err:  # a handler's words on a failed call: what to do is added
+        raise _with_remedy(args.socket, err) from None
     except Exception as err:
         grpc = sys.modules.get("grpc")  # loaded only by ``ironctl api``
         if grpc is not None and isinstance(err, grpc.RpcError):
@@ -59,9 +62,11 @@ def _report_rpc_error(args: argparse.Namespace, err: _Failed) -> int:
     detail: str = err.details() or ""
     exit_code = exitcodes.for_status(code)
     if code == "UNAVAILABLE":
-        detail = _explain_unavailable(args.socket, detail)
-        if detail.startswith("permission denied"):
-            exit_code = exitcodes.PERMISSION
+        # Not in place of ``detail``: a handler's words there say what the command did (a
+        # persona edit's text kept in a file it names), a daemon's what went wrong in it.
+        remedy = unreachable(args.socket, getattr(err, "transport", None))
+        if remedy is not None:
+            detail, exit_code = f"{detail}; {remedy[0]}", remedy[1]
     detail = argtypes.shown_message(detail)
     if args.json:
         print(json.dumps({"error": {"code": code, "message": detail, "exit": exit_code}}))
@@ -70,12 +75,38 @@ def _report_rpc_error(args: argparse.Namespace, err: _Failed) -> int:
     return exit_code
 
 
-def _explain_unavailable(socket_path: str, detail: str) -> str:
-    if not os.path.exists(socket_path):
-        return f"{socket_path} does not exist: is ironclawd running? (systemctl start ironclawd)"
-    if not os.access(socket_path, os.R_OK | os.W_OK):
-        return (
-            f"permission denied on {socket_path}: you are not in group 'ironclaw-admin' "
-            "(ask an administrator: adduser YOU ironclaw-admin; then log in again)"
-        )
-    return f"cannot reach ironclawd on {socket_path}: {detail}"
+def _with_remedy(socket_path: str, err: StatusError) -> StatusError:
+    remedy = unreachable(socket_path, err.transport) if err.code == "UNAVAILABLE" else None
+    if remedy is None:
+        return err
+    said = StatusError(err.code, f"{err}; {remedy[0]}")
+    said.exit_code = remedy[1]
+    return said
+
+
+_RUNNING = "is ironclawd running? (systemctl status ironclawd; ironctl used --socket {})"
+
+
+def unreachable(socket_path: str, transport: bool | None) -> tuple[str, int] | None:
+    """What was wrong when ironctl did not reach the daemon on ``socket_path``, what to do,
+    and the exit code (docs/ironctl.md: 3, or 4 for a socket this user may not use); None for
+    a status the daemon sent (``transport`` False). grpcio's errors (``ironctl api``; None)
+    do not say which they are: only what is found wrong with the socket is said of them."""
+    if transport is False:
+        return None
+    try:
+        os.stat(socket_path)
+    except (FileNotFoundError, NotADirectoryError):
+        return (f"{socket_path} does not exist: {_RUNNING.format(socket_path)}",
+                exitcodes.UNAVAILABLE)  # fmt: skip
+    except PermissionError:
+        pass  # a directory on the way this user may not search
+    else:
+        if os.access(socket_path, os.R_OK | os.W_OK):
+            if not transport:
+                return None
+            return (f"no answer from ironclawd on {socket_path}: "
+                    f"{_RUNNING.format(socket_path)}", exitcodes.UNAVAILABLE)  # fmt: skip
+    return (f"permission denied on {socket_path}: you are not in group 'ironclaw-admin' (ask "
+            "an administrator: adduser YOU ironclaw-admin; then log in again)",
+            exitcodes.PERMISSION)  # fmt: skip

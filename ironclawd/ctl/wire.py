@@ -70,12 +70,16 @@ class StatusCode(enum.IntEnum):
 
 
 class RpcError(Exception):
-    """A call that did not end OK: ``code()`` and ``details()`` as grpcio's errors have them."""
+    """A call that did not end OK: ``code()`` and ``details()`` as grpcio's errors have them.
+    ``transport``: the connection failed (the connect, or the connection lost or broken), as
+    this side found it; not a status the server sent (its own UNAVAILABLE, say, for a channel
+    it cannot reach), which ironctl must not report as a daemon it cannot reach."""
 
-    def __init__(self, code: StatusCode, details: str) -> None:
+    def __init__(self, code: StatusCode, details: str, *, transport: bool = False) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self.transport = transport
 
     def code(self) -> StatusCode:
         return self._code
@@ -310,7 +314,9 @@ class Channel:
             raise _deadline_exceeded() from None
         except OSError as err:
             self.close()
-            raise RpcError(StatusCode.UNAVAILABLE, f"unix:{self.path}: {err}") from None
+            raise RpcError(
+                StatusCode.UNAVAILABLE, f"unix:{self.path}: {err}", transport=True
+            ) from None
 
     def _receive(self, deadline: float | None) -> int:
         """Read once from the socket and apply what came to the calls; the bytes read."""
@@ -381,7 +387,7 @@ class Channel:
     def _fail_all(self, code: StatusCode, details: str) -> None:
         for call in self._calls.values():
             if call.error is None and not call.ended:
-                call.error = RpcError(code, details)
+                call.error = RpcError(code, details, transport=True)
         self._drop_connection()
 
 
@@ -411,7 +417,9 @@ def open_admin_socket(
     except OSError as err:
         sock.close()
         raise RpcError(
-            StatusCode.UNAVAILABLE, f"connect to unix:{shown}: {err.strerror or err}"
+            StatusCode.UNAVAILABLE,
+            f"connect to unix:{shown}: {err.strerror or err}",
+            transport=True,
         ) from None
     except BaseException:
         sock.close()

@@ -132,8 +132,9 @@ def test_a_pinned_socket_that_is_gone_is_unavailable_and_names_the_socket(
     )
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["code"] == "UNAVAILABLE"
-    assert error["message"] == f"{link} does not exist: is ironclawd running? " + (
-        "(systemctl start ironclawd)"
+    assert error["message"] == (
+        f"connect to unix:{link}: No such file or directory; {link} does not exist: is "
+        f"ironclawd running? (systemctl status ironclawd; ironctl used --socket {link})"
     )
 
 
