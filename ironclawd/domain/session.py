@@ -47,6 +47,12 @@ class Session:
     last_active_at: float
     error: str = ""
     platform: str = ""
+    # An approved change's restart of its agent's sessions is under way for this one: set on
+    # each record the restart writes until the session runs again (stopping, stopped,
+    # starting). A stop or a death of the daemon that cuts the restart leaves it stopped so,
+    # and the next start starts it again; the operator's stop clears it. A field of its own,
+    # not a text in ``error``: it is no error, and a text could not be reworded.
+    restarting: bool = False
 
     @property
     def unit(self) -> str:
@@ -94,8 +100,11 @@ def sid_from_netns(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def transition(session: Session, to: State, now: float, error: str = "") -> Session:
-    """Move to ``to`` or raise Conflict naming the illegal move."""
+def transition(
+    session: Session, to: State, now: float, error: str = "", *, restarting: bool = False
+) -> Session:
+    """Move to ``to`` or raise Conflict naming the illegal move. The new record carries the
+    restart's mark only when ``restarting`` says so: any other move clears it."""
     if to not in TRANSITIONS[session.state]:
         raise Conflict(f"session {session.sid}: cannot go from {session.state.value} to {to.value}")
-    return replace(session, state=to, updated_at=now, error=error)
+    return replace(session, state=to, updated_at=now, error=error, restarting=restarting)

@@ -28,7 +28,7 @@ from ironclawd.domain.session import (
 )
 from ironclawd.errors import IronclawError, NotFound
 from ironclawd.services.session_lifecycle import quietly_sync
-from ironclawd.services.sessions import RESTARTING, SessionService, describe
+from ironclawd.services.sessions import SessionService, describe
 
 log = logging.getLogger("ironclawd.reconcile")
 
@@ -161,8 +161,8 @@ async def adopt_locked(service: SessionService, session: Session) -> Session:
 
 async def settle(service: SessionService, session: Session, reason: str) -> Session:
     """Clean up a session a dead daemon left mid-transition: a stop under way is finished
-    (stopped), as is an approved change's restart (stopped, ``RESTARTING``: the change's resume
-    starts it), anything else ends failed with ``reason``."""
+    (stopped), as is an approved change's restart (stopped and still marked
+    ``restarting``: the change's resume starts it), anything else ends failed with ``reason``."""
     async with service.lock(session.sid):
         return await settle_locked(service, session, reason)
 
@@ -173,8 +173,8 @@ async def settle_locked(service: SessionService, session: Session, reason: str) 
         session = service.move(session, State.FAILED, error=reason)
         await service.lifecycle.teardown(session)
         return session
-    if session.error == RESTARTING:
-        return await service.stop_locked(session, State.STOPPED, error=RESTARTING)
+    if session.restarting:
+        return await service.stop_locked(session, State.STOPPED, restarting=True)
     if session.state is State.STOPPING:
         return await service.stop_locked(session, State.STOPPED)
     return await service.stop_locked(session, State.FAILED, error=reason)

@@ -37,13 +37,6 @@ T = TypeVar("T")
 TOUCH_PERSIST_SECONDS = 10.0
 # How many times one start may find its agent's spec replaced under it and start again.
 MAX_RESPECS = 3
-# The error of each record an approved change's restart writes for a session until it runs again
-# (stopping, stopped, starting): a stop or a death of the daemon that cuts the restart leaves it
-# stopped so, and the change's resume at the next start starts it again (unless the operator
-# stopped it since: her stop clears the mark).
-RESTARTING = (
-    "restarting on its agent's new spec: it starts again when the approved change is applied"
-)
 
 
 class SessionService:
@@ -169,8 +162,8 @@ class SessionService:
         async with self.lock(sid):
             session = self._store.get(sid)
             if session.state is State.STOPPED:
-                if session.error == RESTARTING and not idle:  # stopped on purpose: stays so
-                    session = replace(session, error="", updated_at=self._clock.time())
+                if session.restarting and not idle:  # stopped on purpose: stays so
+                    session = replace(session, restarting=False, updated_at=self._clock.time())
                     self._store.save(session)
                     self.audit_event(session, "stopped")
                 return session
@@ -216,7 +209,7 @@ class SessionService:
         They are waited for here, creates not yet stored among them, so that when this returns
         no session of the agent runs, or is about to run, what the old spec granted (a revoked
         mount). A session already running this very spec (started after it was put) is not
-        restarted again; one a restart cut (``RESTARTING``) is started."""
+        restarted again; one a restart cut (``Session.restarting``) is started."""
         creating = set(self._creating.get(agent, ()))
         starting = [
             s.sid for s in self.list_sessions()
@@ -257,12 +250,12 @@ class SessionService:
     async def _restart(self, session: Session, agent: AgentSpec) -> Session:
         try:
             if session.state is State.RUNNING:
-                session = await self.stop_locked(session, State.STOPPED, error=RESTARTING)
-            return await self._start(session, agent, mark=RESTARTING)
+                session = await self.stop_locked(session, State.STOPPED, restarting=True)
+            return await self._start(session, agent, restarting=True)
         except asyncio.CancelledError:  # the daemon stops: its next start finishes the restart
             left = self._store.get(session.sid)
             if left.state in LIVE:
-                await self.stop_locked(left, State.STOPPED, error=RESTARTING)
+                await self.stop_locked(left, State.STOPPED, restarting=True)
             raise
 
     def answered(self, sid: str) -> None:
@@ -312,7 +305,11 @@ class SessionService:
         self._watcher.arm_idle(sid)
         self._watcher.watch(sid)
 
-    async def stop_locked(self, session: Session, final: State, error: str = "") -> Session:
+    async def stop_locked(
+        self, session: Session, final: State, error: str = "", *, restarting: bool = False
+    ) -> Session:
+        """Stop ``session`` and record it ``final`` with ``error``; ``restarting``: an approved
+        change's restart stops it, and each record this writes carries the restart's mark."""
         self._watcher.disarm_idle(session.sid)
         self._built.pop(session.sid, None)
         if session.state is State.CREATING:
@@ -320,15 +317,23 @@ class SessionService:
             # become STOPPING: that first stop failed with Conflict, and only a second one worked.
             # A crash during the teardown leaves it CREATING, which reconcile fails and tears down.
             await self.lifecycle.teardown(session)
-            return self.move(session, final, error=error)
+            return self.move(session, final, error=error, restarting=restarting)
         if session.state is not State.STOPPING:  # a stop a crash interrupted goes on
             # A restart's mark is there from the first record on (reconcile keeps it).
-            session = self.move(session, State.STOPPING, error=_marked(error))
+            session = self.move(session, State.STOPPING, restarting=restarting)
         await self.lifecycle.teardown(session)
-        return self.move(session, final, error=error)
+        return self.move(session, final, error=error, restarting=restarting)
 
-    def move(self, session: Session, to: State, *, error: str = "", platform: str = "") -> Session:
-        moved = transition(session, to, self._clock.time(), error)
+    def move(
+        self,
+        session: Session,
+        to: State,
+        *,
+        error: str = "",
+        platform: str = "",
+        restarting: bool = False,
+    ) -> Session:
+        moved = transition(session, to, self._clock.time(), error, restarting=restarting)
         if platform:
             moved = replace(moved, platform=platform)
         self._store.save(moved)
@@ -337,7 +342,10 @@ class SessionService:
 
     def force_failed(self, session: Session, reason: str) -> Session:
         """Record ``session`` failed whatever state it is in (no transition check)."""
-        failed = replace(session, state=State.FAILED, updated_at=self._clock.time(), error=reason)
+        failed = replace(
+            session, state=State.FAILED, updated_at=self._clock.time(), error=reason,
+            restarting=False,
+        )  # fmt: skip
         self._store.save(failed)
         self.audit_quietly(failed, State.FAILED.value)
         return failed
@@ -408,9 +416,9 @@ class SessionService:
             raise
 
     async def _start(
-        self, session: Session, agent: AgentSpec, pooled: bool = False, *, mark: str = ""
+        self, session: Session, agent: AgentSpec, pooled: bool = False, *, restarting: bool = False
     ) -> Session:
-        session = self.move(session, State.STARTING, error=mark)
+        session = self.move(session, State.STARTING, restarting=restarting)
         sid = session.sid
         try:
             if pooled and not await self.lifecycle.claimable(session):
@@ -545,14 +553,8 @@ class SessionLock(asyncio.Lock):
 
 
 def _restartable(session: Session) -> bool:
-    """Running, or left stopped by a restart that was cut (``RESTARTING``)."""
-    return session.state is State.RUNNING or (
-        session.state is State.STOPPED and session.error == RESTARTING
-    )
-
-
-def _marked(error: str) -> str:
-    return error if error == RESTARTING else ""
+    """Running, or left stopped by a restart that was cut (``Session.restarting``)."""
+    return session.state is State.RUNNING or (session.state is State.STOPPED and session.restarting)
 
 
 def _owned_done(task: asyncio.Task[Any]) -> None:

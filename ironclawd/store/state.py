@@ -25,7 +25,7 @@ from ironclawd.store.translate import translated
 if TYPE_CHECKING:
     from ironclawd.domain.changes import Change
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # The event ids of removed sessions' channel messages kept, newest first: one its channel offers
 # again (a Matrix batch synced again, a webhook sender's retry) is still a duplicate.
 KEEP_GONE_EVENTS = 10_000
@@ -145,13 +145,22 @@ _MIGRATIONS = {
         UPDATE held SET size = length(CAST(text AS BLOB));
         CREATE INDEX held_by_channel ON held (channel, size);
     """,
+    # A session's restart mark (domain/session.py), a column of its own: it was a text in
+    # ``error``, shown as one, and recognised by equality. The text the daemons before this
+    # wrote (exactly, '' being a quote in SQL) becomes the mark.
+    9: """
+        ALTER TABLE sessions ADD COLUMN restarting INTEGER NOT NULL DEFAULT 0;
+        UPDATE sessions SET restarting = 1, error = ''
+            WHERE error = 'restarting on its agent''s new spec: it starts again when the '
+                          || 'approved change is applied';
+    """,
 }
 _CHANGE_COLUMNS = (
     "id, kind, agent, payload, reason, submitter, before, after, hash, created_at, expires_at, "
     "state, decided_by, decided_at, note, drivers"
 )
 # Interpolated into SQL text below: a constant, never input.
-_COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform"
+_COLUMNS = "sid, agent, state, created_at, updated_at, last_active_at, error, platform, restarting"
 
 
 class StateStore:
@@ -218,7 +227,7 @@ class StateStore:
         with self._op(f"inserting session {session.sid}"):
             try:
                 self._db.execute(
-                    f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                    f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                     _row(session),
                 )
             except sqlcipher3.IntegrityError:
@@ -229,7 +238,7 @@ class StateStore:
         with self._op(f"saving session {session.sid}"):
             cur = self._db.execute(
                 "UPDATE sessions SET agent=?, state=?, created_at=?, updated_at=?, "
-                "last_active_at=?, error=?, platform=? WHERE sid=?",
+                "last_active_at=?, error=?, platform=?, restarting=? WHERE sid=?",
                 (*_row(session)[1:], session.sid),
             )
             if cur.rowcount == 1:
@@ -526,14 +535,14 @@ def _change(row: tuple[Any, ...]) -> Change:
 def _row(s: Session) -> tuple[object, ...]:
     return (
         s.sid, s.agent, s.state.value, s.created_at, s.updated_at, s.last_active_at, s.error,
-        s.platform,
+        s.platform, int(s.restarting),
     )  # fmt: skip
 
 
 def _session(row: tuple[object, ...]) -> Session:
-    sid, agent, state, created, updated, active, error, platform = row
+    sid, agent, state, created, updated, active, error, platform, restarting = row
     return Session(
         sid=str(sid), agent=str(agent), state=State(state), created_at=float(created),  # type: ignore[arg-type]
         updated_at=float(updated), last_active_at=float(active), error=str(error),  # type: ignore[arg-type]
-        platform=str(platform),
+        platform=str(platform), restarting=bool(restarting),
     )  # fmt: skip

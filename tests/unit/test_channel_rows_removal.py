@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from ironclawd.domain.session import Session, State
 from ironclawd.ports.channel_records import ChannelMessage, Delivery, Receiving
 from ironclawd.ports.channels import Admission
 from ironclawd.services.inbox import Inbox
@@ -114,7 +113,12 @@ def test_a_schema_6_database_drops_what_removed_sessions_left(tmp_path: Path) ->
     with pytest.MonkeyPatch.context() as patch:  # a state DB of schema 6, filled as it was
         patch.setattr(state, "SCHEMA_VERSION", 6)
         old = StateStore(path, KEY)
-        old.insert(Session(OTHER, "helper", State.RUNNING, 1.0, 1.0, 1.0))  # SID was removed
+        with old.shared("inserting a session as schema 6 did") as db:  # SID was removed
+            db.execute(
+                "INSERT INTO sessions (sid, agent, state, created_at, updated_at, last_active_at) "
+                "VALUES (?, 'helper', 'running', 1.0, 1.0, 1.0)",
+                (OTHER,),
+            )
         records = ChannelState(old)
         for sid, events in ((SID, range(1, 4)), (OTHER, range(4, 6))):
             records.set_channel_session("chat", ROOM, f"chat:{sid}", sid)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ironclawd.api.admin import session_to_proto
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.changes import Change, ChangeState
 from ironclawd.domain.session import Session, State
@@ -21,7 +22,7 @@ from ironclawd.host.mounts import HostMounts
 from ironclawd.services.gateway import Gateway, GatewayPolicy
 from ironclawd.services.reconcile import reconcile
 from ironclawd.services.registry import Registry
-from ironclawd.services.sessions import RESTARTING, SessionService
+from ironclawd.services.sessions import SessionService
 from tests.fakes import FakeClock, MemoryAgents, MemoryChanges, RecordingAudit
 from tests.unit.test_session_service import SID, World
 
@@ -75,7 +76,7 @@ async def _brought_back(daemon: Daemon, change: Change) -> None:
     await daemon.start_again()
     session = daemon.world.store.get(SID)
     assert session.state is State.RUNNING, session
-    assert session.error == ""
+    assert (session.error, session.restarting) == ("", False)
     assert daemon.changes.changes[change.id].state is ChangeState.APPLIED
     assert daemon.registry["demo"].persona == "New."
     await daemon.service.close()
@@ -133,6 +134,30 @@ def test_a_restart_whose_start_the_daemons_stop_cancels_is_finished_at_the_resum
     asyncio.run(go())
 
 
+def test_a_session_a_cut_restart_left_is_marked_and_shows_no_error() -> None:
+    """What ``ironctl session list`` shows of a session whose restart the daemon's stop cut:
+    stopped, no error (the mark was a text in its ERROR column), and marked for the next start."""
+    world = _world(stop_timeout=0.1)
+    changes, agents = MemoryChanges(), MemoryAgents()
+    first = Daemon(world, changes, agents)
+
+    async def go() -> None:
+        await first.service.create("demo", SID)
+        change = first.submit()
+        world.control.hello_gate = asyncio.Event()
+        approving = asyncio.ensure_future(first.gateway.approve(change.id, change.hash, ALICE))
+        await _until(lambda: world.store.get(SID).state is State.STARTING)
+        assert world.store.get(SID).restarting
+        await first.service.close()
+        with pytest.raises(asyncio.CancelledError):
+            await approving
+        left = world.store.get(SID)
+        assert (left.state, left.restarting, left.error) == (State.STOPPED, True, "")
+        assert session_to_proto(left).error == ""
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize("state", [State.STOPPING, State.STOPPED, State.STARTING])
 def test_a_restart_the_daemons_death_cuts_is_finished_at_the_next_start(state: State) -> None:
     """The daemon is killed just after the restart recorded the session ``state``: the next
@@ -161,6 +186,8 @@ def test_a_restart_the_daemons_death_cuts_is_finished_at_the_next_start(state: S
         await first.gateway.approve(change.id, change.hash, ALICE)
         await first.service.close()
         assert left, f"the restart never recorded the session {state.value}"
+        marked = left["rows"][SID]
+        assert (marked.restarting, marked.error) == (True, "")  # a mark, not an error
         assert left["changes"][change.id].state is ChangeState.APPROVED
         again = _world()
         again.store.rows.update(left["rows"])
@@ -182,10 +209,11 @@ def test_a_marked_session_the_operator_stops_is_not_started_by_the_resume() -> N
         service = world.service
         await service.create("demo", SID)
         await service.stop(SID)
-        world.store.save(dataclasses.replace(world.store.get(SID), error=RESTARTING))
+        world.store.save(dataclasses.replace(world.store.get(SID), restarting=True))
         stopped = await service.stop(SID)
         assert stopped.state is State.STOPPED
-        assert stopped.error == ""
+        assert not stopped.restarting
+        assert not world.store.get(SID).restarting
         assert await service.restart_agent_sessions("demo") == []
         assert world.store.get(SID).state is State.STOPPED
         await service.close()

@@ -45,6 +45,18 @@ def test_failure_reason_is_kept_and_cleared() -> None:
     assert transition(failed, State.STARTING, 3.0).error == ""
 
 
+def test_the_restart_mark_is_kept_only_by_a_move_that_says_so() -> None:
+    """Each record a restart writes is marked; any other move (the start's RUNNING, a failure)
+    clears the mark, so a session that runs again is never left marked."""
+    stopping = transition(_session(State.RUNNING), State.STOPPING, 2.0, restarting=True)
+    stopped = transition(stopping, State.STOPPED, 3.0, restarting=True)
+    starting = transition(stopped, State.STARTING, 4.0, restarting=True)
+    assert (stopping.restarting, stopped.restarting, starting.restarting) == (True, True, True)
+    assert (stopped.error, starting.error) == ("", "")
+    assert not transition(starting, State.RUNNING, 5.0).restarting
+    assert not transition(starting, State.FAILED, 5.0, "boom").restarting
+
+
 def test_new_sids_are_valid_and_distinct() -> None:
     sids = {new_sid() for _ in range(500)}
     assert len(sids) == 500

@@ -72,3 +72,39 @@ def test_a_schema_4_database_is_migrated_keeping_its_data(tmp_path: Path) -> Non
     store.set_pruned("abcd1234", 256)
     store.close()
     assert StateStore(path, KEY).pruned("abcd1234") == 256
+
+
+def test_the_restart_mark_persists_as_a_field_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path, KEY)
+    store.insert(_session())
+    marked = transition(transition(_session(), State.FAILED, 2.0), State.STOPPED, 3.0)
+    store.save(transition(marked, State.STARTING, 4.0, restarting=True))
+    store.close()
+    got = StateStore(path, KEY).get("abcd1234")
+    assert (got.state, got.restarting, got.error) == (State.STARTING, True, "")
+
+
+def test_a_schema_8_restart_mark_in_error_becomes_the_restarting_field(tmp_path: Path) -> None:
+    """A daemon before schema 9 marked a session its change's restart had stopped with a text
+    in ``error``; it is the mark after the upgrade, and no error any more (a cut restart it
+    left is still started by the next start). Any other error stays an error."""
+    old_text = (
+        "restarting on its agent's new spec: it starts again when the approved change is applied"
+    )
+    path = tmp_path / "state.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(state, "SCHEMA_VERSION", 8)
+        old = StateStore(path, KEY)
+        with old.shared("writing sessions as schema 8 did") as db:
+            for sid, error in (("abcd1234", old_text), ("efgh5678", "sandbox exited")):
+                db.execute(
+                    "INSERT INTO sessions (sid, agent, state, created_at, updated_at, "
+                    "last_active_at, error) VALUES (?, 'demo', 'stopped', 1.0, 1.0, 1.0, ?)",
+                    (sid, error),
+                )
+        old.close()
+    store = StateStore(path, KEY)
+    marked, other = store.get("abcd1234"), store.get("efgh5678")
+    assert (marked.restarting, marked.error) == (True, "")
+    assert (other.restarting, other.error) == (False, "sandbox exited")
