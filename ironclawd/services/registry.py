@@ -14,6 +14,7 @@ from ironclawd.domain.egress import rule_from_mapping
 from ironclawd.domain.mcp import McpGrant, McpServer, McpToolDef
 from ironclawd.domain.packages import AgentPackage
 from ironclawd.domain.skills import AgentSkill, SkillFile, SkillGrants
+from ironclawd.errors import HostError
 from ironclawd.ports import AgentRecords, Clock
 
 
@@ -22,7 +23,44 @@ def spec_to_json(spec: AgentSpec) -> str:
 
 
 def spec_from_json(text: str) -> AgentSpec:
+    """An agent as stored. A record holding what this version does not know (fields a newer
+    ironclawd added, then a downgrade) is refused, naming them: read without them it would be
+    misread (a newer restriction ignored), and written back without them, lost for good."""
     raw: dict[str, Any] = json.loads(text)
+    name = raw.get("name") if isinstance(raw, dict) else None
+    try:
+        spec = _spec(raw)
+    except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        raise HostError(
+            f"agent {name!r} in the registry: a record this ironclawd cannot read ({exc}); "
+            "written by another version?"
+        ) from None
+    unknown = _unknown(raw, json.loads(spec_to_json(spec)), "")
+    if unknown:
+        raise HostError(
+            f"agent {name!r} in the registry: {', '.join(unknown[:5])} not known to this "
+            "ironclawd (written by a newer version?): refusing to read it without them"
+        )
+    return spec
+
+
+def _unknown(stored: object, read: object, where: str) -> list[str]:
+    """Where ``stored`` (a record as stored) holds what ``read`` (it read back, written again)
+    lacks or holds otherwise. Keys only ``read`` has are fields older records predate."""
+    if isinstance(stored, dict) and isinstance(read, dict):
+        lost: list[str] = []
+        for key, value in stored.items():
+            at = f"{where}.{key}" if where else str(key)
+            lost += _unknown(value, read[key], at) if key in read else [at]
+        return lost
+    if isinstance(stored, list) and isinstance(read, list) and len(stored) == len(read):
+        return [
+            at for i, item in enumerate(stored) for at in _unknown(item, read[i], f"{where}[{i}]")
+        ]
+    return [] if stored == read else [where or "the record"]
+
+
+def _spec(raw: dict[str, Any]) -> AgentSpec:
     known = {f.name for f in dataclasses.fields(AgentSpec)}
     values: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
