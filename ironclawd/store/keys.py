@@ -53,8 +53,15 @@ class MasterKey:
         return WRAP_VERSION + nonce + sealed
 
     def unwrap(self, sid: str, wrapped: bytes) -> bytes:
-        if not wrapped.startswith(WRAP_VERSION) or len(wrapped) != 1 + NONCE_BYTES + 48:
-            raise HostError(f"session {sid}: wrapped key has an unknown format")
+        if not wrapped.startswith(WRAP_VERSION):
+            found = f"version {wrapped[0]}" if wrapped else "an empty value"
+            raise HostError(
+                f"session {sid}: wrapped key of format {found}, this ironclawd knows version "
+                f"{WRAP_VERSION[0]} (wrapped by another ironclawd version)"
+            )
+        if len(wrapped) != 1 + NONCE_BYTES + 48:
+            raise HostError(f"session {sid}: wrapped key of {len(wrapped)} bytes, expected "
+                            f"{1 + NONCE_BYTES + 48}")  # fmt: skip
         nonce, sealed = wrapped[1 : 1 + NONCE_BYTES], wrapped[1 + NONCE_BYTES :]
         try:
             return AESGCM(self._wrapping_key()).decrypt(nonce, sealed, _aad(sid))

@@ -17,6 +17,7 @@ from ironclawd import filecache
 from ironclawd.errors import HostError
 from ironclawd.filecache import IdentityCache
 from ironclawd.store import outbound, queues
+from ironclawd.store.keys import MasterKey
 
 KEY = bytes(range(32))
 
@@ -128,3 +129,13 @@ def test_a_start_cache_another_build_wrote_is_not_trusted(
     assert IdentityCache(path).get("runsc-detect", "runsc") is None
     IdentityCache(path).put("runsc-detect", "runsc", "this build's")
     assert IdentityCache(path).get("runsc-detect", "runsc") == "this build's"
+
+
+def test_a_session_key_wrapped_in_another_format_is_refused_naming_both_versions() -> None:
+    master = MasterKey(bytes(32), "test")
+    wrapped = master.wrap("abcd1234", bytes(range(32)))
+    assert master.unwrap("abcd1234", wrapped) == bytes(range(32))
+    newer = bytes([wrapped[0] + 1]) + wrapped[1:]
+    with pytest.raises(HostError, match=r"session abcd1234: wrapped key of format version 2, "
+                       r"this ironclawd knows version 1"):  # fmt: skip
+        master.unwrap("abcd1234", newer)
