@@ -3,9 +3,10 @@
 Before domain code runs, :func:`check_request` walks the request: strings have bounded length,
 no NUL (outside message text) and, in ``*_json`` fields, JSON of bounded depth with finite
 numbers, int64 integers and no lone surrogates; integers fit SQLite's int64; enums are known;
-repeated fields are bounded. :func:`guard` runs a handler: domain errors keep their status
-(api/status.py), anything unexpected becomes INTERNAL with a fixed message and an error id that
-the journal records with the traceback. Every message sent back is clipped (:func:`clip`).
+repeated fields are bounded, each and all of them together. :func:`guard` runs a handler:
+domain errors keep their status (api/status.py), anything unexpected becomes INTERNAL with a
+fixed message and an error id that the journal records with the traceback. Every message sent
+back is clipped (:func:`clip`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ MAX_ID_CHARS = 256  # sid, id, agent, name, kind, hash, state, client_id
 MAX_TEXT_CHARS = 16 * 1024 * 1024
 MAX_JSON_DEPTH = 32
 MAX_REPEATED = 10_000
+# Items of repeated fields in one request, all fields together. Each field under MAX_REPEATED
+# still let 4 MiB hold 2M empty tool calls, whose walk and conversion held the event loop ~3 s
+# a call (found by a review); the walk stops before it goes past this many.
+MAX_ITEMS = 10_000
 INT64_MAX = 2**63 - 1
 # Free text: NUL is data there (a message may carry anything the operator typed).
 _TEXT_FIELDS = frozenset({"text", "persona", "description", "body"})
@@ -49,10 +54,12 @@ def clip(value: object, limit: int = ECHO_CHARS) -> str:
 
 def check_request(request: Message) -> None:
     """InvalidArgument naming the first field that is out of shape (see the module doc)."""
-    _check_message(request, "", 0)
+    _check_message(request, "", 0, [MAX_ITEMS])
 
 
-def _check_message(msg: Message, prefix: str, depth: int) -> None:
+def _check_message(msg: Message, prefix: str, depth: int, items_left: list[int]) -> None:
+    """``items_left``: how many more repeated items the request may hold (one counter for the
+    whole walk, taken from before a field's items are looked at)."""
     if depth > 8:
         raise InvalidArgument(f"{prefix or 'request'}: nested too deeply")
     for field, value in msg.ListFields():
@@ -60,16 +67,23 @@ def _check_message(msg: Message, prefix: str, depth: int) -> None:
         if field.is_repeated:
             if len(value) > MAX_REPEATED:
                 raise InvalidArgument(f"{name}: at most {MAX_REPEATED} items")
+            items_left[0] -= len(value)
+            if items_left[0] < 0:
+                raise InvalidArgument(
+                    f"{name}: more than {MAX_ITEMS} items in the request's repeated fields"
+                )
             for index, item in enumerate(value):
-                _check_value(field, item, f"{name}[{index}]", depth)
+                _check_value(field, item, f"{name}[{index}]", depth, items_left)
         else:
-            _check_value(field, value, name, depth)
+            _check_value(field, value, name, depth, items_left)
 
 
-def _check_value(field: FieldDescriptor, value: Any, name: str, depth: int) -> None:
+def _check_value(
+    field: FieldDescriptor, value: Any, name: str, depth: int, items_left: list[int]
+) -> None:
     kind = field.type
     if kind == FieldDescriptor.TYPE_MESSAGE:
-        _check_message(value, f"{name}.", depth + 1)
+        _check_message(value, f"{name}.", depth + 1, items_left)
     elif kind == FieldDescriptor.TYPE_STRING:
         _check_string(field.name, value, name)
     elif kind == FieldDescriptor.TYPE_ENUM:

@@ -15,6 +15,8 @@ from ironclaw.model.v1 import model_pb2
 from ironclawd.api.boundary import (
     CACHED_JSON_CHARS,
     ECHO_CHARS,
+    MAX_ITEMS,
+    MAX_REPEATED,
     Undecodable,
     _schema_verdict,
     check_json,
@@ -139,3 +141,16 @@ def test_only_tool_schemas_have_their_verdict_kept_and_each_refusal_names_its_ow
         with pytest.raises(InvalidArgument, match=r"parameters_json: JSON nested deeper than 32"):
             check_request(request(deep))
     assert _schema_verdict.cache_info().currsize == after.currsize + 1  # the bad one, not deep
+
+
+def test_repeated_items_are_bounded_over_the_whole_request_not_only_per_field() -> None:
+    """Each field under MAX_REPEATED, but 2M empty tool calls in all fit in 4 MiB: walking and
+    converting them held the event loop ~3 s per call (found by a review), at 50 calls a
+    second. The walk now stops once the request holds more than MAX_ITEMS items in all."""
+    assert MAX_ITEMS == MAX_REPEATED
+    calls = [model_pb2.ToolCall() for _ in range(MAX_REPEATED - 1)]
+    message = model_pb2.Message(role=model_pb2.ROLE_ASSISTANT, tool_calls=calls)
+    check_request(model_pb2.CompleteRequest(messages=[message]))  # MAX_ITEMS in all: taken
+    whole = model_pb2.CompleteRequest(messages=[message] * 3)
+    with pytest.raises(InvalidArgument, match=rf"^messages\[0\]\.tool_calls: .* {MAX_ITEMS} "):
+        check_request(whole)
