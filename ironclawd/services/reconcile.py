@@ -38,6 +38,7 @@ class ReconcileReport:
     adopted: list[str] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)  # "unit ironclaw-sbx-x.service", ...
+    restarted: list[str] = field(default_factory=list)  # a cut restart left them stopped
 
     def summary(self) -> str:
         return (
@@ -82,12 +83,19 @@ async def claim(service: SessionService) -> Recovery:
 async def reconcile(service: SessionService, recovery: Recovery | None = None) -> ReconcileReport:
     """Settle every session ``recovery`` claimed (``claim`` when None) from what the host shows
     (``decide``); a session that cannot be settled is marked failed and logged, never an error
-    for the daemon's start. Each claimed lock is released as soon as its session is settled."""
+    for the daemon's start. Each claimed lock is released as soon as its session is settled.
+    Then each session an approved change's restart left stopped and marked is started (the
+    change's resume finds it running the new spec): no mark outlives the start."""
     recovery = recovery if recovery is not None else await claim(service)
     try:
-        return await _reconcile(service, recovery)
+        report = await _reconcile(service, recovery)
     finally:
         recovery.release_all()
+    report.restarted = await service.finish_restarts()
+    if report.restarted:
+        log.info("reconcile: started %d session(s) a cut restart left stopped: %s",
+                 len(report.restarted), ", ".join(report.restarted))  # fmt: skip
+    return report
 
 
 async def _reconcile(service: SessionService, recovery: Recovery) -> ReconcileReport:
@@ -161,8 +169,8 @@ async def adopt_locked(service: SessionService, session: Session) -> Session:
 
 async def settle(service: SessionService, session: Session, reason: str) -> Session:
     """Clean up a session a dead daemon left mid-transition: a stop under way is finished
-    (stopped), as is an approved change's restart (stopped and still marked
-    ``restarting``: the change's resume starts it), anything else ends failed with ``reason``."""
+    (stopped), as is an approved change's restart (stopped and still marked ``restarting``:
+    ``reconcile`` then starts it), anything else ends failed with ``reason``."""
     async with service.lock(session.sid):
         return await settle_locked(service, session, reason)
 

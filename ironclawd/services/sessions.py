@@ -234,14 +234,32 @@ class SessionService:
                 log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
         return restarted
 
-    async def _restart_cmd(self, sid: str) -> bool:
+    async def finish_restarts(self) -> list[str]:
+        """Start every session a cut restart left stopped and marked (``Session.restarting``)
+        on its agent's spec: at the daemon's start, once ``reconcile`` has settled what the last
+        run left. The resume of the change started one only while the change was approved: one
+        whose restart could not record its end (a full disk) but whose change was recorded
+        applied stayed down, and marked, until the agent's next change."""
+        restarted: list[str] = []
+        for session in self.list_sessions():
+            if not _cut(session):
+                continue
+            try:
+                if await self._owned(self._restart_cmd(session.sid, cut_only=True)):
+                    restarted.append(session.sid)
+            except IronclawError as exc:
+                log.error("finishing the restart of session %s: %s", session.sid, exc)
+        return restarted
+
+    async def _restart_cmd(self, sid: str, cut_only: bool = False) -> bool:
         """Stop ``sid`` and start it on its agent's spec, under its lock throughout; False if it
-        is no longer to restart (stopped or removed since). Stopped in one command and started
-        in the next, a session stayed stopped when the daemon's stop refused or cancelled the
-        start, or its death cut it, and the change's resume restarted only running sessions."""
+        is no longer to restart (stopped or removed since; ``cut_only``: not stopped and marked
+        any more). Stopped in one command and started in the next, a session stayed stopped
+        when the daemon's stop refused or cancelled the start, or its death cut it, and the
+        change's resume restarted only running sessions."""
         async with self.lock(sid):
             session = self._store.get(sid)
-            if not _restartable(session):
+            if not (_cut(session) if cut_only else _restartable(session)):
                 return False
             agent = find_agent(self._agents, session.agent)
             await self._guarded(sid, "restarting", self._restart(session, agent))
@@ -553,8 +571,13 @@ class SessionLock(asyncio.Lock):
 
 
 def _restartable(session: Session) -> bool:
-    """Running, or left stopped by a restart that was cut (``Session.restarting``)."""
-    return session.state is State.RUNNING or (session.state is State.STOPPED and session.restarting)
+    """Running, or left stopped by a restart that was cut."""
+    return session.state is State.RUNNING or _cut(session)
+
+
+def _cut(session: Session) -> bool:
+    """Left stopped by a restart that was cut (``Session.restarting``)."""
+    return session.state is State.STOPPED and session.restarting
 
 
 def _owned_done(task: asyncio.Task[Any]) -> None:
