@@ -46,13 +46,14 @@ def _payload(args: argparse.Namespace) -> str:
 MAX_PERSONA_BYTES = 4 * 16_000
 
 
-def _persona_from_file(args: argparse.Namespace) -> None:
+def _persona_from_file(args: argparse.Namespace) -> bytes:
     try:
         data = read_file(args.persona_file, MAX_PERSONA_BYTES)
         args.persona = decode_stdin(data).removesuffix("\n")
     except OSError as exc:
         raise CtlError("INVALID_INPUT", exitcodes.INVALID,
                        f"--persona-file {args.persona_file}: {exc.strerror}") from None  # fmt: skip
+    return data
 
 
 # The kinds ironctl opens in $EDITOR when no payload is given: a persona is one text, the
@@ -94,8 +95,7 @@ def show_change(
 
 
 def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
-    if args.persona_file is not None:
-        _persona_from_file(args)
+    from_file = None if args.persona_file is None else _persona_from_file(args)
     if _persona_missing(args) and not editor.on_terminal():
         raise UsageError(
             "change submit --kind persona: no persona given, and no editor can open off a "
@@ -103,6 +103,11 @@ def cmd_submit(args: argparse.Namespace, stub: Stub) -> int:
         )
     confirm_caller(args, stub)
     change = _edit_and_submit(args, stub) if _persona_missing(args) else _submit(args, stub)
+    # An edit ironctl kept, submitted now: the pending change holds its text.
+    forgot = from_file is not None and editor.forget_kept(args.persona_file, from_file)
+    if forgot and not args.json:
+        print(f"removed {args.persona_file}: the edit kept there is change {change.id} now",
+              file=sys.stderr)  # fmt: skip
     if not args.json:
         print(f"change {change.id} is pending a human decision")
     show_change(args, change)
@@ -124,31 +129,40 @@ def _persona(args: argparse.Namespace, stub: Stub) -> str:
 
 def _edit_and_submit(args: argparse.Namespace, stub: Stub) -> admin_pb2.Change:
     """Edit the agent's persona in $EDITOR and submit it. An edit takes minutes: a persona
-    changed meanwhile is not overwritten by text written from the old one, and the text is
-    kept in a file whenever it is not submitted (the daemon refused it, or is gone)."""
+    changed meanwhile is not overwritten by text written from the old one. The edit's file is
+    kept whenever the text is not submitted (the daemon refused it, or is gone, or Ctrl-C
+    came), and named; it is removed once the text is submitted."""
     original = _persona(args, stub)
-    args.persona = editor.edit(original, f"persona of {args.agent}", ".md")
+    edit = editor.edit(original, f"persona of {args.agent}", ".md")
+    args.persona, kept = edit.text, editor.kept(edit.path)
     reread = False  # the persona was read again: an error after it is the submit's
     try:
         if _persona(args, stub) != original:
-            kept = editor.keep(args.persona, ".md")
             raise CtlError("FAILED_PRECONDITION", exitcodes.CONFLICT,
                            f"the persona of {args.agent} changed while it was edited (a "
                            "change was applied): nothing submitted, as it would undo that; "
-                           f"your text is kept in {kept}: compare it with the persona now "
+                           f"your text is kept in {edit.path}: compare it with the persona now "
                            f"(ironctl agent show {args.agent}), then submit it with "
-                           f"--persona-file {kept}")  # fmt: skip
+                           f"--persona-file {edit.path}")  # fmt: skip
         reread = True
-        return _submit(args, stub)
+        change = _submit(args, stub)
     except wire.RpcError as err:
-        kept = editor.keep(args.persona, ".md")
         if reread and outcome_unknown(err):  # the daemon may have stored it all the same
-            raise failed_call(err, "whether the persona change was submitted is not known: see "
-                              f"ironctl change pending; your text is kept in {kept} "
-                              f"(--persona-file {kept})") from None  # fmt: skip
-        raise wire.RpcError(err.code(), f"{err.details()}; nothing submitted: your text is "
-                            f"kept in {kept} (--persona-file {kept})",
+            raise failed_call(err, f"{_SUBMITTED_UNKNOWN}; {kept}") from None
+        raise wire.RpcError(err.code(), f"{err.details()}; nothing submitted: {kept}",
                             transport=err.transport) from None  # fmt: skip
+    except KeyboardInterrupt:  # (main() ends with 130, quietly)
+        editor.interrupted(
+            f"{_SUBMITTED_UNKNOWN}; {kept}" if reread else f"nothing submitted: {kept}"
+        )
+        raise
+    editor.discard(edit.path)
+    return change
+
+
+_SUBMITTED_UNKNOWN = (
+    "whether the persona change was submitted is not known: see ironctl change pending"
+)
 
 
 def cmd_list(args: argparse.Namespace, stub: Stub) -> int:

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,21 @@ class Daemon:
 def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(rpc, "stub_for", Daemon)
     monkeypatch.setattr(editor, "on_terminal", lambda: True)
-    monkeypatch.setattr(editor, "edit", lambda original, what, suffix=".txt": EDITED)
+    monkeypatch.setattr(editor, "edit", edited_as(EDITED))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def edited_as(text: str) -> Callable[..., editor.Edit]:
+    """editor.edit, the editor closed with ``text`` written: the file stays, as the real
+    one leaves it (0600, in the temporary directory) for the caller to keep or remove."""
+
+    def edit(original: str, what: str, suffix: str = ".txt") -> editor.Edit:
+        fd, path = tempfile.mkstemp(prefix="ironctl-", suffix=suffix)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return editor.Edit(text, path)
+
+    return edit
 
 
 def test_a_persona_changed_during_the_edit_is_not_overwritten_and_the_text_is_kept(

@@ -22,6 +22,7 @@ import pytest
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import editor, exitcodes, rpc, wire
 from ironclawd.ctl.main import main
+from tests.unit.test_ctl_steps_persona_edit import edited_as
 from tests.unit.test_ctl_wire import Servicer, serve
 
 HINT = "is ironclawd running? (systemctl status ironclawd"
@@ -81,7 +82,7 @@ def test_a_persona_edit_that_finds_the_daemon_gone_names_the_file_its_text_is_ke
     kept_in.mkdir()
     monkeypatch.setattr(rpc, "stub_for", Daemon)
     monkeypatch.setattr(editor, "on_terminal", lambda: True)
-    monkeypatch.setattr(editor, "edit", lambda original, what, suffix=".txt": "You are terse.")
+    monkeypatch.setattr(editor, "edit", edited_as("You are terse."))
     monkeypatch.setattr(tempfile, "tempdir", str(kept_in))
     argv = ["change", "submit", "--kind", "persona", "--agent", "demo", "--socket", path]
     assert main(argv) == exitcodes.UNAVAILABLE

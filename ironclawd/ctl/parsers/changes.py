@@ -58,9 +58,14 @@ def register(sub: Any) -> None:
     persona.add_argument("--persona", action=_Apart,
                          help="shortcut for a persona payload: the text, or - for "
                          "standard input; without it (and --payload), $EDITOR opens on the "
-                         "current persona when run on a terminal")  # fmt: skip
+                         "current persona when run on a terminal, and an edit not submitted "
+                         "(refused, no answer, Ctrl-C) is kept in a private file ironctl "
+                         "names")  # fmt: skip
     persona.add_argument("--persona-file", metavar="FILE", action=_Apart,
-                         help="the persona from a UTF-8 file (at most 64000 bytes)")  # fmt: skip
+                         help="the persona from a UTF-8 file (at most 64000 bytes); a file "
+                         "ironctl kept an edit in is removed once submitted from, unless "
+                         "changed meanwhile; one you do not submit is yours to "
+                         "remove")  # fmt: skip
     submit.add_argument("--tools", action=_Apart,
                         help="shortcut for a tools payload: comma-separated names")  # fmt: skip
     submit.add_argument("--reason", help="why (shown to the approver)")
