@@ -654,17 +654,32 @@ def peer_in_unit(sock: socket.socket, unit: str) -> bool:
         ratelog.warning(log, unit, "peer check failed", "checking a peer of %s (pid %d): %s",
                         unit, pid, exc)  # fmt: skip
         return False
-    return unit_cgroup(root, unit) in cgroup_paths(text)
+    return in_unit_cgroup(text, root, unit)
 
 
-def cgroup_paths(text: str) -> set[str]:
-    """The paths of a /proc/<pid>/cgroup text, one per hierarchy ("id:controllers:path")."""
+def in_unit_cgroup(text: str, root: str, unit: str) -> bool:
+    """Whether a /proc/<pid>/cgroup text puts the process in ``unit``'s own cgroup: in every
+    hierarchy systemd manages, and there is at least one."""
+    placed = systemd_paths(text)
+    return bool(placed) and placed == {unit_cgroup(root, unit)}
+
+
+def systemd_paths(text: str) -> set[str]:
+    """The paths of a /proc/<pid>/cgroup text in the hierarchies systemd manages (the unified
+    one, ``0::``, and v1's ``name=systemd``): where systemd put the process. A controller's
+    own v1 hierarchy (``4:memory:/...``) is left out: systemd is not what places a process
+    there, so its path says nothing of the unit."""
     found = set()
     for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[2].startswith("/"):
-            found.add(parts[2])
+        hierarchy_id, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if _systemd_hierarchy(hierarchy_id, controllers) and path.startswith("/"):
+            found.add(path)
     return found
+
+
+def _systemd_hierarchy(hierarchy_id: str, controllers: str) -> bool:
+    return (hierarchy_id == "0" and controllers == "") or controllers == "name=systemd"
 
 
 def systemd_root(pid1_cgroup: str) -> str:
@@ -673,7 +688,7 @@ def systemd_root(pid1_cgroup: str) -> str:
     for line in pid1_cgroup.splitlines():
         hierarchy_id, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if (hierarchy_id == "0" and controllers == "") or controllers == "name=systemd":
+        if _systemd_hierarchy(hierarchy_id, controllers):
             return posixpath.dirname(path).rstrip("/")
     raise HostError("reading /proc/1/cgroup: no systemd hierarchy (is PID 1 systemd?)")
 

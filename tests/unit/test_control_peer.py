@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ironclawd.api.control import cgroup_paths, systemd_root, unit_cgroup
+from ironclawd.api.control import in_unit_cgroup, systemd_root
 from ironclawd.errors import HostError
 
 UNIT = "ironclaw-sbx-ab12cd34ef56.service"
@@ -30,7 +30,9 @@ def test_systemd_root_refuses_a_pid1_without_systemd_hierarchy() -> None:
 
 def test_the_units_own_cgroup_matches() -> None:
     text = f"1:name=systemd:/ironclaw.slice/{UNIT}\n0::/ironclaw.slice/{UNIT}\n"
-    assert unit_cgroup("", UNIT) in cgroup_paths(text)
+    assert in_unit_cgroup(text, "", UNIT)
+    assert in_unit_cgroup(f"12:memory:/\n{text}", "", UNIT)
+    assert in_unit_cgroup(f"0::/ironclaw-test-1/ironclaw.slice/{UNIT}\n", "/ironclaw-test-1", UNIT)
 
 
 @pytest.mark.parametrize(
@@ -45,4 +47,19 @@ def test_the_units_own_cgroup_matches() -> None:
     ],
 )
 def test_a_cgroup_that_only_ends_like_the_unit_does_not_match(path: str) -> None:
-    assert unit_cgroup("", UNIT) not in cgroup_paths(f"0::{path}\n1:name=systemd:{path}\n")
+    assert not in_unit_cgroup(f"0::{path}\n1:name=systemd:{path}\n", "", UNIT)
+
+
+def test_a_controller_hierarchy_alone_does_not_place_a_peer_in_the_unit() -> None:
+    """Only the hierarchies systemd manages say where systemd put a process: a v1
+    controller's own hierarchy (cpu, memory) naming the unit's path, with the systemd
+    hierarchies elsewhere, is not the unit."""
+    elsewhere = "/user.slice/user-1000.slice/session-1.scope"
+    text = f"4:memory:/ironclaw.slice/{UNIT}\n1:name=systemd:{elsewhere}\n0::{elsewhere}\n"
+    assert not in_unit_cgroup(text, "", UNIT)
+    assert not in_unit_cgroup(f"4:memory:/ironclaw.slice/{UNIT}\n", "", UNIT)
+
+
+def test_the_unit_in_one_systemd_hierarchy_and_not_the_other_is_not_the_unit() -> None:
+    text = f"1:name=systemd:/ironclaw.slice/{UNIT}\n0::/user.slice/x.scope\n"
+    assert not in_unit_cgroup(text, "", UNIT)
