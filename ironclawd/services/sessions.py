@@ -1,6 +1,8 @@
 """Session commands and queries: create, start, stop, remove, touch. Each transition is
 persisted (docs/style.md §8, §11); host resources are ``SandboxLifecycle``'s, watching a running
-sandbox is ``SessionWatcher``'s, and settling what a dead daemon left is ``reconcile``'s."""
+sandbox is ``SessionWatcher``'s, bringing an agent's new spec to its sessions (an approved
+change's restart) is ``AgentRestarts``' (session_restart.py), and settling what a dead daemon
+left is ``reconcile``'s."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ import itertools
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.message_ids import SESSION_EVENTS, MessageId, message_id
 from ironclawd.domain.session import LIVE, Session, State, check_sid, new_sid, transition
 from ironclawd.errors import Conflict, HostError, IronclawError, NotFound, SandboxError
-from ironclawd.ports import AgentHello, AuditSink, Clock, SessionRecords
+from ironclawd.ports import AuditSink, Clock, SessionRecords
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.session_lifecycle import (
     SandboxLayout,
@@ -24,6 +26,8 @@ from ironclawd.services.session_lifecycle import (
     quietly,
     quietly_sync,
 )
+from ironclawd.services.session_lock import SessionLock
+from ironclawd.services.session_restart import AgentRestarts
 from ironclawd.services.session_watch import OwnedTasks, SessionWatcher
 
 if TYPE_CHECKING:
@@ -35,11 +39,9 @@ log = logging.getLogger("ironclawd.sessions")
 
 T = TypeVar("T")
 TOUCH_PERSIST_SECONDS = 10.0
-# How many times one start may find its agent's spec replaced under it and start again.
-MAX_RESPECS = 3
 
 
-class SessionService:
+class SessionService(AgentRestarts):
     def __init__(
         self,
         *,
@@ -68,10 +70,7 @@ class SessionService:
         )
         self._work = OwnedTasks()  # commands in flight (``_owned``)
         self._closing = False  # ``close`` began: no command starts any more
-        # Creates in flight per agent, from the moment they read its spec (before their session
-        # is stored): an applied change waits for them (``restart_agent_sessions``).
-        self._creating: dict[str, set[asyncio.Task[Any]]] = {}
-        # The spec each running sandbox was started with (never for an adopted one).
+        self._creating: dict[str, set[asyncio.Task[Any]]] = {}  # (session_restart.py)
         self._built: dict[str, AgentSpec] = {}
         # Which sandbox of a session is watched (``watch``): an exit watch acts only on its own.
         self._runs: dict[str, int] = {}
@@ -201,80 +200,6 @@ class SessionService:
             self._runs.pop(sid, None)
             self._hooks.gone(sid)
             self.audit_event(session, "removed")
-
-    async def restart_agent_sessions(self, agent: str) -> list[str]:
-        """Restart every running session of ``agent`` so it runs with the agent's new spec (the
-        caller has put it). Starts under way read the old spec before it was put: each checks
-        the spec again once its sandbox is up and starts over with the new one (``_respec``).
-        They are waited for here, creates not yet stored among them, so that when this returns
-        no session of the agent runs, or is about to run, what the old spec granted (a revoked
-        mount). A session already running this very spec (started after it was put) is not
-        restarted again; one a restart cut (``Session.restarting``) is started."""
-        creating = set(self._creating.get(agent, ()))
-        starting = [
-            s.sid for s in self.list_sessions()
-            if s.agent == agent and s.state in (State.CREATING, State.STARTING)
-        ]  # fmt: skip
-        if creating:
-            await asyncio.wait(creating)
-        for sid in starting:
-            async with self.lock(sid):
-                pass  # its start has ended, on the spec it found then
-        current = self._agents.get(agent)
-        restarted: list[str] = []
-        for session in self.list_sessions():
-            if session.agent != agent or not _restartable(session):
-                continue
-            if current is not None and self._built.get(session.sid) is current:
-                continue  # started with this very spec, after it was put
-            try:
-                if await self._owned(self._restart_cmd(session.sid)):
-                    restarted.append(session.sid)
-            except IronclawError as exc:
-                log.error("restarting session %s for a new agent spec: %s", session.sid, exc)
-        return restarted
-
-    async def finish_restarts(self) -> list[str]:
-        """Start every session a cut restart left stopped and marked (``Session.restarting``)
-        on its agent's spec: at the daemon's start, once ``reconcile`` has settled what the last
-        run left. The resume of the change started one only while the change was approved: one
-        whose restart could not record its end (a full disk) but whose change was recorded
-        applied stayed down, and marked, until the agent's next change."""
-        restarted: list[str] = []
-        for session in self.list_sessions():
-            if not _cut(session):
-                continue
-            try:
-                if await self._owned(self._restart_cmd(session.sid, cut_only=True)):
-                    restarted.append(session.sid)
-            except IronclawError as exc:
-                log.error("finishing the restart of session %s: %s", session.sid, exc)
-        return restarted
-
-    async def _restart_cmd(self, sid: str, cut_only: bool = False) -> bool:
-        """Stop ``sid`` and start it on its agent's spec, under its lock throughout; False if it
-        is no longer to restart (stopped or removed since; ``cut_only``: not stopped and marked
-        any more). Stopped in one command and started in the next, a session stayed stopped
-        when the daemon's stop refused or cancelled the start, or its death cut it, and the
-        change's resume restarted only running sessions."""
-        async with self.lock(sid):
-            session = self._store.get(sid)
-            if not (_cut(session) if cut_only else _restartable(session)):
-                return False
-            agent = find_agent(self._agents, session.agent)
-            await self._guarded(sid, "restarting", self._restart(session, agent))
-            return True
-
-    async def _restart(self, session: Session, agent: AgentSpec) -> Session:
-        try:
-            if session.state is State.RUNNING:
-                session = await self.stop_locked(session, State.STOPPED, restarting=True)
-            return await self._start(session, agent, restarting=True)
-        except asyncio.CancelledError:  # the daemon stops: its next start finishes the restart
-            left = self._store.get(session.sid)
-            if left.state in LIVE:
-                await self.stop_locked(left, State.STOPPED, restarting=True)
-            raise
 
     def answered(self, sid: str) -> None:
         """A reply of ``sid`` was taken in (the pool waits for a claim's first one)."""
@@ -461,26 +386,6 @@ class SessionService:
         self.watch(sid)
         return session
 
-    async def _respec(
-        self, session: Session, agent: AgentSpec, hello: AgentHello
-    ) -> tuple[AgentSpec, AgentHello]:
-        """The spec ``session``'s sandbox runs with, and its hello: ``agent``'s, or the agent's
-        current one if an approved change put a new spec while the sandbox started. That
-        change's restart of the agent's running sessions could not reach this one (it was not
-        running yet), and it waits for this start to end: the sandbox of the old spec (a mount
-        the change revoked, a skill it removed) is torn down and a new one started."""
-        for _ in range(MAX_RESPECS):
-            current = find_agent(self._agents, session.agent)
-            if current is agent:
-                return agent, hello
-            log.info("session %s: agent %s changed while the session started; starting it "
-                     "again with the new spec", session.sid, session.agent)  # fmt: skip
-            await self.lifecycle.teardown(session)
-            agent = current
-            hello = await self.lifecycle.bring_up(session, agent)
-        raise SandboxError(f"agent {session.agent} changed {MAX_RESPECS} times while session "
-                           f"{session.sid} started; start it again")  # fmt: skip
-
     async def _sandbox_exited(self, sid: str) -> None:
         """The agent's control connection dropped: learn why from the unit. Only a sandbox that
         died on its own runs the exit hooks: a stop or a removal drops the connection too, and a
@@ -537,47 +442,6 @@ class SessionService:
         self._watcher.disarm_all()
         await self._work.settle(self.layout.stop_timeout)
         await asyncio.gather(self._work.close(), self._watcher.close())
-
-
-class SessionLock(asyncio.Lock):
-    """A session's lock, kept in its service's table while it is held or awaited and dropped
-    from it after: one dropped while a command still waited on it (a removal dropped it) was
-    taken by that command while the next command on the id made a new one, and the two ran
-    side by side (a stop tore down the sandbox a create was starting); and an id that never
-    named a session kept its lock for good."""
-
-    def __init__(self, table: dict[str, SessionLock], sid: str) -> None:
-        super().__init__()
-        self._table = table
-        self._sid = sid
-        self._users = 0  # holding or waiting
-
-    async def acquire(self) -> Literal[True]:
-        self._users += 1
-        try:
-            return await super().acquire()
-        except BaseException:
-            self._leave()
-            raise
-
-    def release(self) -> None:
-        super().release()
-        self._leave()
-
-    def _leave(self) -> None:
-        self._users -= 1
-        if self._users == 0 and self._table.get(self._sid) is self:
-            del self._table[self._sid]
-
-
-def _restartable(session: Session) -> bool:
-    """Running, or left stopped by a restart that was cut."""
-    return session.state is State.RUNNING or _cut(session)
-
-
-def _cut(session: Session) -> bool:
-    """Left stopped by a restart that was cut (``Session.restarting``)."""
-    return session.state is State.STOPPED and session.restarting
 
 
 def _owned_done(task: asyncio.Task[Any]) -> None:
