@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import grpc
 
-# The host's side: ironclawd/api/sandbox.py (RETRY_AFTER_KEY, ANSWERED_KEY).
+# The host's side: ironclawd/api/sandbox_calls.py (RETRY_AFTER_KEY, ANSWERED_KEY).
 RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
 ANSWERED_KEY = "ironclaw-answered"
 FIRST_DELAY = 0.005

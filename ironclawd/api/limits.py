@@ -7,14 +7,26 @@ admitted and, when the socket is full, the connection that has gone longest with
 dropped, preferring one with no call in flight. The agent's channel reconnects on its next call;
 a hoarder's connections are the ones that go. New connections and calls are also metered per
 session (token buckets), so a looping box cannot keep the daemon's one event loop busy and slow
-every other session.
+every other session. Calls are not alike (one may carry 4 MiB to parse and check), so each
+session also has a share of the loop's time (:class:`Share`): what its calls' own steps on the
+loop took is charged to it (:class:`Charged`), and while that is overdrawn its next calls wait.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+# Each session's share of the event loop, in seconds of the loop thread's CPU a second, and how
+# much of it may be saved up. Calls whose steps took more wait for it (api/sandbox_calls.py): a box
+# looping on 4 MiB requests held the loop for most of every second (found by a review), where
+# an ordinary model call takes well under a millisecond of it.
+LOOP_SHARE = 0.1
+LOOP_SHARE_BURST_SECONDS = 0.25
 
 # The HTTP/2 client connection preface (RFC 9113 §3.4): every gRPC connection starts with it.
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -43,6 +55,71 @@ class TokenBucket:
         now = self._clock()
         tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
         return max(0.0, (1 - tokens) / self._rate)
+
+
+class Share:
+    """A share of some time: ``share`` seconds of it a second on average, at most ``burst``
+    seconds saved up. What is spent is charged after the fact and may overdraw it: a call is
+    let in while the share is not overdrawn and then pays what it took, however much."""
+
+    def __init__(self, share: float, burst: float, clock: Callable[[], float] = time.monotonic):
+        self._share, self._burst, self._clock = share, burst, clock
+        self._balance = burst
+        self._at = clock()
+
+    def _refilled(self) -> float:
+        now = self._clock()
+        self._balance = min(self._burst, self._balance + (now - self._at) * self._share)
+        self._at = now
+        return self._balance
+
+    def overdrawn(self) -> bool:
+        return self._refilled() < 0
+
+    def spend(self, seconds: float) -> None:
+        self._refilled()
+        self._balance -= seconds
+
+    def wait_seconds(self) -> float:
+        """How long from now until it is no longer overdrawn (0 if it is not)."""
+        return max(0.0, -self._refilled() / self._share)
+
+
+class Charged(Generic[T]):
+    """Await ``awaitable`` (a coroutine, or an async generator's next item), charging the CPU
+    time of the current thread that each of its steps took to ``charge``: a step is what runs
+    between two suspensions, so this counts the awaited code's own work on the event loop and
+    nothing of the other tasks that run while it waits."""
+
+    def __init__(
+        self,
+        awaitable: Awaitable[T],
+        charge: Callable[[float], None],
+        cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self._awaitable, self._charge, self._cpu = awaitable, charge, cpu
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        inner = self._awaitable.__await__()
+        value: Any = None
+        thrown: BaseException | None = None
+        try:
+            while True:
+                started = self._cpu()
+                try:
+                    yielded = inner.send(value) if thrown is None else inner.throw(thrown)
+                except StopIteration as finished:
+                    return finished.value  # type: ignore[no-any-return]
+                finally:
+                    self._charge(self._cpu() - started)
+                try:
+                    value, thrown = (yield yielded), None
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:  # thrown in (a cancellation): passed on
+                    value, thrown = None, exc
+        finally:
+            inner.close()
 
 
 @dataclass(eq=False)

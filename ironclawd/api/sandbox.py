@@ -11,13 +11,9 @@ a service is reachable only through the socket meant for it.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from math import ceil
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -25,19 +21,16 @@ from ironclaw.egress.v1 import egress_pb2_grpc
 from ironclaw.gateway.v1 import gateway_pb2_grpc
 from ironclaw.mcp.v1 import mcp_pb2_grpc
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd import ratelog
-from ironclawd.api.boundary import admit_request, lenient, refuse
 from ironclawd.api.egress import EgressServicer
-from ironclawd.api.limits import TokenBucket
 from ironclawd.api.mcp import McpServicer
+from ironclawd.api.sandbox_calls import CURRENT_PEER, PeerInterceptor, RefusalAudit
 from ironclawd.api.sandbox_gateway import GatewayServicer
-from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer, SessionSockets
+from ironclawd.api.sandbox_sockets import SandboxPeer, SessionSockets
 from ironclawd.api.sockets import remove_stale_socket
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.model import Chunk, Message, ToolCall, ToolDef
 from ironclawd.errors import ProviderError
 from ironclawd.ports import AuditSink, Clock
-from ironclawd.services.audit import Throttled
 from ironclawd.services.egress import EgressBroker
 from ironclawd.services.gateway import Gateway
 from ironclawd.services.mcp_gateway import McpGateway
@@ -45,169 +38,12 @@ from ironclawd.services.model_proxy import ModelProxy
 from ironclawd.services.session_hooks import SessionHooks
 from ironclawd.services.sessions import SessionService
 
-log = logging.getLogger("ironclawd.sandbox-api")
-
-# Which socket each service may be reached through.
-SERVICE_SOCKET = {
-    "ironclaw.model.v1.ModelService": "model",
-    "ironclaw.egress.v1.EgressService": "egress",
-    "ironclaw.gateway.v1.GatewayService": "gateway",
-    "ironclaw.mcp.v1.McpService": "mcp",
-}
-# A call refused for the rate alone says in this trailer when the next would be taken: the agent
-# waits that long and calls again (agent/metered.py) rather than telling its user to slow down.
-RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
-# Every call the host answers carries this trailer. A call that fails without it never got an
-# answer from the host (its connection ended: a daemon restart, or a connection closed while
-# idle), and the agent makes it again on a new connection (agent/metered.py).
-ANSWERED_KEY = "ironclaw-answered"
-ANSWERED = ((ANSWERED_KEY, "1"),)
 # The most text, in characters, one Complete event joins from the provider's chunks: an eighth
 # of the largest message (a character is at most 4 bytes in UTF-8), and 16 Ki at most.
 TEXT_BATCH_CHARS = 16 * 1024
 # egress.sock and mcp.sock only if granted (EgressBroker.has_grants, McpGateway.has_grants).
 SOCKETS = ("model", "gateway", "egress", "mcp")
 __all__ = ["SandboxApi", "SandboxPeer"]
-
-_PEER: contextvars.ContextVar[SandboxPeer] = contextvars.ContextVar("ironclaw_sandbox_peer")
-
-Context = grpc.aio.ServicerContext[Any, Any]
-
-if TYPE_CHECKING:
-    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:
-    _Interceptor = grpc.aio.ServerInterceptor
-
-
-class _RefusalAudit:
-    """Audit a sandbox's refused calls (a method that does not exist, such as an approve, or a
-    service asked for on the wrong socket), throttled per session (services/audit.Throttled)."""
-
-    def __init__(self, audit: AuditSink, clock: Clock, per_minute: int = 20) -> None:
-        self._throttled = Throttled(audit, clock, per_minute)
-
-    def __call__(self, peer: SandboxPeer | None, method: str, why: str) -> None:
-        sid = peer.sid if peer is not None else "?"
-        socket = peer.socket if peer is not None else "?"
-        ratelog.warning(log, sid, f"{socket}.sock refused call",
-                        "session %s: %s.sock call %.200r refused: %s", sid, socket, method,
-                        why)  # fmt: skip
-        self._throttled.record(sid, "sandbox.refused", f"session:{sid}", reason=why,
-                               socket=socket, method=method[:200])  # fmt: skip
-
-
-class _PeerInterceptor(_Interceptor):
-    """Says which session and socket a call came in on, serves each service only on its own
-    socket, meters calls per session and bounds how long one may run."""
-
-    def __init__(
-        self, peers: dict[str, SandboxPeer], refused: _RefusalAudit, limits: SocketsConfig
-    ) -> None:
-        self._peers = peers
-        self._refused = refused
-        self._limits = limits
-        self.rates: dict[str, TokenBucket] = {}  # per session; SandboxApi.open/close keep it
-
-    def _peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> SandboxPeer | None:
-        return self._peers.get(context.peer().removeprefix(f"unix-abstract:{PREFIX}"))
-
-    async def _meter(self, peer: SandboxPeer | None, context: Context) -> None:
-        """Refuse a call over the session's rate. Every call comes here first: from here on, its
-        status carries the host's trailer (an abort that sets none keeps it)."""
-        context.set_trailing_metadata(ANSWERED)
-        rate = self.rates.get(peer.sid) if peer is not None else None
-        if peer is not None and rate is not None and not rate.take():
-            ratelog.warning(log, peer.sid, "calls over rate",
-                            "session %s: call on %s.sock refused: over %g calls a second",
-                            peer.sid, peer.socket, self._limits.calls_per_second)  # fmt: skip
-            wait = f"{max(1, ceil(rate.wait_seconds() * 1000))}"
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down",
-                                trailing_metadata=((RETRY_AFTER_KEY, wait),))  # fmt: skip
-
-    def _no_such_method(self, method: str) -> grpc.RpcMethodHandler[Any, Any]:
-        async def refuse(request: bytes, context: Context) -> None:
-            peer = self._peer(context)
-            await self._meter(peer, context)
-            self._refused(peer, method, "no such method")
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method on this socket")
-
-        return grpc.unary_unary_rpc_method_handler(refuse)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(details)
-        if handler is None:
-            # Say no (UNIMPLEMENTED, as grpc would), but with an audit record: asking for a
-            # method no sandbox socket has, an approve say, is an attempt worth recording.
-            return self._no_such_method(details.method)
-        service = details.method.strip("/").split("/")[0]
-        expected = SERVICE_SOCKET.get(service)
-        limit = self._limits.max_call_seconds
-
-        async def admit(context: Context) -> SandboxPeer:
-            peer = self._peer(context)
-            await self._meter(peer, context)
-            if peer is None or peer.socket != expected:
-                self._refused(peer, details.method, "not served on this socket")
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not served on this socket")
-            assert peer is not None
-            _PEER.set(peer)
-            if peer.conn is not None:
-                peer.conn.call_started()
-            return peer
-
-        def done(peer: SandboxPeer) -> None:
-            if peer.conn is not None:
-                peer.conn.call_ended()
-
-        if handler.unary_unary is not None:
-            inner: Callable[..., Awaitable[Any]] = handler.unary_unary
-
-            async def unary(request: Any, context: Context) -> Any:
-                peer = await admit(context)
-                try:
-                    await admit_request(request, context)
-                    async with asyncio.timeout(limit):
-                        return await inner(request, context)
-                except TimeoutError:
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "call ran too long")
-                except Exception as exc:
-                    await refuse(exc, details.method, context)
-                finally:
-                    done(peer)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary, lenient(handler.request_deserializer), handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            inner_stream: Callable[..., AsyncIterator[Any]] = handler.unary_stream  # type: ignore[assignment]
-
-            async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                peer = await admit(context)
-                # A client that stops reading parks this task in grpc's write, outside any
-                # timeout scope of ours: the task itself is cancelled when the time is up.
-                task = asyncio.current_task()
-                assert task is not None
-                timer = asyncio.get_running_loop().call_later(limit, task.cancel)
-                try:
-                    await admit_request(request, context)
-                    async for item in inner_stream(request, context):
-                        yield item
-                except Exception as exc:
-                    await refuse(exc, details.method, context)
-                finally:
-                    timer.cancel()
-                    done(peer)
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, lenient(handler.request_deserializer), handler.response_serializer
-            )
-        raise RuntimeError(f"{details.method}: only unary and server-streaming calls are served")
 
 
 class ModelServicer(model_pb2_grpc.ModelServiceServicer):
@@ -219,7 +55,7 @@ class ModelServicer(model_pb2_grpc.ModelServiceServicer):
     async def GetProfile(
         self, request: model_pb2.GetProfileRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> model_pb2.GetProfileResponse:
-        profile = self._proxy.profile(_PEER.get().sid)
+        profile = self._proxy.profile(CURRENT_PEER.get().sid)
         return model_pb2.GetProfileResponse(
             agent=profile.agent,
             persona=profile.persona,
@@ -252,7 +88,7 @@ class ModelServicer(model_pb2_grpc.ModelServiceServicer):
         """The proxy's chunks for the calling session's request (Answer's and Complete's)."""
         messages = [_message_from_proto(m) for m in request.messages]
         tools = [ToolDef(t.name, t.description, t.parameters_json) for t in request.tools]
-        return self._proxy.complete(_PEER.get().sid, messages, tools, request.max_tokens)
+        return self._proxy.complete(CURRENT_PEER.get().sid, messages, tools, request.max_tokens)
 
 
 async def _whole(chunks: AsyncIterator[Chunk]) -> model_pb2.AnswerResponse:
@@ -353,7 +189,7 @@ class SandboxApi:
         self._limits = limits
         self._peers: dict[str, SandboxPeer] = {}
         self._sockets = SessionSockets(internal_socket, sessions_dir, limits, self._peers)
-        self._interceptor = _PeerInterceptor(self._peers, _RefusalAudit(audit, clock), limits)
+        self._interceptor = PeerInterceptor(self._peers, RefusalAudit(audit, clock), limits)
         self._server = grpc.aio.server(
             interceptors=[self._interceptor],
             options=[
@@ -374,16 +210,16 @@ class SandboxApi:
         )
         self._broker = egress
         servicer = EgressServicer(
-            egress, lambda: _PEER.get().sid, egress.timeout_seconds, limits.max_message_bytes
+            egress, lambda: CURRENT_PEER.get().sid, egress.timeout_seconds, limits.max_message_bytes
         )
         egress_pb2_grpc.add_EgressServiceServicer_to_server(servicer, self._server)
         self._mcp = mcp
         mcp_pb2_grpc.add_McpServiceServicer_to_server(
-            McpServicer(mcp, lambda: _PEER.get().sid), self._server
+            McpServicer(mcp, lambda: CURRENT_PEER.get().sid), self._server
         )
         hooks.on_sockets(self.open, self.close)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayServicer(gateway, sessions, lambda: _PEER.get().sid), self._server
+            GatewayServicer(gateway, sessions, lambda: CURRENT_PEER.get().sid), self._server
         )
 
     async def start(self) -> None:
@@ -400,8 +236,7 @@ class SandboxApi:
 
     async def open(self, sid: str) -> None:
         """Serve this session's sockets (in the directory its control socket already made)."""
-        rate = self._limits.calls_per_second
-        self._interceptor.rates[sid] = TokenBucket(rate, 2 * rate)
+        self._interceptor.meter(sid)
         for name in SOCKETS:
             await self._sockets.close(sid, name)
             if name == "egress" and not self._broker.has_grants(sid):
@@ -413,7 +248,7 @@ class SandboxApi:
     async def close(self, sid: str) -> None:
         for name in SOCKETS:
             await self._sockets.close(sid, name)
-        self._interceptor.rates.pop(sid, None)
+        self._interceptor.forget(sid)
 
 
 def _ms(seconds: float) -> int:

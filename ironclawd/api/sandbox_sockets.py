@@ -4,7 +4,7 @@ Each connection is checked (a process of the session's own unit), metered (new c
 second), counted against the socket's connection limit (a full socket drops its least recently
 used connection, api/limits.py), must open with the HTTP/2 preface within the handshake timeout,
 and is then spliced to the one internal gRPC server from an abstract address naming a random
-nonce, which the interceptor (api/sandbox.py) maps back to :class:`SandboxPeer`. Every line a
+nonce, which the interceptor (api/sandbox_calls.py) maps back to :class:`SandboxPeer`. Every line a
 connection can cause goes through the journal throttle (ironclawd/ratelog.py).
 """
 

@@ -1,6 +1,6 @@
 """A busy agent is paced, not refused (issue 17): when the host meters a sandbox's calls
 (``[sockets] calls_per_second``) it refuses with RESOURCE_EXHAUSTED and a trailer saying when to
-call again (ironclawd/api/sandbox.py); the agent waits and calls again (agent/metered.py), so
+call again (ironclawd/api/sandbox_calls.py); the agent waits and calls again (agent/metered.py), so
 its user sees the model's answer, never "too many calls: slow down". A budget reached for the
 minute carries no trailer and still reaches the user as it did."""
 
@@ -18,7 +18,7 @@ import pytest
 from agent import metered
 from agent.model import ModelResponder
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd.api import sandbox
+from ironclawd.api import sandbox_calls
 from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sandbox_sockets import SandboxPeer
 from ironclawd.config import SocketsConfig
@@ -176,20 +176,20 @@ class _Context:
 
 
 def test_the_host_says_when_the_next_call_would_be_taken() -> None:
-    assert sandbox.RETRY_AFTER_KEY == metered.RETRY_AFTER_KEY
+    assert sandbox_calls.RETRY_AFTER_KEY == metered.RETRY_AFTER_KEY
     clock = FakeClock(monotonic=10.0)
     limits = SocketsConfig(calls_per_second=50.0)
-    audit = sandbox._RefusalAudit(RecordingAudit(), clock)
-    interceptor = sandbox._PeerInterceptor({}, audit, limits)
+    audit = sandbox_calls.RefusalAudit(RecordingAudit(), clock)
+    interceptor = sandbox_calls.PeerInterceptor({}, audit, limits)
     interceptor.rates["s1"] = TokenBucket(50.0, 1.0, clock=clock.monotonic)
     context = _Context()
     peer = SandboxPeer("s1", "model")
     asyncio.run(interceptor._meter(peer, context))  # type: ignore[arg-type]
     assert context.aborted is None
-    assert context.trailer == ((sandbox.ANSWERED_KEY, "1"),)  # see test_agent_reconnect.py
+    assert context.trailer == ((sandbox_calls.ANSWERED_KEY, "1"),)  # see test_agent_reconnect.py
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(interceptor._meter(peer, context))  # type: ignore[arg-type]
     assert context.aborted is not None
     code, details, trailer = context.aborted
     assert (code, details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down")
-    assert trailer == ((sandbox.RETRY_AFTER_KEY, "20"),)  # one token at 50 a second
+    assert trailer == ((sandbox_calls.RETRY_AFTER_KEY, "20"),)  # one token at 50 a second

@@ -4,10 +4,10 @@ answered is reported at once (agent/model.py ``_host_went_away``, issue 17).
 The agent runs gRPC's legacy client (agent/__main__.py): it polls on the calling thread, so a
 connection the host closed while the agent was idle is found out only when the next call fails
 on it. Every status the host's sandbox API returns carries the ``ironclaw-answered`` trailer
-(ironclawd/api/sandbox.py); a failure without it is the connection's, not the model's. Real gRPC
-servers on Unix sockets. The legacy client itself against a host that closed an idle connection
-is tests/integration/test_agent_legacy_client.py (it needs a process of its own: grpc reads the
-setting when it is first imported)."""
+(ironclawd/api/sandbox_calls.py); a failure without it is the connection's, not the model's.
+Real gRPC servers on Unix sockets. The legacy client itself against a host that closed an idle
+connection is tests/integration/test_agent_legacy_client.py (it needs a process of its own:
+grpc reads the setting when it is first imported)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from agent import metered, model
 from agent.model import ModelResponder
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd.api import sandbox
+from ironclawd.api import sandbox_calls
 
 ANSWERED = ((metered.ANSWERED_KEY, "1"),)
 
@@ -72,8 +72,8 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, _Model, list[grpc.Server]]]:
 
 
 def test_the_host_and_the_agent_agree_on_the_trailer() -> None:
-    assert sandbox.ANSWERED_KEY == metered.ANSWERED_KEY
-    assert sandbox.ANSWERED == ANSWERED
+    assert sandbox_calls.ANSWERED_KEY == metered.ANSWERED_KEY
+    assert sandbox_calls.ANSWERED == ANSWERED
 
 
 def test_a_failure_the_host_answered_is_reported_and_not_made_again(

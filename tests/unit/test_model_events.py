@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 
 from ironclaw.model.v1 import model_pb2
-from ironclawd.api import sandbox
+from ironclawd.api import sandbox, sandbox_calls
 from ironclawd.domain.model import Chunk, ToolCall
 from ironclawd.errors import ProviderError
 
@@ -114,7 +114,7 @@ def _answer(max_bytes: int, *chunks: Chunk) -> model_pb2.AnswerResponse:
     )
 
     async def call() -> model_pb2.AnswerResponse:
-        sandbox._PEER.set(cast(Any, SimpleNamespace(sid="s1")))
+        sandbox_calls.CURRENT_PEER.set(cast(Any, SimpleNamespace(sid="s1")))
         return await servicer.Answer(request, cast(Any, None))
 
     return asyncio.run(call())

@@ -1,11 +1,12 @@
 """Refusals an untrusted party can cause at will are audited, but a looping agent cannot fill
 the disk through the audit log (ironclawd/services/audit.Throttled): at most N records a minute
 per key, and the next record after a quiet spell counts what was left out. A sandbox's refused
-gRPC calls (ironclawd/api/sandbox.py) and change submissions the gateway refuses use it."""
+gRPC calls (ironclawd/api/sandbox_calls.py) and change submissions the gateway refuses use it."""
 
 from __future__ import annotations
 
-from ironclawd.api.sandbox import SandboxPeer, _RefusalAudit
+from ironclawd.api.sandbox_calls import RefusalAudit
+from ironclawd.api.sandbox_sockets import SandboxPeer
 from ironclawd.services.audit import Throttled
 from tests.fakes import FakeClock, RecordingAudit
 
@@ -29,7 +30,7 @@ def test_records_are_bounded_per_key_and_the_gap_is_counted() -> None:
 
 def test_a_sandbox_refusal_names_session_socket_and_clipped_method() -> None:
     audit = RecordingAudit()
-    refused = _RefusalAudit(audit, FakeClock())
+    refused = RefusalAudit(audit, FakeClock())
     approve = "/ironclaw.admin.v1.AdminService/ApproveChange"
     refused(SandboxPeer("s1", "gateway"), approve, "no such method")
     refused(None, "/x/" + "y" * 500, "not served on this socket")
