@@ -38,6 +38,12 @@ RESTARTED = b"restarted"
 # "ingested <seq>": the host holds every reply up to seq; the agent may drop them from its file
 # (ironclawd/services/messaging.py, every ``[queues] prune_after_rows`` replies).
 INGESTED = b"ingested"
+# The version of the protocol this agent speaks with its daemon: the control lines, the gRPC
+# services it calls and its queue format (ironclawd/domain/agent_protocol.py PROTOCOL_VERSION,
+# which a test pins to this). A daemon of another ironclawd version that adopts this sandbox
+# refuses an agent of a version it does not speak. Named in the hello from version 2 on: a
+# version-1 hello is the one agents said before versions were announced, which every daemon reads.
+PROTOCOL_VERSION = 1
 
 Responder = Callable[[str], str]
 
@@ -65,7 +71,7 @@ class Agent:
         self._pruned = 0
 
     def hello(self) -> bytes:
-        return f"hello {os.getpid()} {os.getuid()} {self.outbound.last_seq()}\n".encode("ascii")
+        return hello_line(os.getpid(), os.getuid(), self.outbound.last_seq())
 
     def catch_up(self, sock: socket.socket, up_to: int | None) -> None:
         """Answer every message after the last answered one (up to ``up_to`` if given)."""
@@ -151,6 +157,12 @@ class Agent:
             print(f"agent: pruning outbound.db up to {up_to}: {exc}", file=sys.stderr, flush=True)
             return
         self._pruned = up_to
+
+
+def hello_line(pid: int, uid: int, seq: int, protocol: int = PROTOCOL_VERSION) -> bytes:
+    """``hello <pid> <uid> <outbound seq> [v<protocol>]``, the version left out for 1."""
+    version = f" v{protocol}" if protocol != 1 else ""
+    return f"hello {pid} {uid} {seq}{version}\n".encode("ascii")
 
 
 def _receive_timeout(sock: socket.socket, seconds: float) -> None:

@@ -14,7 +14,8 @@ to the directory itself, so a new directory would be invisible to a running sand
 Everything on the socket is bounded: at most ``max_control_connections`` connections (a new one
 pushes out the oldest that has not said hello yet, else it is refused: the agent's own connection,
 which said hello long ago, is never pushed out), a hello within the handshake timeout, lines of
-at most MAX_LINE bytes, and a peer that stops reading cannot hold up ``send`` for longer than
+at most MAX_LINE bytes read at the session's call rate (``calls_per_second``, its further lines
+wait in the socket), and a peer that stops reading cannot hold up ``send`` for longer than
 SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironclawd/ratelog.py).
 
 A clean daemon stop hands each session's listening socket and its agent's connection to systemd's
@@ -23,7 +24,9 @@ agent never sees its connection end, so a restart costs the sandboxes nothing. A
 connection is checked again like a new one (its peer must still be in the session's unit). The
 stopping daemon stops reading the connections it hands over; one it had read a line from that it
 had not finished acting on is marked, and the next daemon reads that session's outbound queue
-again in full ("resync"). The next daemon's first line on a restored connection is "restarted 0":
+again in full ("resync"). The saved name also carries the protocol version the agent's hello
+named (ironclawd/domain/agent_protocol.py), so a restored connection keeps it without a hello.
+The next daemon's first line on a restored connection is "restarted 0":
 the agent's gRPC connections to the session's other sockets ended with the old daemon. Anything
 that cannot be restored is closed, and the agent reconnects and says hello as after a crash.
 """
@@ -42,8 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import paths, ratelog
+from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, serve_unix
 from ironclawd.config import SocketsConfig
+from ironclawd.domain.agent_protocol import (
+    VERSION_DIGITS,
+    is_version_word,
+    parse_version_word,
+    version_word,
+)
 from ironclawd.domain.session import check_sid, unit_name
 from ironclawd.errors import HostError, IronclawError
 from ironclawd.ports import RESYNC, AgentHello, ControlListener
@@ -57,9 +67,9 @@ CLAIM_SOCKET = "claim.sock"
 CLAIMED_LINE = b"claimed\n"
 MAX_LINE = 256
 SEND_TIMEOUT = 5.0
-# Names in the fd store: "control.<sid>" (the listener), "control.<sid>.<pid>.<uid>" (the
-# agent's connection, with what its hello said), ending ".resync" if what was read from it may
-# not all have been acted on.
+# Names in the fd store: "control.<sid>" (the listener), "control.<sid>.<pid>.<uid>[.v<n>]" (the
+# agent's connection, with what its hello said: ".v<n>" its protocol version, none for 1),
+# ending ".resync" if what was read from it may not all have been acted on.
 STORE_PREFIX = "control."
 # The first line on a restored connection: the agent drops its channels (agent/loop.py RESTARTED).
 RESTARTED_LINE = b"restarted 0\n"
@@ -76,6 +86,8 @@ class _Kept:
 
     def name(self, sid: str) -> str:
         name = f"{_listener_name(sid)}.{self.hello.pid}.{self.hello.uid}"
+        if version := version_word(self.hello.protocol):
+            name = f"{name}.{version}"
         return f"{name}.{RESYNC_SUFFIX}" if self.resync else name
 
 
@@ -129,6 +141,8 @@ class ControlServer:
         self._claim_lost: list[Callable[[str], None]] = []
         self._listener: ControlListener | None = None
         self._restored: dict[str, Restored] = {}
+        # Each session's lines, all its connections together (``_paced``).
+        self._lines: dict[str, TokenBucket] = {}
 
     def set_listener(self, listener: ControlListener) -> None:
         self._listener = listener
@@ -414,6 +428,7 @@ class ControlServer:
             while line := await reader.readline():
                 channel.acting.add(writer)
                 try:
+                    await self._paced(sid)
                     await self._act(sid, line)
                 finally:
                     channel.acting.discard(writer)
@@ -429,6 +444,19 @@ class ControlServer:
             # last one is: an extra connection that says hello and leaves is not an exit.
             if not channel.closing and not channel.writers:
                 channel.disconnected.set()
+
+    async def _paced(self, sid: str) -> None:
+        """Wait until the session's line rate takes another line. Each line made the daemon act
+        at once, and a read of the socket (some 43,000 short lines) was all acted on before the
+        event loop took another turn: a box writing lines it could not parse held the loop for
+        a second at a time (found by a review). Its further lines wait in the socket."""
+        rate = self._limits.calls_per_second
+        lines = self._lines.setdefault(sid, TokenBucket(rate, 2 * rate))
+        while not lines.take():
+            ratelog.info(log, sid, "control.sock paced",
+                         "session %s: control.sock over %g lines a second: its next lines wait",
+                         sid, rate)  # fmt: skip
+            await asyncio.sleep(lines.wait_seconds())
 
     async def _first_news(self, sid: str, hello: AgentHello, restored: _Kept | None) -> None:
         """What a new or restored connection means for the session's outbound queue."""
@@ -535,6 +563,7 @@ class ControlServer:
         # the start adopts the others): the listener's file is removed below, so a later
         # ``open`` must bind a new one, not take this (its name still reads as the path).
         self._restored.pop(sid, Restored()).close()
+        self._lines.pop(sid, None)
         directory = self._session_dir(sid)
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(directory):
@@ -586,15 +615,18 @@ def _parse_store_name(name: str) -> tuple[str, AgentHello | None, bool] | None:
     if not name.startswith(STORE_PREFIX):
         return None
     words = name[len(STORE_PREFIX) :].split(".")
-    resync = len(words) == 4 and words[3] == RESYNC_SUFFIX
+    resync = len(words) in (4, 5) and words[-1] == RESYNC_SUFFIX
     if resync:
-        words = words[:3]
+        words.pop()
+    # Not there in an earlier version's names, nor for version 1: the agent's is 1.
+    version = parse_version_word(words.pop()) if len(words) == 4 else 1
     try:
         sid = check_sid(words[0])
         if len(words) == 1:
             return sid, None, False
-        if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
-            return sid, AgentHello(pid=int(words[1]), uid=int(words[2])), resync
+        if len(words) == 3 and words[1].isdigit() and words[2].isdigit() and version is not None:
+            hello = AgentHello(pid=int(words[1]), uid=int(words[2]), protocol=version)
+            return sid, hello, resync
     except IronclawError:
         pass
     return None
@@ -616,18 +648,23 @@ def _number(word: str, digits: int) -> bool:
 
 def _parse_hello(line: bytes) -> AgentHello:
     words = line.decode("ascii", "strict").split()
+    # The protocol version comes last, from version 2 on; an agent that names none speaks 1.
+    version = parse_version_word(words.pop()) if words and is_version_word(words[-1]) else 1
     if (
-        len(words) not in (3, 4)
+        version is None
+        or len(words) not in (3, 4)
         or words[0] != "hello"
         or not all(_number(w, ID_DIGITS) for w in words[1:3])
         or (len(words) == 4 and not _number(words[3], SEQ_DIGITS))
     ):
         raise ValueError(
-            f"expected 'hello <pid> <uid> [<outbound seq>]' (pid and uid of at most "
-            f"{ID_DIGITS} digits, seq of at most {SEQ_DIGITS}), got {line[:60]!r}"
+            f"expected 'hello <pid> <uid> [<outbound seq>] [v<protocol version>]' (pid and uid "
+            f"of at most {ID_DIGITS} digits, seq of at most {SEQ_DIGITS}, version of at most "
+            f"{VERSION_DIGITS}), got {line[:60]!r}"
         )
     outbound = int(words[3]) if len(words) == 4 else 0
-    return AgentHello(pid=int(words[1]), uid=int(words[2]), outbound_seq=outbound)
+    return AgentHello(pid=int(words[1]), uid=int(words[2]), outbound_seq=outbound,
+                      protocol=version)  # fmt: skip
 
 
 AGENT_EVENTS = frozenset({"outbound"})

@@ -322,6 +322,8 @@ class AgentHello:
     pid: int
     uid: int
     outbound_seq: int = 0  # the newest outbound row the agent has committed
+    # The version of the protocol it speaks (domain/agent_protocol.py); 1 if it named none.
+    protocol: int = 1
 
 
 # Called with (sid, event, value) for what an agent announces: ("outbound", seq); and with
