@@ -142,7 +142,9 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
     async def RemoveSession(
         self, request: admin_pb2.RemoveSessionRequest, context: Context
     ) -> admin_pb2.RemoveSessionResponse:
-        await self._sessions.remove(request.sid, force=request.force)
+        await self._sessions.remove(
+            request.sid, force=request.force, only_if_unused=request.only_if_unused
+        )
         return admin_pb2.RemoveSessionResponse()
 
     async def SessionLogs(

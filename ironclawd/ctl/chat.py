@@ -160,20 +160,29 @@ def cmd_chat(args: argparse.Namespace, stub: Stub) -> int:
 def _remove_unused(stub: Stub, made: admin_pb2.Session, timeout: float) -> None:
     """A session ``chat --agent`` started and nothing was said in: removed, not left running
     (``ironctl chat --agent demo </dev/null`` left one for every run, a pooled sandbox taken
-    each time; found by a review, stop 50). A failure to remove is said, never raised. One
-    active since it was made (another operator's send: its id is listed from the start) is
-    someone else's conversation now: kept."""
+    each time; found by a review, stop 50). A failure to remove is said, never raised. One a
+    message was queued to (another operator's send: its id is listed from the start) is
+    someone else's conversation now: kept. The daemon judges that itself (``only_if_unused``:
+    exact, with sends held back meanwhile); the activity read first is what keeps it from an
+    older daemon, which ignores the field (a send between that read and the removal is then
+    lost, as before the field)."""
     sid = made.sid
+    request = admin_pb2.RemoveSessionRequest(sid=sid, force=True, only_if_unused=True)
     try:
         now = stub.GetSession(admin_pb2.GetSessionRequest(sid=sid), timeout=timeout).session
         if now.last_active_at != made.last_active_at:
             print(f"ironctl chat: nothing was sent from here, but session {sid} got a message "
                   "meanwhile: kept", file=sys.stderr)  # fmt: skip
             return
-        stub.RemoveSession(admin_pb2.RemoveSessionRequest(sid=sid, force=True), timeout=timeout)
+        stub.RemoveSession(request, timeout=timeout)
     except wire.RpcError as err:
-        print(f"ironctl chat: nothing was sent, but session {sid} could not be removed: "
-              f"{visible(err.details())}", file=sys.stderr)  # fmt: skip
+        said = visible(err.details())
+        if err.code().name == "FAILED_PRECONDITION":  # a message reached it: kept
+            print(f"ironctl chat: nothing was sent from here, but session {sid} is kept: {said}",
+                  file=sys.stderr)  # fmt: skip
+            return
+        print(f"ironctl chat: nothing was sent, but session {sid} could not be removed: {said}",
+              file=sys.stderr)  # fmt: skip
         return
     print(f"ironctl chat: nothing was sent: removed session {sid}", file=sys.stderr)
 

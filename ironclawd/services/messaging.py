@@ -29,7 +29,7 @@ from ironclawd.domain.messages import (
     check_client_id,
 )
 from ironclawd.domain.session import State
-from ironclawd.errors import DiskFull, IronclawError, NotFound
+from ironclawd.errors import Conflict, DiskFull, IronclawError, NotFound
 from ironclawd.ports import (
     RESYNC,
     AuditSink,
@@ -41,6 +41,7 @@ from ironclawd.ports import (
     ReplyRecords,
     SessionData,
 )
+from ironclawd.services.append_fence import AppendFence
 from ironclawd.services.audit import Throttled
 from ironclawd.services.lanes import Lanes
 from ironclawd.services.reply_tail import ReplyTail
@@ -107,6 +108,7 @@ class MessageService:
         # removal is under way (``_removing``) no new life starts.
         self._lives: dict[str, object] = {}
         self._removing: set[str] = set()
+        self._fence = AppendFence()  # a removal if unused holds sends back (append_fence.py)
         self._recording: dict[str, asyncio.Lock] = {}  # held over add_replies and its check
         self._readers: dict[str, OutboundRows] = {}  # used only in the session's lane
         self._writers_lock = threading.Lock()  # guards the two dicts, never held for an open
@@ -134,6 +136,7 @@ class MessageService:
         control.set_listener(self._on_event)
         hooks.on_sandbox_exit(self.resume_unanswered)
         hooks.on_removing(self.settle_removal)
+        hooks.on_fence(self.fence_unused, self._fence.lift)
         hooks.on_gone(self.gone)
 
     def _life(self, sid: str) -> object | None:
@@ -161,6 +164,7 @@ class MessageService:
         life = self._life(sid)
         if life is None:
             raise NotFound(f"session {sid} is being removed")
+        await self._fence.passable(sid)
         replies_before = (await self._tail(sid, life)).last
         seq, new = await asyncio.to_thread(
             self._append, sid, body, self._clock.time(), client_id or None, life, sender=sender
@@ -198,9 +202,18 @@ class MessageService:
         can read what it sent) and the append in one hop off the loop (each hop is a wake-up
         of a thread and of the loop again, on the path of every send)."""
         self._data.check_space(f"sending to session {sid}")
-        if sender:
-            self._record_sender(sid, sender, life)
-        return self._writer(sid, life).append(body, now, client_id)
+        with self._fence.appending(sid):
+            if sender:
+                self._record_sender(sid, sender, life)
+            return self._writer(sid, life).append(body, now, client_id)
+
+    async def fence_unused(self, sid: str) -> bool:
+        """Whether no message was ever queued to ``sid``, read once the sends under way have
+        appended and with no new one let in; if so, none is until ``SessionHooks.lift``."""
+        life = self._life(sid)
+        if life is None:
+            raise Conflict(f"session {sid} is being removed")
+        return await self._fence.unused(sid, lambda: self._writer(sid, life).last_seq())
 
     def _record_sender(self, sid: str, sender: str, life: object) -> None:
         known = self._senders.setdefault(sid, set())

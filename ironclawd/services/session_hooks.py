@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 SidHook = Callable[[str], Awaitable[None]]
+SidCheck = Callable[[str], Awaitable[bool]]
 
 
 class SessionHooks:
@@ -23,6 +24,7 @@ class SessionHooks:
         self._remove: list[Callable[[str], None]] = []
         self._removing: list[SidHook] = []
         self._gone: list[Callable[[str], None]] = []
+        self._fences: list[tuple[SidCheck, Callable[[str], None]]] = []
 
     def on_sockets(self, open_: SidHook, close: SidHook) -> None:
         """Serve a session's sockets (``open_``) while its sandbox runs, until ``close``."""
@@ -48,6 +50,12 @@ class SessionHooks:
         its id may name a new session."""
         self._gone.append(hook)
 
+    def on_fence(self, fence: SidCheck, lift: Callable[[str], None]) -> None:
+        """For a removal only if unused: ``fence(sid)`` says whether no message was ever
+        queued to the session, letting none in from then on if so (else it lets them in
+        again); ``lift(sid)`` lets them in again once the removal is over or failed."""
+        self._fences.append((fence, lift))
+
     async def open(self, sid: str) -> None:
         for hook in self._open:
             await hook(sid)
@@ -69,3 +77,21 @@ class SessionHooks:
     def gone(self, sid: str) -> None:
         for hook in self._gone:
             hook(sid)
+
+    async def fence_unused(self, sid: str) -> bool:
+        """Whether no subscriber ever queued a message to ``sid``; if so, each holds new
+        ones back until ``lift``, else (or if one fails) none does."""
+        unused = False
+        try:
+            for fence, _lift in self._fences:
+                if not await fence(sid):
+                    return False
+            unused = True
+            return True
+        finally:
+            if not unused:
+                self.lift(sid)
+
+    def lift(self, sid: str) -> None:
+        for _fence, lift in self._fences:
+            lift(sid)

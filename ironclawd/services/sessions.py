@@ -176,30 +176,40 @@ class SessionService(AgentRestarts):
                 log.info("session %s idle for %.0fs: stopping", sid, idle_for)
             return await self._guarded(sid, "stopping", self.stop_locked(session, State.STOPPED))
 
-    async def remove(self, sid: str, force: bool = False) -> None:
-        await self._owned(self._remove_cmd(check_sid(sid), force))
+    async def remove(self, sid: str, force: bool = False, only_if_unused: bool = False) -> None:
+        """``only_if_unused``: Conflict if a message was ever queued to the session; judged
+        with sends held back, which stay so until it is gone (``SessionHooks.fence_unused``)."""
+        await self._owned(self._remove_cmd(check_sid(sid), force, only_if_unused))
 
-    async def _remove_cmd(self, sid: str, force: bool) -> None:
+    async def _remove_cmd(self, sid: str, force: bool, only_if_unused: bool = False) -> None:
         async with self.lock(sid):
             session = self._store.get(sid)
             if session.state in LIVE and not force:
                 raise Conflict(
                     f"session {sid} is {session.state.value}: stop it first (or use --force)"
                 )
-            if session.state is not State.STOPPED:
-                session = await self._guarded(
-                    sid, "removing", self.stop_locked(session, State.STOPPED)
-                )
-            await self.lifecycle.teardown(session)  # idempotent: nothing may outlive its record
-            await self._hooks.removed(sid)
-            # The key goes first: from then on the queue files are unreadable, even copies.
-            await asyncio.to_thread(self.data.destroy, sid)
-            self._store.delete(sid)
-            self._last_active.pop(sid, None)
-            self._persisted_active.pop(sid, None)
-            self._runs.pop(sid, None)
-            self._hooks.gone(sid)
-            self.audit_event(session, "removed")
+            if only_if_unused and not await self._hooks.fence_unused(sid):
+                raise Conflict(f"session {sid} has had messages queued to it: not removed")
+            try:
+                await self._remove_locked(session)
+            finally:
+                if only_if_unused:
+                    self._hooks.lift(sid)
+
+    async def _remove_locked(self, session: Session) -> None:
+        sid = session.sid
+        if session.state is not State.STOPPED:
+            session = await self._guarded(sid, "removing", self.stop_locked(session, State.STOPPED))
+        await self.lifecycle.teardown(session)  # idempotent: nothing may outlive its record
+        await self._hooks.removed(sid)
+        # The key goes first: from then on the queue files are unreadable, even copies.
+        await asyncio.to_thread(self.data.destroy, sid)
+        self._store.delete(sid)
+        self._last_active.pop(sid, None)
+        self._persisted_active.pop(sid, None)
+        self._runs.pop(sid, None)
+        self._hooks.gone(sid)
+        self.audit_event(session, "removed")
 
     def answered(self, sid: str) -> None:
         """A reply of ``sid`` was taken in (the pool waits for a claim's first one)."""

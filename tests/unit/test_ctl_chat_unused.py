@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from ironclaw.admin.v1 import admin_pb2
-from ironclawd.ctl import exitcodes, rpc
+from ironclawd.ctl import exitcodes, rpc, wire
 from ironclawd.ctl.main import main
 
 NO_DAEMON = ["--socket", "/nonexistent/ironclaw-admin.sock"]
@@ -39,7 +39,9 @@ class Stub:
         return admin_pb2.GetSessionResponse(session=admin_pb2.Session(sid=request.sid))
 
     def RemoveSession(self, request: Any, timeout: float) -> admin_pb2.RemoveSessionResponse:
-        Stub.calls.append(f"remove {request.sid} force={request.force}")
+        Stub.calls.append(
+            f"remove {request.sid} force={request.force} only_if_unused={request.only_if_unused}"
+        )
         return admin_pb2.RemoveSessionResponse()
 
 
@@ -58,7 +60,7 @@ def test_a_session_chat_started_and_nothing_was_said_in_is_removed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert chat(monkeypatch, b"\n  \n", "--agent", "demo") == exitcodes.OK
-    assert Stub.calls == ["create", "remove abcdefgh0009 force=True"]
+    assert Stub.calls == ["create", "remove abcdefgh0009 force=True only_if_unused=True"]
     assert "nothing was sent: removed session abcdefgh0009" in capsys.readouterr().err
 
 
@@ -94,3 +96,29 @@ def test_a_session_someone_else_sent_a_message_to_meanwhile_stays(
     assert chat(monkeypatch, b"", "--agent", "demo") == exitcodes.OK
     assert not [c for c in Stub.calls if c.startswith("remove")], Stub.calls
     assert "kept" in capsys.readouterr().err
+
+
+def test_a_session_the_daemon_finds_a_message_was_queued_to_is_kept(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A send that came between chat's read of the activity and its removal: the daemon, asked
+    to remove the session only if no message was ever queued to it, refuses; chat keeps it and
+    says so (before: removed with force, the message its sender was told is queued with it)."""
+
+    class Refusing(Stub):
+        def RemoveSession(self, request: Any, timeout: float) -> Any:
+            super().RemoveSession(request, timeout)
+            raise wire.RpcError(
+                wire.StatusCode.FAILED_PRECONDITION,
+                f"session {request.sid} has had messages queued to it: not removed",
+            )
+
+    monkeypatch.setattr(rpc, "stub_for", Refusing)
+    assert chat(monkeypatch, b"", "--agent", "demo") == exitcodes.OK
+    assert Stub.calls == ["create", "remove abcdefgh0009 force=True only_if_unused=True"]
+    err = capsys.readouterr().err
+    assert (
+        "ironctl chat: nothing was sent from here, but session abcdefgh0009 is kept: session "
+        "abcdefgh0009 has had messages queued to it: not removed"
+    ) in err
+    assert "removed session" not in err

@@ -1117,18 +1117,26 @@ class RemoveSessionRequest(_message.Message):
 
     SID_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    ONLY_IF_UNUSED_FIELD_NUMBER: _builtins.int
     sid: _builtins.str
     force: _builtins.bool
     """Stop a live session first instead of refusing."""
+    only_if_unused: _builtins.bool
+    """Remove it only if no message was ever queued to it, else refuse with FAILED_PRECONDITION
+    and leave it as it is. Judged with sends held back, which stay so until it is gone: no
+    message a sender was told is queued is removed with it. (A daemon older than this field
+    ignores it and removes the session whatever it holds.)
+    """
     def __init__(
         self,
         *,
         sid: _builtins.str = ...,
         force: _builtins.bool = ...,
+        only_if_unused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "sid", b"sid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "only_if_unused", b"only_if_unused", "sid", b"sid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

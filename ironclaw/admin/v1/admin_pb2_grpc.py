@@ -235,7 +235,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RemoveSession(self, request, context):
-        """RemoveSession deletes a stopped session (or any, with force).
+        """RemoveSession deletes a stopped session (or any, with force; only an unused one, with
+        only_if_unused).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

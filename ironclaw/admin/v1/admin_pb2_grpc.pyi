@@ -51,7 +51,9 @@ class AdminServiceStub:
     StopSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.StopSessionRequest, _admin_pb2.StopSessionResponse]
     """StopSession stops the sandbox; the session and its data remain."""
     RemoveSession: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RemoveSessionRequest, _admin_pb2.RemoveSessionResponse]
-    """RemoveSession deletes a stopped session (or any, with force)."""
+    """RemoveSession deletes a stopped session (or any, with force; only an unused one, with
+    only_if_unused).
+    """
     SessionLogs: _grpc.UnaryStreamMultiCallable[_admin_pb2.SessionLogsRequest, _admin_pb2.SessionLogsResponse]
     """SessionLogs streams the sandbox unit's journal."""
     SendMessage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SendMessageRequest, _admin_pb2.SendMessageResponse]
@@ -114,7 +116,9 @@ class AdminServiceAsyncStub(AdminServiceStub):
     StopSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.StopSessionRequest, _admin_pb2.StopSessionResponse]  # type: ignore[assignment]
     """StopSession stops the sandbox; the session and its data remain."""
     RemoveSession: _aio.UnaryUnaryMultiCallable[_admin_pb2.RemoveSessionRequest, _admin_pb2.RemoveSessionResponse]  # type: ignore[assignment]
-    """RemoveSession deletes a stopped session (or any, with force)."""
+    """RemoveSession deletes a stopped session (or any, with force; only an unused one, with
+    only_if_unused).
+    """
     SessionLogs: _aio.UnaryStreamMultiCallable[_admin_pb2.SessionLogsRequest, _admin_pb2.SessionLogsResponse]  # type: ignore[assignment]
     """SessionLogs streams the sandbox unit's journal."""
     SendMessage: _aio.UnaryUnaryMultiCallable[_admin_pb2.SendMessageRequest, _admin_pb2.SendMessageResponse]  # type: ignore[assignment]
@@ -222,7 +226,9 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.RemoveSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.RemoveSessionResponse, _abc.Awaitable[_admin_pb2.RemoveSessionResponse]]:
-        """RemoveSession deletes a stopped session (or any, with force)."""
+        """RemoveSession deletes a stopped session (or any, with force; only an unused one, with
+        only_if_unused).
+        """
 
     @_abc_1.abstractmethod
     def SessionLogs(

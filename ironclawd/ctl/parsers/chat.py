@@ -38,7 +38,7 @@ def register(sub: Any, session_verbs: Any) -> None:
     chat.add_argument("sid", metavar="SID", nargs="?", help="session id")
     chat.add_argument(
         "--agent",
-        help="start a new session of this agent (removed again if nothing is said in it)",
+        help="start a new session of this agent (removed again if no message went to it)",
     )
     verify = add_command(
         session_verbs,
