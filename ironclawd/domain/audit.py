@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ironclawd.formats import audit as audit_format
+
 # A caller's field of one of these names would replace the chain's own (a record numbered or
-# linked by its payload), so ``check_fields`` refuses it.
-RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac"})
+# linked by its payload, or read as of another format), so ``check_fields`` refuses it.
+RESERVED = frozenset({"seq", "time", "event", "actor", "prev", "mac", audit_format.FIELD})
 
 
 def check_fields(event: str, fields: Mapping[str, object]) -> None:

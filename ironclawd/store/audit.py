@@ -12,6 +12,10 @@ disk) is cut back to the last whole record before anything else is appended, and
 a crash is cut back when the log is opened. Each cut is itself recorded (``audit.repaired``,
 naming the bytes cut) before the next record, so ``verify`` tells a crash (a cut, recorded) from
 tampering (a bad MAC, link or seq among the records).
+
+A record's format version is its ``format`` field, covered by its MAC; none means version 1,
+which is every record so far (ironclawd/formats/audit.py). A log that ends in a record of a
+version this ironclawd does not know is refused, never appended to or cut.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 from ironclawd.domain.audit import check_fields
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import DiskFull, HostError
+from ironclawd.formats import audit as audit_format
 from ironclawd.ports import VerifyResult
 from ironclawd.store.diskspace import is_disk_full
 
@@ -70,16 +75,33 @@ class AuditLog:
         except OSError as exc:
             raise HostError(f"opening audit log {path}: {exc.strerror}") from exc
         self.append_only = _set_append_only(self._fd)
-        self._seq, self._prev = self._tail()
+        try:
+            self._seq, self._prev = self._tail()
+        except HostError:
+            os.close(self._fd)
+            raise
         self._size = self._whole_size()
         if not self._cut(self._size, "a torn record at the end (a crash or a full disk)"):
             log.critical("audit log %s: cannot cut its torn tail: new records refused", path,
                          extra=message_id(MessageId.AUDIT_LOG_DAMAGED))  # fmt: skip
 
     def _tail(self) -> tuple[int, str]:
-        seq, prev = 0, GENESIS
-        for record, _torn in self._lines():
-            seq, prev = int(record.get("seq", 0)), str(record.get("mac", GENESIS))
+        """The last record's (seq, mac); HostError if it is of a format this version does not
+        know (a newer ironclawd wrote it): chaining this version's records onto it would make
+        them a forgery to the version that wrote it, and its torn tail is left for it to cut."""
+        seq, prev, line_no = 0, GENESIS, 0
+        last: dict[str, Any] = {}
+        for last, _torn in self._lines():
+            line_no += 1
+            if audit_format.known(last):
+                seq, prev = int(last.get("seq", 0)), str(last.get("mac", GENESIS))
+        if not audit_format.known(last):
+            raise HostError(
+                f"refusing to append to audit log {self._path}: its last record (line {line_no}) "
+                f"is of format version {audit_format.version(last)!r}, this ironclawd knows "
+                f"version {audit_format.known_text()} (written by a newer ironclawd); the log is "
+                "left as it is"
+            )
         return seq, prev
 
     def _whole_size(self) -> int:
