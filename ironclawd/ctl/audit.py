@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ironclaw.admin.v1 import admin_pb2
 from ironclawd.ctl import exitcodes, render
 from ironclawd.ctl.shapes import print_json
+from ironclawd.formats import audit as audit_format
 
 if TYPE_CHECKING:
     from ironclawd.ctl.common import Stub
@@ -43,6 +44,9 @@ def cmd_audit_verify(args: argparse.Namespace, stub: Stub) -> int:
         flag = "with" if reply.append_only else "WITHOUT"
         note = f"; {reply.problem}" if reply.problem else ""
         print(f"audit log intact: {reply.records} records ({flag} the append-only flag){note}")
+    elif reply.problem.startswith(audit_format.UNKNOWN):
+        # Not tampering as such: a newer ironclawd's record, which this version cannot check.
+        print(f"audit log of an UNKNOWN FORMAT from record {reply.first_bad_seq}: {reply.problem}")
     else:
         print(f"audit log TAMPERED: first bad record {reply.first_bad_seq}: {reply.problem}")
     return exitcodes.OK if reply.ok else exitcodes.FAILED

@@ -4,7 +4,8 @@ A record's ``format`` field says what its MAC and its link cover; a record witho
 version 1, which is every record written so far (this version writes none). A later format
 that changes what the MAC, the hash or the link covers writes its number there, inside what
 its MAC covers, so the number cannot be changed without breaking the chain. An ironclawd that
-finds a version it does not know at the end of the log refuses to append after it.
+finds a version it does not know at the end of the log refuses to append after it, and its
+``audit verify`` stops there with a problem beginning with ``UNKNOWN``, not a tampering.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 FIELD = "format"
 ABSENT = 1  # the version of a record without the field
 KNOWN = (1,)
+UNKNOWN = "unknown format version"  # how verify's problem begins for such a record
 
 
 def version(record: Mapping[str, object]) -> object:

@@ -10,6 +10,7 @@ from typing import Any
 from ironclawd.domain.audit import check_fields
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import HostError
+from ironclawd.formats import audit as audit_format
 from ironclawd.ports import AuditHead, AuditLogFile, AuditSink, Clock, VerifyResult
 
 log = logging.getLogger("ironclawd.audit")
@@ -94,7 +95,11 @@ class Audit:
 
     def verify(self) -> VerifyResult:
         result = self._log.verify(self._store.audit_head())
-        if not result.ok:
+        if not result.ok and result.problem.startswith(audit_format.UNKNOWN):
+            # Not the chain-broken message: a newer ironclawd's record, or a forged one.
+            log.critical("audit log verification stopped at record %d (a format this version "
+                         "does not know): %s", result.first_bad, result.problem)  # fmt: skip
+        elif not result.ok:
             log.critical("audit log verification failed at record %d of %d: %s",
                          result.first_bad, result.records, result.problem,
                          extra=message_id(MessageId.AUDIT_CHAIN_BROKEN))  # fmt: skip

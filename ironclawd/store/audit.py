@@ -15,7 +15,8 @@ tampering (a bad MAC, link or seq among the records).
 
 A record's format version is its ``format`` field, covered by its MAC; none means version 1,
 which is every record so far (ironclawd/formats/audit.py). A log that ends in a record of a
-version this ironclawd does not know is refused, never appended to or cut.
+version this ironclawd does not know is refused, never appended to or cut; ``verify`` stops at
+the first such record and says so, distinct from tampering.
 """
 
 from __future__ import annotations
@@ -259,6 +260,8 @@ class AuditLog:
         tampering: they are counted and named in ``problem`` of an ok result."""
         prev, count, repairs, torn_at = GENESIS, 0, 0, []
         for line_no, (record, torn) in enumerate(self._lines(), start=1):
+            if not audit_format.known(record):
+                return self._unknown_format(record, count, line_no)
             if record.get("seq") != line_no:
                 found = record.get("seq")
                 problem = f"expected seq {line_no}, found {found!r} (deleted, reordered, inserted)"
@@ -283,6 +286,23 @@ class AuditLog:
             notes.append(f"torn bytes before record(s) {', '.join(map(str, torn_at[:10]))} "
                          "(a full disk before cut-back existed)")  # fmt: skip
         return VerifyResult(True, count, 0, "; ".join(notes), repairs + len(torn_at))
+
+    def _unknown_format(self, record: dict[str, Any], count: int, line_no: int) -> VerifyResult:
+        """Verify stops at a record of a format this version does not know: the records after
+        it chain through a MAC it cannot check, so none of them is vouched for. A record of
+        version 1 whose number was changed is tampering: its MAC is still version 1's."""
+        found = audit_format.version(record)
+        mac = str(record.get("mac", "")).encode()  # bytes: str must be ASCII to compare
+        body = {k: v for k, v in record.items() if k != audit_format.FIELD}
+        for was in ({}, {audit_format.FIELD: audit_format.ABSENT}):
+            if hmac.compare_digest(mac, self._mac({**body, **was}).encode()):
+                problem = f"record altered (its format version changed from 1 to {found!r})"
+                return VerifyResult(False, count, line_no, problem)
+        problem = (f"{audit_format.UNKNOWN} {found!r}, this ironclawd knows version "
+                   f"{audit_format.known_text()} (written by a newer ironclawd, or altered if "
+                   f"none has written to this log); {count} records before it verified, none "
+                   "from it on")  # fmt: skip
+        return VerifyResult(False, count, line_no, problem)
 
     def _check_end(
         self, count: int, prev: str, expected_head: tuple[int, str] | None

@@ -6,23 +6,32 @@ text and a nested field, and a last record behind torn bytes as versions before 
 left them. It must verify, and be appended to, with not a byte of it changed.
 
 A record of a version this ironclawd does not know (a newer one wrote it, before a downgrade)
-is never appended after nor cut.
+is never appended after nor cut, and ``verify`` names it apart from tampering; a version-1
+record whose number was changed is tampering.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
+import logging
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ironclaw.admin.v1 import admin_pb2
+from ironclawd.ctl import exitcodes
+from ironclawd.ctl.audit import cmd_audit_verify
 from ironclawd.errors import HostError
 from ironclawd.formats import audit as audit_format
+from ironclawd.services.audit import Audit
 from ironclawd.store import audit as audit_store
 from ironclawd.store.audit import AuditLog, canonical
+from tests.fakes import MemoryAuditHead
 
 KEY = b"k" * 32
 FIXTURE = Path(__file__).parent / "fixtures" / "audit" / "v1.log"
@@ -106,6 +115,51 @@ def test_an_explicit_version_1_is_version_1(path: Path) -> None:
     log.close()
 
 
+def test_verify_stops_at_the_first_record_of_an_unknown_format_and_names_it(path: Path) -> None:
+    """Not TAMPERED (before: "MAC mismatch"), and nothing after it is vouched for: what follows
+    chains through a MAC this version cannot check. Tampering before it is still tampering."""
+    newer = _newer(path)
+    path.write_bytes(path.read_bytes() + newer + b'{"seq":99}\n')
+    log = AuditLog(path, KEY)
+    result = log.verify((7, "0" * 64))
+    assert (result.ok, result.records, result.first_bad) == (False, 5, 6), result
+    assert result.problem == (
+        "unknown format version 2, this ironclawd knows version 1 (written by a newer "
+        "ironclawd, or altered if none has written to this log); 5 records before it "
+        "verified, none from it on"
+    )
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"agent":"demo"', b'"agent":"evil"')
+    path.write_bytes(b"".join(lines))
+    result = log.verify((7, "0" * 64))
+    assert (result.ok, result.first_bad, result.problem) == (
+        False, 2, "record altered (MAC mismatch)",
+    )  # fmt: skip
+    log.close()
+
+
+@pytest.mark.parametrize("written", [{}, {"format": 1}])
+def test_a_version_1_record_given_another_version_is_tampering(
+    path: Path, written: dict[str, Any]
+) -> None:
+    """Marking an old record as of a newer format must not turn a forgery into "unknown
+    format": its MAC is still version 1's, over the record without the change."""
+    log = AuditLog(path, KEY)
+    record = log.append("change.approved", "uid:1000(alice)", change="c0ffee0002")
+    if written:  # the same record as written with the version named
+        record = {k: v for k, v in record.items() if k != "mac"} | written
+        record["mac"] = log._mac(record)
+    old = FIXTURE.read_bytes()
+    path.write_bytes(old + canonical(record) + b"\n")
+    head = (6, str(record["mac"]))
+    assert log.verify(head).ok  # version 1 either way, so far
+    path.write_bytes(old + canonical({**record, "format": 2}) + b"\n")
+    result = log.verify(head)
+    assert (result.ok, result.records, result.first_bad) == (False, 5, 6)
+    assert result.problem == "record altered (its format version changed from 1 to 2)"
+    log.close()
+
+
 def test_no_caller_field_can_set_the_version(path: Path) -> None:
     before = path.read_bytes()
     log = AuditLog(path, KEY)
@@ -113,3 +167,34 @@ def test_no_caller_field_can_set_the_version(path: Path) -> None:
         log.append("daemon.started", "ironclawd", format=2)
     log.close()
     assert path.read_bytes() == before
+
+
+class _Stub:
+    def __init__(self, reply: admin_pb2.VerifyAuditResponse) -> None:
+        self.reply = reply
+
+    def VerifyAudit(self, *_: Any, **__: Any) -> admin_pb2.VerifyAuditResponse:
+        return self.reply
+
+
+def test_ironctl_says_unknown_format_not_tampered(
+    path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    audit = Audit(AuditLog(path, KEY), MemoryAuditHead())
+    path.write_bytes(path.read_bytes() + _newer(path))  # as if written after this one started
+    with caplog.at_level(logging.CRITICAL, "ironclawd.audit"):
+        result = audit.verify()
+    audit.close()
+    assert not any(hasattr(r, "MESSAGE_ID") for r in caplog.records)  # not "chain broken"
+    assert "verification stopped at record 6 (a format this version does not know)" in caplog.text
+    reply = admin_pb2.VerifyAuditResponse(
+        ok=result.ok, records=result.records, first_bad_seq=result.first_bad, problem=result.problem
+    )
+    args = argparse.Namespace(json=False, timeout=5.0)
+    assert cmd_audit_verify(args, _Stub(reply)) == exitcodes.FAILED  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert out.startswith("audit log of an UNKNOWN FORMAT from record 6: unknown format version 2")
+    assert "TAMPERED" not in out
+    reply.problem = "record altered (MAC mismatch)"
+    assert cmd_audit_verify(args, _Stub(reply)) == exitcodes.FAILED  # type: ignore[arg-type]
+    assert capsys.readouterr().out.startswith("audit log TAMPERED: first bad record 6")
