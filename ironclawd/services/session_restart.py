@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ironclawd.domain.agents import AgentSpec, find_agent
 from ironclawd.domain.session import LIVE, Session, State
 from ironclawd.errors import IronclawError, SandboxError
-from ironclawd.ports import AgentHello, SessionRecords
+from ironclawd.ports import AgentHello
 from ironclawd.services.session_lifecycle import SandboxLifecycle
+from ironclawd.services.session_records import HeldRecords
 
 log = logging.getLogger("ironclawd.sessions")
 
@@ -31,7 +32,7 @@ MAX_RESPECS = 3
 class AgentRestarts:
     """``SessionService``'s commands that bring an agent's new spec to its sessions."""
 
-    _store: SessionRecords
+    _store: HeldRecords
     _agents: Mapping[str, AgentSpec]
     lifecycle: SandboxLifecycle
     # Creates in flight per agent, from the moment they read its spec (before their session

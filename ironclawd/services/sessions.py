@@ -27,6 +27,7 @@ from ironclawd.services.session_lifecycle import (
     quietly_sync,
 )
 from ironclawd.services.session_lock import SessionLock
+from ironclawd.services.session_records import HeldRecords
 from ironclawd.services.session_restart import AgentRestarts
 from ironclawd.services.session_watch import OwnedTasks, SessionWatcher
 
@@ -53,7 +54,7 @@ class SessionService(AgentRestarts):
         clock: Clock,
         pool: WarmPool | None = None,
     ) -> None:
-        self._store = store
+        self._store = HeldRecords(store)  # with the failures the disk did not take
         self.pool = pool  # pre-started sandboxes a create without a sid claims
         self.lifecycle = lifecycle
         self.layout = lifecycle.layout
@@ -364,7 +365,7 @@ class SessionService(AgentRestarts):
                     log.error("%s", reason)
                     await self.lifecycle.teardown(session)
                     failed = transition(session, State.FAILED, self._clock.time(), reason)
-                    self._store.save(failed)
+                    self._store.hold(failed)  # a disk that takes no record leaves it held
                     self.audit_quietly(failed, State.FAILED.value)
             raise
 
