@@ -223,6 +223,7 @@ def session_to_proto(session: Session, recovering: bool = False) -> admin_pb2.Se
         unit=session.unit,
         netns=session.netns,
         platform=session.platform,
+        restarting=session.restarting,
     )
 
 

@@ -161,7 +161,7 @@ def when(stamp: float) -> str:
 
 
 def sessions(items: Sequence[admin_pb2.Session], *, legend: bool = True) -> None:
-    rows = [[s.sid, visible(s.agent), session_state(s.state), when(s.created_at), visible(s.error)]
+    rows = [[s.sid, visible(s.agent), _state(s), when(s.created_at), visible(s.error)]
             for s in items]  # fmt: skip
     hint = "" if items else "no sessions (create one: ironctl session create --agent demo)"
     table(("SID", "AGENT", "STATE", "CREATED", "ERROR"), rows, legend=legend, summary=hint)
@@ -171,7 +171,7 @@ def session(s: admin_pb2.Session) -> None:
     rows: list[tuple[str, Cell]] = [
         ("sid", s.sid),
         ("agent", visible(s.agent)),
-        ("state", session_state(s.state)),
+        ("state", _state(s)),
         ("unit", s.unit),
         ("netns", s.netns),
         ("platform", s.platform or EMPTY),
@@ -181,7 +181,16 @@ def session(s: admin_pb2.Session) -> None:
     ]
     if s.error:
         rows.append(("error", visible(s.error)))
+    if s.restarting:
+        rows.append(("restarting", "an approved change's restart: it runs again on the agent's "
+                     "new spec (ironctl session stop keeps it stopped)"))  # fmt: skip
     fields(rows)
+
+
+def _state(s: admin_pb2.Session) -> str:
+    """A session's state, and "(restarting)" while an approved change's restart marks it."""
+    state = session_state(s.state)
+    return f"{state} (restarting)" if s.restarting else state
 
 
 def session_state(value: int) -> str:

@@ -879,6 +879,7 @@ class Session(_message.Message):
     UNIT_FIELD_NUMBER: _builtins.int
     NETNS_FIELD_NUMBER: _builtins.int
     PLATFORM_FIELD_NUMBER: _builtins.int
+    RESTARTING_FIELD_NUMBER: _builtins.int
     sid: _builtins.str
     agent: _builtins.str
     state: Global___SessionState.ValueType
@@ -894,6 +895,12 @@ class Session(_message.Message):
     main process holds the namespace and the name under /run/netns is released.
     """
     platform: _builtins.str
+    restarting: _builtins.bool
+    """An approved change's restart of its agent's sessions is under way for this one (stopping,
+    stopped or starting): it runs again on the agent's new spec. One a daemon stop or death cut
+    stays stopped and marked until the next daemon start starts it (or `session start` does);
+    the operator's stop clears it.
+    """
     def __init__(
         self,
         *,
@@ -907,10 +914,11 @@ class Session(_message.Message):
         unit: _builtins.str = ...,
         netns: _builtins.str = ...,
         platform: _builtins.str = ...,
+        restarting: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "created_at", b"created_at", "error", b"error", "last_active_at", b"last_active_at", "netns", b"netns", "platform", b"platform", "sid", b"sid", "state", b"state", "unit", b"unit", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "created_at", b"created_at", "error", b"error", "last_active_at", b"last_active_at", "netns", b"netns", "platform", b"platform", "restarting", b"restarting", "sid", b"sid", "state", b"state", "unit", b"unit", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
