@@ -266,7 +266,7 @@ class AuditLog:
                 found = record.get("seq")
                 problem = f"expected seq {line_no}, found {found!r} (deleted, reordered, inserted)"
                 return VerifyResult(False, count, line_no, problem)
-            if not hmac.compare_digest(str(record.get("mac", "")), self._mac(record)):
+            if not _same_mac(record.get("mac"), self._mac(record)):
                 return VerifyResult(False, count, line_no, "record altered (MAC mismatch)")
             if record.get("prev") != prev:
                 return VerifyResult(False, count, line_no, "chain broken (prev does not match)")
@@ -292,10 +292,10 @@ class AuditLog:
         it chain through a MAC it cannot check, so none of them is vouched for. A record of
         version 1 whose number was changed is tampering: its MAC is still version 1's."""
         found = audit_format.version(record)
-        mac = str(record.get("mac", "")).encode()  # bytes: str must be ASCII to compare
+        mac = record.get("mac")
         body = {k: v for k, v in record.items() if k != audit_format.FIELD}
         for was in ({}, {audit_format.FIELD: audit_format.ABSENT}):
-            if hmac.compare_digest(mac, self._mac({**body, **was}).encode()):
+            if _same_mac(mac, self._mac({**body, **was})):
                 problem = f"record altered (its format version changed from 1 to {found!r})"
                 return VerifyResult(False, count, line_no, problem)
         problem = (f"{audit_format.UNKNOWN} {found!r}, this ironclawd knows version "
@@ -372,3 +372,13 @@ def _set_append_only(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _same_mac(stored: object, computed: str) -> bool:
+    """Whether a record's stored ``mac`` is ``computed`` (hex), in constant time. Anything but
+    a string of ASCII is a mismatch: ``compare_digest`` raises TypeError on a str holding
+    non-ASCII characters, and a lone surrogate (JSON's ``\\ud800``) cannot be encoded, so an
+    altered record must not reach either as text."""
+    if not isinstance(stored, str) or not stored.isascii():
+        return False
+    return hmac.compare_digest(stored.encode(), computed.encode())

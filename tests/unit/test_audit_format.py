@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import json
 import logging
 import os
 import re
@@ -198,3 +199,27 @@ def test_ironctl_says_unknown_format_not_tampered(
     reply.problem = "record altered (MAC mismatch)"
     assert cmd_audit_verify(args, _Stub(reply)) == exitcodes.FAILED  # type: ignore[arg-type]
     assert capsys.readouterr().out.startswith("audit log TAMPERED: first bad record 6")
+
+
+@pytest.mark.parametrize("mac", ["é" * 64, "\ud800" + "0" * 63, 12345, None])
+@pytest.mark.parametrize("newer", [False, True])
+def test_a_record_whose_mac_is_not_ascii_text_is_tampering_not_a_crash(
+    path: Path, mac: object, newer: bool
+) -> None:
+    """A MAC altered to non-ASCII text (or a lone surrogate, or no string at all) is reported
+    as tampering: compare_digest raised TypeError on such a str, and verify crashed instead of
+    answering. Both walks are tried: the version-1 one and the one of a record of a newer
+    format (which checks whether only its number was changed)."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    record, _torn = audit_store._parse(lines[2])
+    record["mac"] = mac
+    if newer:
+        record["format"] = 2
+    lines[2] = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+    path.write_bytes(b"".join(lines))
+    log = AuditLog(path, KEY)
+    result = log.verify()
+    log.close()
+    assert (result.ok, result.first_bad) == (False, 3), result
+    if not newer:
+        assert result.problem == "record altered (MAC mismatch)"
