@@ -14,8 +14,7 @@ to the directory itself, so a new directory would be invisible to a running sand
 Everything on the socket is bounded: at most ``max_control_connections`` connections (a new one
 pushes out the oldest that has not said hello yet, else it is refused: the agent's own connection,
 which said hello long ago, is never pushed out), a hello within the handshake timeout, lines of
-at most MAX_LINE bytes read at the session's call rate (``calls_per_second``, its further lines
-wait in the socket), and a peer that stops reading cannot hold up ``send`` for longer than
+at most MAX_LINE bytes, and a peer that stops reading cannot hold up ``send`` for longer than
 SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironclawd/ratelog.py).
 
 A clean daemon stop hands each session's listening socket and its agent's connection to systemd's
@@ -25,7 +24,8 @@ connection is checked again like a new one (its peer must still be in the sessio
 stopping daemon stops reading the connections it hands over; one it had read a line from that it
 had not finished acting on is marked, and the next daemon reads that session's outbound queue
 again in full ("resync"). The saved name also carries the protocol version the agent's hello
-named (ironclawd/domain/agent_protocol.py), so a restored connection keeps it without a hello.
+named (ironclawd/domain/agent_protocol.py), so a restored connection keeps it without a hello;
+an agent of a version this daemon does not speak is refused, at its hello as at its restore.
 The next daemon's first line on a restored connection is "restarted 0":
 the agent's gRPC connections to the session's other sockets ended with the old daemon. Anything
 that cannot be restored is closed, and the agent reconnects and says hello as after a crash.
@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import paths, ratelog
-from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, serve_unix
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.agent_protocol import (
     VERSION_DIGITS,
     is_version_word,
     parse_version_word,
+    refusal,
     version_word,
 )
 from ironclawd.domain.session import check_sid, unit_name
@@ -141,8 +141,6 @@ class ControlServer:
         self._claim_lost: list[Callable[[str], None]] = []
         self._listener: ControlListener | None = None
         self._restored: dict[str, Restored] = {}
-        # Each session's lines, all its connections together (``_paced``).
-        self._lines: dict[str, TokenBucket] = {}
 
     def set_listener(self, listener: ControlListener) -> None:
         self._listener = listener
@@ -408,6 +406,9 @@ class ControlServer:
         hello = restored.hello if restored else await self._hello(sid, channel, reader, writer)
         if hello is None:
             return
+        if not self._speaks(sid, channel, hello):
+            writer.transport.abort()
+            return
         if restored is not None:
             # Before any other line: the agent's gRPC connections to the old daemon's sockets
             # ended with it, and its client would find that out only by failing a call on each.
@@ -428,7 +429,6 @@ class ControlServer:
             while line := await reader.readline():
                 channel.acting.add(writer)
                 try:
-                    await self._paced(sid)
                     await self._act(sid, line)
                 finally:
                     channel.acting.discard(writer)
@@ -445,18 +445,22 @@ class ControlServer:
             if not channel.closing and not channel.writers:
                 channel.disconnected.set()
 
-    async def _paced(self, sid: str) -> None:
-        """Wait until the session's line rate takes another line. Each line made the daemon act
-        at once, and a read of the socket (some 43,000 short lines) was all acted on before the
-        event loop took another turn: a box writing lines it could not parse held the loop for
-        a second at a time (found by a review). Its further lines wait in the socket."""
-        rate = self._limits.calls_per_second
-        lines = self._lines.setdefault(sid, TokenBucket(rate, 2 * rate))
-        while not lines.take():
-            ratelog.info(log, sid, "control.sock paced",
-                         "session %s: control.sock over %g lines a second: its next lines wait",
-                         sid, rate)  # fmt: skip
-            await asyncio.sleep(lines.wait_seconds())
+    def _speaks(self, sid: str, channel: _Channel, hello: AgentHello) -> bool:
+        """Whether this daemon speaks the protocol version the agent named (in its hello, or in
+        the name of a restored connection). An agent of another version (frozen into another
+        ironclawd version's package, adopted after an upgrade or a downgrade) is refused before
+        anything is said to it or read from it, and the wait for the session's hello fails with
+        the reason: its session is failed, never run half-understood."""
+        why = refusal(sid, hello.protocol)
+        if why is None:
+            return True
+        ratelog.warning(log, sid, "control.sock protocol",
+                        "session %s: refused the control connection of agent pid %d: %s", sid,
+                        hello.pid, why)  # fmt: skip
+        if not channel.hello.done():
+            channel.hello.set_exception(HostError(why))
+            channel.hello.exception()  # seen here; a wait for it still raises it
+        return False
 
     async def _first_news(self, sid: str, hello: AgentHello, restored: _Kept | None) -> None:
         """What a new or restored connection means for the session's outbound queue."""
@@ -563,7 +567,6 @@ class ControlServer:
         # the start adopts the others): the listener's file is removed below, so a later
         # ``open`` must bind a new one, not take this (its name still reads as the path).
         self._restored.pop(sid, Restored()).close()
-        self._lines.pop(sid, None)
         directory = self._session_dir(sid)
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(directory):

@@ -41,3 +41,18 @@ def parse_version_word(word: str) -> int | None:
             and digits.isdigit()):  # fmt: skip
         return None
     return int(digits)
+
+
+def refusal(sid: str, found: int) -> str | None:
+    """Why session ``sid``'s agent of protocol version ``found`` is refused (None: this daemon
+    speaks it): the version found, those known, and the operator's way out."""
+    if found in KNOWN_PROTOCOLS:
+        return None
+    known = ", ".join(str(version) for version in KNOWN_PROTOCOLS)
+    versions = "version" if len(KNOWN_PROTOCOLS) == 1 else "versions"
+    return (
+        f"its agent speaks protocol version {found}, this ironclawd speaks {versions} {known} "
+        "(the sandbox was started by another ironclawd version, before an upgrade or a "
+        "downgrade): refused, its sandbox stopped and its data kept; start the session again "
+        f"('ironctl session start {sid}') to run it with this version's agent"
+    )

@@ -368,7 +368,8 @@ class ControlPlane(Protocol):
 
     async def wait_hello(self, sid: str) -> AgentHello:
         """The agent's hello once it connects (the caller bounds the wait). HostError if the
-        session's socket is not open, or is closed before the hello."""
+        session's socket is not open, or is closed before the hello, or its agent speaks a
+        protocol version this daemon does not (domain/agent_protocol.py: the error says why)."""
         ...
 
     async def wait_disconnect(self, sid: str) -> None:
