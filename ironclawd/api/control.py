@@ -14,7 +14,8 @@ to the directory itself, so a new directory would be invisible to a running sand
 Everything on the socket is bounded: at most ``max_control_connections`` connections (a new one
 pushes out the oldest that has not said hello yet, else it is refused: the agent's own connection,
 which said hello long ago, is never pushed out), a hello within the handshake timeout, lines of
-at most MAX_LINE bytes, and a peer that stops reading cannot hold up ``send`` for longer than
+at most MAX_LINE bytes read at the session's call rate (``calls_per_second``, its further lines
+wait in the socket), and a peer that stops reading cannot hold up ``send`` for longer than
 SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironclawd/ratelog.py).
 
 A clean daemon stop hands each session's listening socket and its agent's connection to systemd's
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import paths, ratelog
+from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, serve_unix
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.agent_protocol import (
@@ -141,6 +143,8 @@ class ControlServer:
         self._claim_lost: list[Callable[[str], None]] = []
         self._listener: ControlListener | None = None
         self._restored: dict[str, Restored] = {}
+        # Each session's lines, all its connections together (``_paced``).
+        self._lines: dict[str, TokenBucket] = {}
 
     def set_listener(self, listener: ControlListener) -> None:
         self._listener = listener
@@ -429,6 +433,7 @@ class ControlServer:
             while line := await reader.readline():
                 channel.acting.add(writer)
                 try:
+                    await self._paced(sid)
                     await self._act(sid, line)
                 finally:
                     channel.acting.discard(writer)
@@ -444,6 +449,19 @@ class ControlServer:
             # last one is: an extra connection that says hello and leaves is not an exit.
             if not channel.closing and not channel.writers:
                 channel.disconnected.set()
+
+    async def _paced(self, sid: str) -> None:
+        """Wait until the session's line rate takes another line. Each line made the daemon act
+        at once, and a read of the socket (some 43,000 short lines) was all acted on before the
+        event loop took another turn: a box writing lines it could not parse held the loop for
+        a second at a time (found by a review). Its further lines wait in the socket."""
+        rate = self._limits.calls_per_second
+        lines = self._lines.setdefault(sid, TokenBucket(rate, 2 * rate))
+        while not lines.take():
+            ratelog.info(log, sid, "control.sock paced",
+                         "session %s: control.sock over %g lines a second: its next lines wait",
+                         sid, rate)  # fmt: skip
+            await asyncio.sleep(lines.wait_seconds())
 
     def _speaks(self, sid: str, channel: _Channel, hello: AgentHello) -> bool:
         """Whether this daemon speaks the protocol version the agent named (in its hello, or in
@@ -567,6 +585,7 @@ class ControlServer:
         # the start adopts the others): the listener's file is removed below, so a later
         # ``open`` must bind a new one, not take this (its name still reads as the path).
         self._restored.pop(sid, Restored()).close()
+        self._lines.pop(sid, None)
         directory = self._session_dir(sid)
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(directory):
