@@ -295,12 +295,13 @@ class SessionService(AgentRestarts):
         return moved
 
     def force_failed(self, session: Session, reason: str) -> Session:
-        """Record ``session`` failed whatever state it is in (no transition check)."""
+        """Record ``session`` (torn down) failed whatever state it is in (no transition
+        check); held in memory if the disk takes no record."""
         failed = replace(
             session, state=State.FAILED, updated_at=self._clock.time(), error=reason,
             restarting=False,
         )  # fmt: skip
-        self._store.save(failed)
+        self._store.hold(failed)
         self.audit_quietly(failed, State.FAILED.value)
         return failed
 
