@@ -387,8 +387,8 @@ class SessionService(AgentRestarts):
             agent, hello = await self._respec(session, agent, hello)
         except (IronclawError, OSError, TimeoutError) as exc:
             reason = describe(exc, f"starting session {sid}")
+            log.error("%s", reason)  # first: a full disk may refuse the record of it
             session = self.move(session, State.FAILED, error=reason)
-            log.error("%s", reason)
             raise SandboxError(reason) from exc
         self._built[sid] = agent
         session = self.move(session, State.RUNNING, platform=self.lifecycle.platform)

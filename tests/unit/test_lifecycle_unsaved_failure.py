@@ -10,6 +10,7 @@ listing sees), and the next save of the session that succeeds writes it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from ironclawd.domain.agents import AgentSpec
 from ironclawd.domain.session import Session, State
-from ironclawd.errors import DiskFull
+from ironclawd.errors import DiskFull, HostError
 from tests.unit.test_pool_bookkeeping import PoolWorld, until
 from tests.unit.test_session_service import SID, World
 
@@ -228,3 +229,23 @@ def test_a_changes_restart_that_could_not_record_running_nor_its_failure_starts_
         await service.close()
 
     asyncio.run(go())
+
+
+def test_why_a_start_failed_is_logged_when_its_failure_cannot_be_saved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The start's own failure was logged only after its record was saved: with the save
+    refused, the journal named the full disk and never why the sandbox did not start."""
+    world = World()
+    world.units.fail["units.start"] = HostError("StartTransientUnit: access denied")
+    FullDisk(world, lambda s: s.state is State.FAILED)
+
+    async def go() -> None:
+        with pytest.raises(DiskFull):
+            await world.service.create("demo", SID)
+        await world.service.close()
+
+    asyncio.run(go())
+    assert world.service.get(SID).state is State.FAILED
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("StartTransientUnit: access denied" in line for line in logged), logged
