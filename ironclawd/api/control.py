@@ -11,12 +11,14 @@ unprivileged users (user@<uid>.service has Delegate=yes), and a user may name a 
 The directory is reused across daemon restarts, never recreated: the sandbox's bind mount refers
 to the directory itself, so a new directory would be invisible to a running sandbox.
 
-Everything on the socket is bounded: at most ``max_control_connections`` connections (a new one
-pushes out the oldest that has not said hello yet, else it is refused: the agent's own connection,
-which said hello long ago, is never pushed out), a hello within the handshake timeout, lines of
-at most MAX_LINE bytes read at the session's call rate (``calls_per_second``, its further lines
-wait in the socket), and a peer that stops reading cannot hold up ``send`` for longer than
-SEND_TIMEOUT. Every line the box can cause is logged through the throttle (ironclawd/ratelog.py).
+Everything on the socket is bounded: new connections accepted at ``connections_per_second``
+(further connects wait in the kernel's backlog, api/accept.py), at most
+``max_control_connections`` connections (a new one pushes out the oldest that has not said hello
+yet, else it is refused: the agent's own connection, which said hello long ago, is never pushed
+out), a hello within the handshake timeout, lines of at most MAX_LINE bytes read at the session's
+call rate (``calls_per_second``, its further lines wait in the socket), and a peer that stops
+reading cannot hold up ``send`` for longer than SEND_TIMEOUT. Every line the box can cause is
+logged through the throttle (ironclawd/ratelog.py).
 
 A clean daemon stop hands each session's listening socket and its agent's connection to systemd's
 file descriptor store (``hand_over``), and the next start takes them back (``restore``): the
@@ -46,8 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import paths, ratelog
+from ironclawd.api.accept import PacedServer, serve_paced
 from ironclawd.api.limits import TokenBucket
-from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir, serve_unix
+from ironclawd.api.sockets import bind_unix_socket, ensure_private_dir
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.agent_protocol import (
     VERSION_DIGITS,
@@ -112,7 +115,7 @@ class Restored:
 
 @dataclass
 class _Channel:
-    server: asyncio.Server
+    server: PacedServer
     hello: asyncio.Future[AgentHello]
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -128,7 +131,7 @@ class _Channel:
 class _Claim:
     """A pooled sandbox's claim.sock and its agent's waiting connections, oldest first."""
 
-    server: asyncio.Server
+    server: PacedServer
     waiting: list[asyncio.StreamWriter] = field(default_factory=list)
     # Set when an agent connects, and when the socket stops being served (``wait_claim``).
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -195,19 +198,15 @@ class ControlServer:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._hold(sid, claim, reader, writer)
 
-        claim = _Claim(await serve_unix(handle, sock, limit=MAX_LINE))
+        admit = _admit(sid, "claim")
+        claim = _Claim(serve_paced(handle, sock, self._limits, admit, sid=sid, name=CLAIM_SOCKET,
+                                   limit=MAX_LINE))  # fmt: skip
         self._claims[sid] = claim
         return directory
 
     async def _hold(
         self, sid: str, claim: _Claim, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        if not peer_in_unit(writer.get_extra_info("socket"), unit_name(sid)):
-            ratelog.warning(log, sid, "claim.sock outsider",
-                            "session %s: refused a claim connection from outside its unit",
-                            sid)  # fmt: skip
-            writer.transport.abort()
-            return
         if len(claim.waiting) >= self._limits.max_control_connections:
             claim.waiting.pop(0).transport.abort()  # the oldest: a new one is the live agent
         claim.waiting.append(writer)
@@ -307,7 +306,9 @@ class ControlServer:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._serve(sid, channel, reader, writer)
 
-        server = await serve_unix(handle, sock, limit=MAX_LINE)
+        admit = _admit(sid, "control")
+        server = serve_paced(handle, sock, self._limits, admit, sid=sid, name=CONTROL_SOCKET,
+                             limit=MAX_LINE)  # fmt: skip
         channel = _Channel(server, hello)
         self._channels[sid] = channel
         for kept in restored.connections:
@@ -398,7 +399,8 @@ class ControlServer:
         restored: _Kept | None = None,
     ) -> None:
         sock: socket.socket = writer.get_extra_info("socket")
-        if not peer_in_unit(sock, unit_name(sid)):
+        # A new connection was checked as it was accepted (``_admit``); a restored one is here.
+        if restored is not None and not peer_in_unit(sock, unit_name(sid)):
             ratelog.warning(log, sid, "control.sock outsider",
                             "session %s: refused a control connection from outside its unit",
                             sid)  # fmt: skip
@@ -608,6 +610,21 @@ class ControlServer:
             return self._channels[sid]
         except KeyError:
             raise HostError(f"session {sid}: control socket is not open") from None
+
+
+def _admit(sid: str, kind: str) -> Callable[[socket.socket], bool]:
+    """The check of a connection to ``sid``'s control.sock or claim.sock as it is accepted
+    (api/accept.py): only its own unit's spend the socket's connection rate."""
+
+    def admit(sock: socket.socket) -> bool:
+        if peer_in_unit(sock, unit_name(sid)):
+            return True
+        ratelog.warning(log, sid, f"{kind}.sock outsider",
+                        "session %s: refused a %s connection from outside its unit", sid,
+                        kind)  # fmt: skip
+        return False
+
+    return admit
 
 
 def _listens_at(sock: socket.socket, path: Path) -> bool:

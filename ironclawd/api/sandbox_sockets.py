@@ -1,11 +1,12 @@
 """Accepting on a session's gRPC sockets (model.sock, gateway.sock, egress.sock, mcp.sock).
 
-Each connection is checked (a process of the session's own unit), metered (new connections per
-second), counted against the socket's connection limit (a full socket drops its least recently
-used connection, api/limits.py), must open with the HTTP/2 preface within the handshake timeout,
-and is then spliced to the one internal gRPC server from an abstract address naming a random
-nonce, which the interceptor (api/sandbox_calls.py) maps back to :class:`SandboxPeer`. Every line a
-connection can cause goes through the journal throttle (ironclawd/ratelog.py).
+Each socket takes new connections at the session's connection rate, each checked as it is
+accepted (a process of the session's own unit, api/accept.py); a connection is then counted
+against the socket's connection limit (a full socket drops its least recently used connection,
+api/limits.py), must open with the HTTP/2 preface within the handshake timeout, and is then
+spliced to the one internal gRPC server from an abstract address naming a random nonce, which the
+interceptor (api/sandbox_calls.py) maps back to :class:`SandboxPeer`. Every line a connection can
+cause goes through the journal throttle (ironclawd/ratelog.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ironclawd import ratelog
 from ironclawd.api import control
-from ironclawd.api.limits import HTTP2_PREFACE, Conn, ConnectionTable, TokenBucket
-from ironclawd.api.sockets import bind_unix_socket, serve_unix
+from ironclawd.api.accept import PacedServer, serve_paced
+from ironclawd.api.limits import HTTP2_PREFACE, Conn, ConnectionTable
+from ironclawd.api.sockets import bind_unix_socket
 from ironclawd.api.splice import splice_to
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.session import unit_name
@@ -41,9 +44,8 @@ class SandboxPeer:
 
 @dataclass
 class _Socket:
-    server: asyncio.Server
+    server: PacedServer
     table: ConnectionTable
-    rate: TokenBucket
 
 
 class SessionSockets:
@@ -65,15 +67,21 @@ class SessionSockets:
     async def open(self, sid: str, name: str) -> None:
         await self.close(sid, name)
         sock = bind_unix_socket(self.path(sid, name), mode=0o666, group=None)
-        limits = self._limits
-        table = ConnectionTable(limits.max_connections)
-        rate = TokenBucket(limits.connections_per_second, 2 * limits.connections_per_second)
+        table = ConnectionTable(self._limits.max_connections)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._accept(sid, name, (table, rate), reader, writer)
+            await self._accept(sid, name, table, reader, writer)
 
-        server = await serve_unix(handle, sock)
-        self._sockets[(sid, name)] = _Socket(server, table, rate)
+        def admit(conn: socket.socket) -> bool:
+            if control.peer_in_unit(conn, unit_name(sid)):
+                return True
+            ratelog.warning(log, sid, f"{name}.sock outsider",
+                            "session %s: refused a %s.sock connection from outside its unit",
+                            sid, name)  # fmt: skip
+            return False
+
+        server = serve_paced(handle, sock, self._limits, admit, sid=sid, name=f"{name}.sock")
+        self._sockets[(sid, name)] = _Socket(server, table)
 
     async def close(self, sid: str, name: str) -> None:
         entry = self._sockets.pop((sid, name), None)
@@ -95,25 +103,11 @@ class SessionSockets:
         self,
         sid: str,
         name: str,
-        meters: tuple[ConnectionTable, TokenBucket],
+        table: ConnectionTable,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        table, rate = meters
         sock_name = f"{name}.sock"
-        if not control.peer_in_unit(writer.get_extra_info("socket"), unit_name(sid)):
-            ratelog.warning(log, sid, f"{sock_name} outsider",
-                            "session %s: refused a %s connection from outside its unit",
-                            sid, sock_name)  # fmt: skip
-            writer.transport.abort()
-            return
-        if not rate.take():
-            ratelog.warning(log, sid, f"{sock_name} rate",
-                            "session %s: refused a %s connection: over %g new connections a "
-                            "second", sid, sock_name,
-                            self._limits.connections_per_second)  # fmt: skip
-            writer.transport.abort()
-            return
         conn = Conn(close=writer.transport.abort)
         if table.admit(conn) is not None:
             ratelog.info(log, sid, f"{sock_name} full",
