@@ -297,6 +297,16 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             ),
             "rows_per_read": _Key(_int(1, 100_000), "Outbound rows ingested per read."),
             "max_rows": _Key(_int(1, 2**40), "Replies per session; no more are ingested."),
+            "max_ingested_bytes": _Key(
+                _int(1024 * 1024, 2**50),
+                "What the state DB holds of one session's replies (bodies and rows, as stored); "
+                "no more are ingested past it: they wait in the session's outbound queue.",
+            ),
+            "max_replies_per_message": _Key(
+                _int(1, 1_000_000),
+                "Replies ingested per message sent to a session (its agent writes one); no more "
+                "are ingested past it.",
+            ),
             "outbound_bytes": _Key(
                 _int(1024 * 1024, 64 * 1024**3),
                 "Size of each session's outbound tmpfs (RAM); the box gets ENOSPC past it.",

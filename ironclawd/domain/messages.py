@@ -76,6 +76,11 @@ class QueueLimits:
     max_reply_bytes: int = 1024 * 1024  # a longer body is refused (a placeholder is ingested)
     rows_per_read: int = 1000  # rows ingested per read of the file
     max_rows: int = 1_000_000  # replies per session; past it nothing more is ingested
+    # What the state DB holds of a session's replies (domain/reply_bounds.py stored_bytes); and
+    # replies to one inbound message (the agent writes one). Past either nothing more is
+    # ingested: the rest waits in the session's outbound queue, on its own tmpfs.
+    max_ingested_bytes: int = 256 * 1024 * 1024
+    max_replies_per_message: int = 16
     outbound_bytes: int = 64 * 1024 * 1024  # the outbound tmpfs's size (the box gets ENOSPC)
     outbound_files: int = 64  # the outbound tmpfs's inodes (files and directories)
     read_timeout_seconds: float = 30.0  # one read of the file; its session waits, none else

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ironclawd.domain.messages import Reply
+from ironclawd.domain.reply_bounds import ReplyUsage
 from ironclawd.domain.session import Session
 
 if TYPE_CHECKING:
@@ -35,7 +36,15 @@ class SessionRecords(Protocol):
 class ReplyRecords(Protocol):
     """What the host ingested from each session's agent, hash-chained per session."""
 
-    def add_replies(self, sid: str, replies: list[Reply]) -> None: ...
+    def add_replies(self, sid: str, replies: list[Reply], usage: ReplyUsage | None = None) -> None:
+        """Store ``replies`` (the next seqs); with ``usage``, what the session's replies take
+        with them, kept together (all or nothing)."""
+        ...
+
+    def reply_usage(self, sid: str) -> ReplyUsage:
+        """What the session's replies take, as last stored with them (all zero if none)."""
+        ...
+
     def last_reply(self, sid: str) -> tuple[int, bytes]:
         """(seq, chain) of the newest reply, (0, 32 zero bytes) when there is none."""
         ...

@@ -28,6 +28,7 @@ from ironclawd.domain.messages import (
     check_body,
     check_client_id,
 )
+from ironclawd.domain.reply_bounds import ReplyUsage, admit, answers
 from ironclawd.domain.session import State
 from ironclawd.errors import Conflict, DiskFull, IronclawError, NotFound
 from ironclawd.ports import (
@@ -122,6 +123,7 @@ class MessageService:
         self._untaken: set[str] = set()
         self._slow: set[str] = set()  # of those, failed otherwise than by a full disk
         self._pruned: dict[str, int] = {}  # the last "ingested <seq>" told to each agent
+        self._sent: dict[str, int] = {}  # the newest inbound seq known, per session
         # The host users who sent each session messages ("uid:N(name)"): four-eyes keeps them
         # from approving what that session submits (services/gateway.py). Recorded in the
         # state DB (a restart adopts the session, its queue and what was asked of it); this
@@ -205,7 +207,23 @@ class MessageService:
         with self._fence.appending(sid):
             if sender:
                 self._record_sender(sid, sender, life)
-            return self._writer(sid, life).append(body, now, client_id)
+            seq, new = self._writer(sid, life).append(body, now, client_id)
+        self._note_sent(sid, seq, life)
+        return seq, new
+
+    def _note_sent(self, sid: str, seq: int, life: object) -> None:
+        if self._alive(sid, life):
+            self._sent[sid] = max(seq, self._sent.get(sid, 0))
+
+    async def _sent_up_to(self, sid: str, life: object, rows: list[RawRow]) -> int:
+        """The newest inbound seq, for ``rows`` just read: as sends noted it or, if a row
+        answers a newer one, as the queue has it (after a restart no send noted it, and one
+        noting it may be under way). Read after the rows: what they answer was sent before."""
+        sent = self._sent.get(sid, 0)
+        if max((answers(raw[1]) for raw in rows), default=0) > sent:
+            sent = await asyncio.to_thread(lambda: self._writer(sid, life).last_seq())
+            self._note_sent(sid, sent, life)
+        return sent
 
     async def fence_unused(self, sid: str) -> bool:
         """Whether no message was ever queued to ``sid``, read once the sends under way have
@@ -321,6 +339,7 @@ class MessageService:
             writer.close()
         self._tails.pop(sid, None)
         self._pruned.pop(sid, None)
+        self._sent.pop(sid, None)
         self._senders.pop(sid, None)
         self._lanes.close(sid, then=lambda: self._drop_reader(sid))
         self._untaken.discard(sid)
@@ -401,7 +420,10 @@ class MessageService:
                 last = tail.last
                 try:
                     rows = await self._lanes.run(sid, self._read_batch, sid, last, batch)
+                    sent = await self._sent_up_to(sid, life, rows)
                 except (IronclawError, OSError) as exc:
+                    if not self._alive(sid, life):
+                        return total  # removed meanwhile (its queue's writer is closed)
                     # A copy on a full /run, an EIO, a lane's timeout, or the agent's own doing
                     # (a crafted file, which the reader then refuses cheaply until it changes):
                     # tried again, as a failed record is (found by a review: only a full state
@@ -413,11 +435,13 @@ class MessageService:
                         self._refused(sid, str(exc))
                     self._retry_ingest(sid, exc)
                     return total
-                replies = self._accepted(sid, rows, last, tail.chain)
-                if replies and not await self._record(sid, life, tail, replies):
+                replies, usage, held = self._accepted(sid, rows, tail, sent)
+                if replies and not await self._record(sid, life, tail, replies, usage):
                     return total
                 total += len(replies)
-                # Done at the end of the rows, or at a gap. A read may also end short at its
+                if held:  # the row and those after it stay in the agent's queue
+                    self._refused(sid, held)
+                # Done at the end of the rows, at a gap or a bound. A read may also end short at its
                 # bytes (store/outbound.BATCH_BYTES): then the next batch is read.
                 if not rows or len(replies) < len(rows):
                     return total
@@ -434,15 +458,25 @@ class MessageService:
             return 0
         return min(room, self._limits.rows_per_read)
 
-    def _accepted(self, sid: str, rows: list[RawRow], last: int, chain: bytes) -> list[Reply]:
-        """The rows that follow seq ``last`` without a gap, as replies chained on from
-        ``chain``; a row that cannot be taken as it is becomes a placeholder (audited)."""
+    def _accepted(
+        self, sid: str, rows: list[RawRow], tail: ReplyTail, sent: int
+    ) -> tuple[list[Reply], ReplyUsage, str]:
+        """The rows that follow the tail without a gap and within the session's bounds
+        (domain/reply_bounds.py; ``sent``: the newest inbound seq), as replies chained on from
+        it; what the session's replies take with them; and why the next row is not taken, if
+        a bound stopped them. A row that cannot be taken as it is becomes a placeholder
+        (audited)."""
         replies: list[Reply] = []
+        last, chain, usage = tail.last, tail.chain, tail.usage
         for raw in rows:
             if raw[0] != last + 1 + len(replies):
                 self._refused(sid, f"a gap after seq {last + len(replies)}")
                 break
             row, problem = accept_row(*raw, self._limits.max_reply_bytes)
+            body = len(raw[3]) if isinstance(raw[3], bytes) and not problem else len(row[3])
+            usage, held = admit(usage, raw[0], raw[1], body, sent=sent, limits=self._limits)
+            if held:
+                return replies, usage, held
             if problem:
                 self._refusal(
                     sid, "reply.refused", f"session:{sid}", sid=sid, reply_seq=row[0],
@@ -450,9 +484,11 @@ class MessageService:
                 )  # fmt: skip
             chain = chain_link(chain, *row)
             replies.append(Reply(*row, chain))
-        return replies
+        return replies, usage, ""
 
-    async def _record(self, sid: str, life: object, tail: ReplyTail, replies: list[Reply]) -> bool:
+    async def _record(
+        self, sid: str, life: object, tail: ReplyTail, replies: list[Reply], usage: ReplyUsage
+    ) -> bool:
         """Store ``replies`` in the state DB, then in the tail, and wake the watchers; False if
         they were not stored (the session was removed during the read, or the state DB failed:
         a full disk, an EIO; then they are tried again until it takes them)."""
@@ -460,11 +496,11 @@ class MessageService:
             if not self._alive(sid, life):  # its removal waits for this lock: nothing after it
                 return False
             try:
-                await asyncio.to_thread(self.store.add_replies, sid, replies)
+                await asyncio.to_thread(self.store.add_replies, sid, replies, usage)
             except IronclawError as exc:
                 self._retry_ingest(sid, exc)
                 return False
-        tail.add(replies)
+        tail.add(replies, usage)
         self._touch(sid)
         self._sessions.answered(sid)
         condition = self._condition(sid)
@@ -548,11 +584,14 @@ class MessageService:
         """The session's newest reply and recent ones, from the state DB once."""
         tail = self._tails.get(sid)
         if tail is None:
-            tail = ReplyTail(*await asyncio.to_thread(self.store.last_reply, sid))
+            tail = await asyncio.to_thread(self._stored_tail, sid)
             if self._alive(sid, life):  # else it is a removed session's: not kept
                 # Another caller may have made it meanwhile and ingested since: keep that one.
                 tail = self._tails.setdefault(sid, tail)
         return tail
+
+    def _stored_tail(self, sid: str) -> ReplyTail:
+        return ReplyTail(*self.store.last_reply(sid), self.store.reply_usage(sid))
 
     def _refused(self, sid: str, reason: str) -> None:
         ratelog.warning(

@@ -10,26 +10,31 @@ from __future__ import annotations
 from collections import deque
 
 from ironclawd.domain.messages import Reply
+from ironclawd.domain.reply_bounds import ReplyUsage
 
 RECENT_REPLIES = 1024
 RECENT_BYTES = 4 * 1024 * 1024  # of bodies, per session
 
 
 class ReplyTail:
-    def __init__(self, last: int, chain: bytes) -> None:
+    def __init__(self, last: int, chain: bytes, usage: ReplyUsage | None = None) -> None:
         self.last = last
         self.chain = chain
+        self.usage = usage or ReplyUsage()  # what they take in the state DB (reply_bounds.py)
         self._recent: deque[Reply] = deque()
         self._bytes = 0
 
-    def add(self, replies: list[Reply]) -> None:
-        """Replies the state DB has just taken: seqs last+1, last+2, ... in order."""
+    def add(self, replies: list[Reply], usage: ReplyUsage | None = None) -> None:
+        """Replies the state DB has just taken: seqs last+1, last+2, ... in order; ``usage``:
+        what the session's replies take with them."""
         for reply in replies:
             if reply.seq != self.last + 1:
                 raise ValueError(f"reply {reply.seq} does not follow {self.last}")
             self._recent.append(reply)
             self._bytes += len(reply.body)
             self.last, self.chain = reply.seq, reply.chain
+        if usage is not None:
+            self.usage = usage
         while self._recent and (len(self._recent) > RECENT_REPLIES or self._bytes > RECENT_BYTES):
             self._bytes -= len(self._recent.popleft().body)
 

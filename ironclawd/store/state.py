@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import sqlcipher3
 
 from ironclawd.domain.messages import GENESIS, Reply
+from ironclawd.domain.reply_bounds import ReplyUsage, stored_bytes
 from ironclawd.domain.session import Session, State
 from ironclawd.errors import AlreadyExists, HostError, NotFound
 from ironclawd.store.translate import translated
@@ -25,7 +26,7 @@ from ironclawd.store.translate import translated
 if TYPE_CHECKING:
     from ironclawd.domain.changes import Change
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # The event ids of removed sessions' channel messages kept, newest first: one its channel offers
 # again (a Matrix batch synced again, a webhook sender's retry) is still a duplicate.
 KEEP_GONE_EVENTS = 10_000
@@ -154,6 +155,18 @@ _MIGRATIONS = {
             WHERE error = 'restarting on its agent''s new spec: it starts again when the '
                           || 'approved change is applied';
     """,
+    # What each session's replies take here, kept with them (domain/reply_bounds.py ReplyUsage):
+    # summing it at each start would read every body. Sessions of an older daemon get theirs
+    # once, here (a session with no reply has no row: all zero).
+    10: """
+        CREATE TABLE reply_usage (sid TEXT PRIMARY KEY, bytes INTEGER NOT NULL,
+                                  answered INTEGER NOT NULL, run INTEGER NOT NULL);
+        INSERT INTO reply_usage (sid, bytes, answered, run)
+            SELECT sid, sum(ironclaw_stored_bytes(length(CAST(body AS BLOB)))),
+                   max(in_reply_to), 0 FROM replies GROUP BY sid;
+        UPDATE reply_usage SET run = (SELECT count(*) FROM replies AS r
+            WHERE r.sid = reply_usage.sid AND r.in_reply_to = reply_usage.answered);
+    """,
 }
 _CHANGE_COLUMNS = (
     "id, kind, agent, payload, reason, submitter, before, after, hash, created_at, expires_at, "
@@ -185,6 +198,8 @@ class StateStore:
                 self._db.execute("PRAGMA secure_delete = ON")
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = FULL")
+                self._db.create_function("ironclaw_stored_bytes", 1, stored_bytes,
+                                         deterministic=True)  # fmt: skip
                 self._migrate()
             except BaseException:
                 with contextlib.suppress(sqlcipher3.Error):
@@ -310,7 +325,8 @@ class StateStore:
         with self._op(f"destroying the data of session {sid}"):
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for table in ("session_keys", "replies", "outbound_pruned", "session_senders"):
+                for table in ("session_keys", "replies", "reply_usage", "outbound_pruned",
+                              "session_senders"):  # fmt: skip
                     self._db.execute(f"DELETE FROM {table} WHERE sid = ?", (sid,))  # noqa: S608
                 self._db.execute(
                     "INSERT OR IGNORE INTO channel_events_gone (channel, event_id, sid, seq) "
@@ -346,7 +362,8 @@ class StateStore:
             ).fetchall()
         return frozenset(str(row[0]) for row in rows)
 
-    def add_replies(self, sid: str, replies: list[Reply]) -> None:
+    def add_replies(self, sid: str, replies: list[Reply], usage: ReplyUsage | None = None) -> None:
+        """``usage``: what the session's replies take with these (kept in one transaction)."""
         with self._op(f"adding replies of session {sid}"):
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -355,6 +372,12 @@ class StateStore:
                     "VALUES (?, ?, ?, ?, ?, ?)",
                     [(sid, r.seq, r.in_reply_to, r.created_at, r.body, r.chain) for r in replies],
                 )
+                if usage is not None:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO reply_usage (sid, bytes, answered, run) "
+                        "VALUES (?, ?, ?, ?)",
+                        (sid, usage.bytes, usage.answered, usage.run),
+                    )
             except BaseException:
                 if self._db.in_transaction:  # a full disk rolled it back already
                     self._db.execute("ROLLBACK")
@@ -368,6 +391,13 @@ class StateStore:
                 "SELECT seq, chain FROM replies WHERE sid = ? ORDER BY seq DESC LIMIT 1", (sid,)
             ).fetchone()
         return (int(row[0]), bytes(row[1])) if row else (0, GENESIS)
+
+    def reply_usage(self, sid: str) -> ReplyUsage:
+        with self._op(f"reading what the replies of session {sid} take"):
+            row = self._db.execute(
+                "SELECT bytes, answered, run FROM reply_usage WHERE sid = ?", (sid,)
+            ).fetchone()
+        return ReplyUsage(int(row[0]), int(row[1]), int(row[2])) if row else ReplyUsage()
 
     def replies_after(self, sid: str, after: int, limit: int = 1000) -> list[Reply]:
         with self._op(f"reading replies of session {sid}"):

@@ -12,8 +12,9 @@ import pytest
 
 from ironclawd.domain.changes import Change, ChangeState
 from ironclawd.domain.messages import GENESIS, Reply
+from ironclawd.domain.reply_bounds import ReplyUsage
 from ironclawd.domain.session import Session, State
-from ironclawd.errors import AlreadyExists, NotFound
+from ironclawd.errors import AlreadyExists, IronclawError, NotFound
 from ironclawd.store.state import StateStore
 from tests.fakes import (
     MemoryAgents,
@@ -79,6 +80,20 @@ def test_replies_in_order_after_a_seq_with_limit(records: dict[str, Any]) -> Non
     assert store.replies_after("s", 1) == rows[1:]
     assert store.replies_after("s", 0, limit=2) == rows[:2]
     assert store.replies_after("other", 0) == []
+
+
+def test_what_a_sessions_replies_take_is_kept_with_them(records: dict[str, Any]) -> None:
+    store, keys = records["replies"], records["keys"]
+    assert store.reply_usage("s") == ReplyUsage()
+    store.add_replies("s", [Reply(1, 1, 1.0, "x", bytes(32))], ReplyUsage(169, 1, 1))
+    store.add_replies("s", [Reply(2, 1, 1.0, "y", bytes(32))], ReplyUsage(338, 1, 2))
+    assert (store.reply_usage("s"), store.reply_usage("other")) == (ReplyUsage(338, 1, 2),
+                                                                    ReplyUsage())  # fmt: skip
+    with pytest.raises(IronclawError):  # refused whole: what they take is not changed either
+        store.add_replies("s", [Reply(2, 1, 1.0, "y", bytes(32))], ReplyUsage(507, 1, 3))
+    assert store.reply_usage("s") == ReplyUsage(338, 1, 2)
+    keys.destroy_session_data("s")
+    assert store.reply_usage("s") == ReplyUsage()
 
 
 def test_the_pruned_seq_only_grows_and_is_per_session(records: dict[str, Any]) -> None:

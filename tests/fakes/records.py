@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ironclawd.domain.changes import Change
 from ironclawd.domain.messages import GENESIS, Reply
+from ironclawd.domain.reply_bounds import ReplyUsage
 from ironclawd.domain.session import Session, State, check_sid
 from ironclawd.errors import AlreadyExists, NotFound
 
@@ -69,12 +70,18 @@ class MemoryReplies:
         self.rows: dict[str, dict[int, Reply]] = {}
         self.pruned_to: dict[str, int] = {}
         self.sent_by: dict[str, set[str]] = {}
+        self.usage: dict[str, ReplyUsage] = {}
 
-    def add_replies(self, sid: str, replies: list[Reply]) -> None:
+    def add_replies(self, sid: str, replies: list[Reply], usage: ReplyUsage | None = None) -> None:
         table = self.rows.setdefault(sid, {})
         if any(r.seq in table for r in replies):
             raise AlreadyExists(f"session {sid}: reply already recorded")
         table.update((r.seq, r) for r in replies)
+        if usage is not None:
+            self.usage[sid] = usage
+
+    def reply_usage(self, sid: str) -> ReplyUsage:
+        return self.usage.get(sid, ReplyUsage())
 
     def last_reply(self, sid: str) -> tuple[int, bytes]:
         table = self.rows.get(sid)
@@ -122,6 +129,7 @@ class MemorySessionKeys:
             self._replies.rows.pop(sid, None)
             self._replies.pruned_to.pop(sid, None)
             self._replies.sent_by.pop(sid, None)
+            self._replies.usage.pop(sid, None)
 
 
 class MemoryAgents:

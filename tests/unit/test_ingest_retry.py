@@ -58,13 +58,13 @@ def _scenario(monkeypatch: pytest.MonkeyPatch, fail: str) -> list[int]:
             store = messages.store
             real_add = store.add_replies
 
-            def add_replies(sid: str, replies: Any) -> None:
+            def add_replies(sid: str, replies: Any, usage: Any = None) -> None:
                 if failures["left"]:
                     failures["left"] -= 1
                     if fail == "db-diskfull":
                         raise DiskFull("adding replies: database or disk is full")
                     raise HostError("adding replies of session in state DB: disk I/O error")
-                real_add(sid, replies)
+                real_add(sid, replies, usage)
 
             store.add_replies = add_replies  # type: ignore[method-assign]
 

@@ -92,6 +92,7 @@ def test_another_sessions_removal_during_a_first_load_leaves_the_watcher_hearing
         await sessions.remove("removedsess01", force=True)  # any other session, meanwhile
         store.gate.set()
         await asyncio.sleep(0.05)
+        await messages.send("watchedsess01", "one")
         data.outbound_rows["watchedsess01"] = [(1, 1, 1.0, b"reply one")]
         assert await messages.ingest("watchedsess01", 1) == 1
         await asyncio.sleep(0.1)  # the watcher was notified: it takes the reply at once

@@ -279,8 +279,10 @@ def test_a_read_stops_at_batch_bytes_and_ingest_takes_every_batch(
         sessions, messages, *_ = real_services(data)
         try:
             sid = (await sessions.create(AGENT, "bigreplies001")).sid
+            for seq in range(1, 31):
+                await messages.send(sid, f"message {seq}")
             agent = AgentOutbound(data.outbound_db(sid), data.key(sid))
-            assert [agent.append(1, body) for body in bodies] == list(range(1, 31))
+            assert [agent.append(n, body) for n, body in enumerate(bodies, 1)] == list(range(1, 31))
             batches: list[list[RawRow]] = []
             kept = data.outbound(sid, UID)
             while batch := kept.read_after(batches[-1][-1][0] if batches else 0, 1000, CAP):
@@ -336,6 +338,7 @@ def test_announcements_of_rows_never_written_copy_the_file_once(
         sessions, messages, *_ = real_services(data)
         try:
             sid = (await sessions.create(AGENT, "announcer0001")).sid
+            await messages.send(sid, "one message")
             agent = AgentOutbound(data.outbound_db(sid), data.key(sid))
             agent.append(1, "one reply")
             agent.append(1, "x" * (512 * 1024))

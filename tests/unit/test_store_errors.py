@@ -15,6 +15,7 @@ import pytest
 
 from ironclawd.domain.changes import Change
 from ironclawd.domain.messages import GENESIS, Reply
+from ironclawd.domain.reply_bounds import ReplyUsage
 from ironclawd.domain.session import Session, State
 from ironclawd.errors import ConfigError, DiskFull, HostError, NotFound
 from ironclawd.store.credentials import CredentialStore
@@ -43,7 +44,8 @@ CALLS: dict[str, Callable[[StateStore], Any]] = {
     "put_wrapped_key": lambda s: s.put_wrapped_key("abcd1234", b"k"),
     "wrapped_key": lambda s: s.wrapped_key("abcd1234"),
     "destroy_session_data": lambda s: s.destroy_session_data("abcd1234"),
-    "add_replies": lambda s: s.add_replies("abcd1234", [REPLY]),
+    "add_replies": lambda s: s.add_replies("abcd1234", [REPLY], ReplyUsage(169, 1, 1)),
+    "reply_usage": lambda s: s.reply_usage("abcd1234"),
     "last_reply": lambda s: s.last_reply("abcd1234"),
     "replies_after": lambda s: s.replies_after("abcd1234", 0),
     "set_pruned": lambda s: s.set_pruned("abcd1234", 1),
