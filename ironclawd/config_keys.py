@@ -350,4 +350,14 @@ MCP_KEYS: dict[str, _Key] = {
     "memory_max_bytes": _Key(_int(16 * 1024 * 1024, 64 * 1024**3), "Each server unit's memory."),
     "tasks_max": _Key(_int(4, 65536), "Each server unit's tasks (processes and threads)."),
     "cpu_quota_percent": _Key(_int(1, 100 * 1024), "Each server unit's CPU (100 = one core)."),
+    "calls_per_minute": _Key(
+        _int(1, 1_000_000), "Each session's MCP calls a minute, refused ones too; more are refused."
+    ),
+    "stops_per_session": _Key(
+        _int(1, 1000),
+        "A session with a call in flight at this many failures of its agent's servers (each "
+        "stops the server for all its sessions) within stops_window_seconds is refused MCP "
+        "calls until the oldest is that old.",
+    ),
+    "stops_window_seconds": _Key(_float(1.0, 86400.0), "The window of stops_per_session."),
 }

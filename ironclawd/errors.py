@@ -145,7 +145,13 @@ class ProviderError(IronclawError):
 
 class McpServerFailed(IronclawError):
     """An MCP server could not be started, crashed, is backing off, timed out or broke the
-    protocol (gRPC UNAVAILABLE); the message names the server and what happened."""
+    protocol (gRPC UNAVAILABLE); the message names the server and what happened. ``run``: when
+    the request was in flight on a running server that failed and was stopped, that run's number
+    (each start of a server is a new run); 0 when it never reached one."""
+
+    def __init__(self, message: str, *, run: int = 0) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 class ChannelFailed(IronclawError):

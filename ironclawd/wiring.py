@@ -167,7 +167,7 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     hooks.on_remove(broker.forget)
     mcp = McpGateway(
         sessions=service, agents=registry, clients=mcp_clients, credentials=credentials,
-        audit=audit, clock=clock,
+        audit=audit, clock=clock, session_limits=config.mcp,
     )  # fmt: skip
     hooks.on_remove(mcp.forget)
     proxy = _model_proxy(

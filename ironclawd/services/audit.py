@@ -134,8 +134,9 @@ class RateWindow:
         self._window[key] = (start, recorded + 1, 0)
         return dropped
 
-    def forget(self, key: str) -> None:
-        self._window.pop(key, None)
+    def forget(self, key: str) -> int:
+        """Drop ``key``'s window; how many of its records were left out and not yet counted."""
+        return self._window.pop(key, (0.0, 0, 0))[2]
 
 
 class Throttled:
@@ -153,9 +154,10 @@ class Throttled:
         self._audit = audit
         self._rate = RateWindow(clock, per_minute)
 
-    def forget(self, key: str) -> None:
-        """Drop ``key``'s count (its session was removed: the id may name a new one)."""
-        self._rate.forget(key)
+    def forget(self, key: str) -> int:
+        """Drop ``key``'s count (its session was removed: the id may name a new one); how many
+        of its records were left out since its last one (for a summary)."""
+        return self._rate.forget(key)
 
     def record(self, key: str, event: str, actor: str, **fields: Any) -> bool:
         """Record unless ``key`` is over its rate; whether it was recorded."""

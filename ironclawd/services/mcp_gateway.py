@@ -8,7 +8,9 @@ server's *live* definition of the tool must hash to the pin a human approved (a 
 changed a granted tool's description or schema is refused until a human approves the new one);
 the call runs with a time-out; the result is size-capped, host secrets are masked in it (and a
 result carrying one in an encoded form is withheld), and it goes back as data, never read here.
-Every call is audited with its sizes, never its content; refusals at a bounded rate.
+Before all that, the session's own bounds (services/mcp_budget.py): its calls a minute, and the
+stops of its agent's servers its calls were in flight at. Every call is audited with its sizes,
+never its content; refusals at a bounded rate.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from ironclawd import ratelog
 from ironclawd.domain.agents import AgentSpec, effective_mcp_grants, find_agent
 from ironclawd.domain.egress_secrets import SecretDetector
-from ironclawd.domain.mcp import McpServer, split_model_tool_name
+from ironclawd.domain.mcp import McpLimits, McpServer, split_model_tool_name
 from ironclawd.domain.mcp_grants import PinnedTool, find_server, grants_for, pinned_tools
 from ironclawd.domain.model import Redactor
 from ironclawd.errors import (
@@ -36,6 +38,7 @@ from ironclawd.errors import (
 from ironclawd.ports import AuditSink, Clock, Credentials, SessionLookup
 from ironclawd.ports.mcp import McpCallResult, McpClients
 from ironclawd.services.audit import Throttled
+from ironclawd.services.mcp_budget import McpBudget
 from ironclawd.services.own_secrets import own_secrets
 
 log = logging.getLogger("ironclawd.mcp")
@@ -73,6 +76,7 @@ class McpGateway:
         audit: AuditSink,
         clock: Clock,
         limits: McpGatewayLimits = McpGatewayLimits(),
+        session_limits: McpLimits = McpLimits(),  # noqa: B008 (frozen)
     ) -> None:
         self._sessions = sessions
         self._agents = agents
@@ -80,6 +84,7 @@ class McpGateway:
         self._credentials = credentials
         self._audit = audit
         self._refusals = Throttled(audit, clock)
+        self._budget = McpBudget(session_limits, clock)
         self._clock = clock
         self._limits = limits
         # Model names each session was ever granted: a call to one no longer granted is told
@@ -104,8 +109,15 @@ class McpGateway:
 
     def forget(self, sid: str) -> None:
         self._granted.pop(sid, None)
+        self._budget.forget(sid)
         # A new session given the id must not inherit a spent refusal window (found by a review).
-        self._refusals.forget(sid)
+        # Refusals left out since its last record are counted in one last record.
+        if left := self._refusals.forget(sid):
+            try:
+                self._audit.record_soon("mcp.call", f"session:{sid}", outcome="unrecorded",
+                                        unrecorded_before=left)  # fmt: skip
+            except Exception as exc:  # the audit sink must not fail a session's removal
+                log.error("mcp: recording what was left out failed: %s", exc)
 
     def tools(self, sid: str) -> tuple[PinnedTool, ...]:
         """The tools granted to the session's agent now, with their pinned definitions."""
@@ -120,6 +132,11 @@ class McpGateway:
         try:
             spec = self._agent(sid)
             call.agent = spec.name
+            call.outcome = "over-rate"
+            self._budget.count_call(sid)  # every call counts, a refused one too
+            call.outcome = "over-stops"
+            self._budget.check_stops(sid)
+            call.outcome = "refused"
             server, tool = self._granted_tool(sid, spec, name, call)
             arguments = self._arguments(arguments_json, call)
             result = await self._run(spec, server, tool, arguments, call)
@@ -190,6 +207,7 @@ class McpGateway:
         limit = self._limits.call_timeout_seconds
         name = f"MCP tool {server.name}/{_show(tool)}"
         agent = spec.name
+        calling = False  # the call itself is in flight (not the listing before it)
         try:
             async with asyncio.timeout(limit):
                 call.outcome = "server-failed"
@@ -210,14 +228,19 @@ class McpGateway:
                         f"{name}: tool definition changed since approval; a human must approve "
                         "the new definition"
                     )
-                call.outcome = "server-failed"
+                call.outcome, calling = "server-failed", True
                 return await self._clients.call_tool(agent, server, tool, arguments)
         except TimeoutError:
             raise McpServerFailed(
                 f"MCP server {server.name}: no answer within {limit:g} s"
             ) from None
-        except (McpServerFailed, InvalidArgument) as exc:
+        except McpServerFailed as exc:
+            if exc.run and calling:  # in flight when its server failed and was stopped
+                call.outcome = "server-stopped"
+                self._budget.stopped(call.sid, agent, server.name, exc.run)
             # The adapter's message may quote what the server printed (its stderr's last lines).
+            raise McpServerFailed(self._error_text(spec, name, str(exc)), run=exc.run) from None
+        except InvalidArgument as exc:
             raise type(exc)(self._error_text(spec, name, str(exc))) from None
 
     def _error_text(self, spec: AgentSpec, name: str, text: str) -> str:

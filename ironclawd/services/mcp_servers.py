@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import secrets
@@ -54,6 +55,7 @@ class _Live:
     task: asyncio.Task[None] | None = None
     error: str = ""
     deadline: float = 0.0  # the loop's time by which it must have initialized
+    run: int = 0  # which start of a server this is (McpServerFailed.run)
 
     def why(self) -> str:
         told = self.transport.why() if self.transport is not None else ""
@@ -85,6 +87,7 @@ class McpSupervisor:
         self._backoff: dict[_Key, _Backoff] = {}
         self._locks: dict[_Key, asyncio.Lock] = {}
         self._sweep: asyncio.Task[None] | None = None
+        self._runs = itertools.count(1)
         # Whether close() has units to stop: every unit of this run was started by _start, and
         # a sweep that failed may have left an earlier run's.
         self._units_to_stop = True
@@ -253,7 +256,8 @@ class McpSupervisor:
         await self._swept()
         self._units_to_stop = True
         loop = asyncio.get_running_loop()
-        live = _Live(server, deadline=loop.time() + self._limits.connect_timeout_seconds)
+        deadline = loop.time() + self._limits.connect_timeout_seconds
+        live = _Live(server, deadline=deadline, run=next(self._runs))
         self._live[key] = live
         live.task = asyncio.create_task(self._run(agent, live), name=f"mcp {agent}/{name}")
         return live
@@ -305,6 +309,8 @@ class McpSupervisor:
         import mcp_types as types  # noqa: PLC0415 (see the module's imports)
         from mcp.shared.exceptions import MCPError  # noqa: PLC0415
 
+        live = self._live.get(key)
+        run = live.run if live is not None and live.session is session else 0
         try:
             return await asyncio.wait_for(request, seconds)
         except TimeoutError:
@@ -314,8 +320,8 @@ class McpSupervisor:
             if exc.code != types.CONNECTION_CLOSED and live is not None and not _dead(live):
                 raise _Answered(str(exc)) from None
             why = live.why() if live is not None else str(exc)
-        await self._fail(key, session, why)
-        raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: {why}")
+        await self._fail(key, session, why)  # ``run``: the gateway counts stops per session
+        raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: {why}", run=run)
 
     async def _fail(self, key: _Key, session: ClientSession, why: str) -> None:
         """Hold off the server's restart, then stop it, unless another caller already replaced
