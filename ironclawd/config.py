@@ -296,16 +296,19 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
                 "Longest reply body; a longer one is ingested as a placeholder (audited).",
             ),
             "rows_per_read": _Key(_int(1, 100_000), "Outbound rows ingested per read."),
-            "max_rows": _Key(_int(1, 2**40), "Replies per session; no more are ingested."),
+            "max_rows": _Key(
+                _int(1, 2**40), "Replies per session; no more are ingested. Live on reload."
+            ),
             "max_ingested_bytes": _Key(
                 _int(1024 * 1024, 2**50),
                 "What the state DB holds of one session's replies (bodies and rows, as stored); "
-                "no more are ingested past it: they wait in the session's outbound queue.",
+                "no more are ingested past it: they wait in the session's outbound queue. Live "
+                "on reload.",
             ),
             "max_replies_per_message": _Key(
                 _int(1, 1_000_000),
                 "Replies ingested per message sent to a session (its agent writes one); no more "
-                "are ingested past it.",
+                "are ingested past it. Live on reload.",
             ),
             "outbound_bytes": _Key(
                 _int(1024 * 1024, 64 * 1024**3),

@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 from ironclawd.config import Config
+from ironclawd.domain.reply_bounds import with_bounds
 
-# The keys of [daemon] a reload applies; every other key, and every table but [pool], waits
-# for a restart.
+# The keys of [daemon] a reload applies, and the bounds of [queues] (reply_bounds.LIVE_KEYS);
+# every other key, and every table but [pool], waits for a restart.
 LIVE_DAEMON_KEYS = ("log_level", "agent_log_lines", "agent_log_window_seconds")
 
 
@@ -18,6 +19,7 @@ def restart_only(running: Config, new: Config) -> list[str]:
     or ``daemon.key``, in the config's order. Every table of ``Config`` is compared, so a table
     added later is named too (a review found [queues], [mcp] and most of [daemon] changed by a
     reload without a word)."""
+    new = dataclasses.replace(new, queues=with_bounds(new.queues, running.queues))
     waiting = [
         f"[{f.name}]"
         for f in dataclasses.fields(Config)

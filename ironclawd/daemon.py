@@ -30,6 +30,7 @@ from ironclawd.api.sockets import ensure_private_dir
 from ironclawd.config import Config, load_config, reference_markdown
 from ironclawd.config_reload import LIVE_DAEMON_KEYS, restart_only
 from ironclawd.domain.message_ids import MessageId, message_id
+from ironclawd.domain.reply_bounds import LIVE_KEYS, with_bounds
 from ironclawd.errors import ConfigError, IronclawError
 from ironclawd.host.clock import SystemClock
 from ironclawd.host.fdstore import SystemdFdStore
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     import argparse
 
     from ironclawd.api.control import ControlServer
+    from ironclawd.services.messaging import MessageService
     from ironclawd.services.pool import WarmPool
     from ironclawd.wiring import Wired
 
@@ -94,6 +96,7 @@ class Daemon:
         self._servicer: AdminServicer | None = None
         self._pool: WarmPool | None = None
         self._doctor: Doctor | None = None
+        self._messages: MessageService | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -116,7 +119,7 @@ class Daemon:
         restored = control.restore(fdstore.take())
         if restored:
             log.info("took back %d agent control connection(s) from the fd store", restored)
-        self._pool = sessions.pool
+        self._pool, self._messages = sessions.pool, wired.messages
         self._doctor = doctor = Doctor(
             config_path=self._config_path, config=self._config, netns=netns,
             units=SystemdUnitManager(), probes=HostProbeSet(), clock=SystemClock(),
@@ -271,8 +274,9 @@ class Daemon:
             _notify(ready=1, status=f"serving admin API on {self._config.admin.socket}")
 
     def _apply(self, new: Config) -> None:
-        # Live: the log level, the agent log limits and [pool]; the rest shapes sockets,
-        # sandboxes, queues and the registry seed, and waits for a restart.
+        # Live: the log level, the agent log limits, [pool] and the bounds of a session's
+        # replies; the rest shapes sockets, sandboxes, queues and the registry seed, and waits
+        # for a restart.
         waiting = restart_only(self._config, new)
         if waiting:
             log.warning("reload: %s: changes take effect on restart, not on reload",
@@ -282,6 +286,12 @@ class Daemon:
             self._pool.configure(new.pool)
             log.info("reload: [pool] now size %d for %s", new.pool.size,
                      ", ".join(new.pool.agents) or "no agent")  # fmt: skip
+        queues = with_bounds(self._config.queues, new.queues)
+        if queues != self._config.queues and self._messages is not None:
+            # Live: a session held at a bound is tried again (services/ingest_holds.py).
+            self._messages.configure(queues)
+            log.info("reload: [queues] %s", ", ".join(f"{key} = {getattr(queues, key)}"
+                                                      for key in LIVE_KEYS))  # fmt: skip
         set_level(new.daemon.log_level)
         ratelog.AGENT_LOG.configure(new.daemon.agent_log_lines, new.daemon.agent_log_window_seconds)
         # What runs: the live parts of ``new`` over the running rest, so the next reload still
@@ -290,6 +300,7 @@ class Daemon:
         self._config = dataclasses.replace(
             self._config, daemon=dataclasses.replace(self._config.daemon, **live),
             pool=new.pool if self._pool is not None else self._config.pool, source=new.source,
+            queues=queues if self._messages is not None else self._config.queues,
         )  # fmt: skip
         if self._doctor is not None:
             self._doctor.loaded(self._config)

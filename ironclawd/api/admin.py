@@ -107,37 +107,37 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
         if not request.agent:
             raise InvalidArgument("agent: expected an agent name (see: ironctl agent list)")
         session = await self._sessions.create(request.agent, request.sid or None)
-        return admin_pb2.CreateSessionResponse(session=session_to_proto(session))
+        return admin_pb2.CreateSessionResponse(session=self._shown(session))
 
     async def ListSessions(
         self, request: admin_pb2.ListSessionsRequest, context: Context
     ) -> admin_pb2.ListSessionsResponse:
         return admin_pb2.ListSessionsResponse(
-            sessions=[
-                session_to_proto(s, s.sid in self._recovering)
-                for s in self._sessions.list_sessions()
-            ]
+            sessions=[self._shown(s) for s in self._sessions.list_sessions()]
         )
 
     async def GetSession(
         self, request: admin_pb2.GetSessionRequest, context: Context
     ) -> admin_pb2.GetSessionResponse:
         session = self._sessions.get(request.sid)
-        return admin_pb2.GetSessionResponse(
-            session=session_to_proto(session, session.sid in self._recovering)
-        )
+        return admin_pb2.GetSessionResponse(session=self._shown(session))
 
     async def StartSession(
         self, request: admin_pb2.StartSessionRequest, context: Context
     ) -> admin_pb2.StartSessionResponse:
         session = await self._sessions.start(request.sid)
-        return admin_pb2.StartSessionResponse(session=session_to_proto(session))
+        return admin_pb2.StartSessionResponse(session=self._shown(session))
 
     async def StopSession(
         self, request: admin_pb2.StopSessionRequest, context: Context
     ) -> admin_pb2.StopSessionResponse:
         session = await self._sessions.stop(request.sid)
-        return admin_pb2.StopSessionResponse(session=session_to_proto(session))
+        return admin_pb2.StopSessionResponse(session=self._shown(session))
+
+    def _shown(self, session: Session) -> admin_pb2.Session:
+        return session_to_proto(
+            session, session.sid in self._recovering, self._messages.held(session.sid)
+        )
 
     async def RemoveSession(
         self, request: admin_pb2.RemoveSessionRequest, context: Context
@@ -209,14 +209,18 @@ class AdminServicer(ChangesMixin, McpMixin, ChannelsMixin, admin_pb2_grpc.AdminS
         )
 
 
-def session_to_proto(session: Session, recovering: bool = False) -> admin_pb2.Session:
+def session_to_proto(
+    session: Session, recovering: bool = False, held: str = ""
+) -> admin_pb2.Session:
     """``recovering``: a restarted daemon has not settled the session yet (shown as such, not as
-    the state its record still holds)."""
+    the state its record still holds). ``held``: why its replies are held in its outbound queue
+    (services/ingest_holds.py), shown in its error: the one field an operator's listing has for
+    what is wrong with a session."""
     return admin_pb2.Session(
         sid=session.sid,
         agent=session.agent,
         state=admin_pb2.SESSION_STATE_RECOVERING if recovering else _SESSION_STATE[session.state],
-        error=session.error,
+        error="; ".join(text for text in (session.error, held) if text),
         created_at=session.created_at,
         updated_at=session.updated_at,
         last_active_at=session.last_active_at,

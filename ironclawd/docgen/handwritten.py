@@ -154,8 +154,9 @@ DAEMON_SIGNALS: tuple[tuple[str, str], ...] = (
     (
         "SIGHUP",
         "reload the configuration (`systemctl reload ironclawd`): `daemon.log_level`, the agent"
-        " log limits and `[pool]` apply at once; every other change takes effect on restart (a"
-        " warning names each table or `[daemon]` key that waits)",
+        " log limits, `[pool]` and the bounds of a session's replies (`[queues]` `max_rows`,"
+        " `max_ingested_bytes`, `max_replies_per_message`) apply at once; every other change"
+        " takes effect on restart (a warning names each table or `[daemon]` key that waits)",
     ),
     ("SIGTERM", "stop serving and exit 0; sandboxes keep running and are adopted on start"),
 )
@@ -207,8 +208,9 @@ TOML_DESCRIPTION = (
     " starting anything.",
     "Tables: `[gateway]`, `[daemon]`, `[admin]`, `[sandbox]`, `[sockets]`, `[egress]`, `[mcp]`,"
     " `[queues]`, `[pool]`, one `[agents.NAME]` per agent, and `[[channels]]`, an array of"
-    " tables. Changes take effect on restart; `daemon.log_level`, the agent log limits and"
-    " `[pool]` also on reload (the journal names whatever else waits for a restart).",
+    " tables. Changes take effect on restart; `daemon.log_level`, the agent log limits, `[pool]`"
+    " and `[queues]` `max_rows`, `max_ingested_bytes` and `max_replies_per_message` also on"
+    " reload (the journal names whatever else waits for a restart).",
 )
 
 TOML_EXAMPLE = """\

@@ -15,9 +15,13 @@ session's own tmpfs (``[queues] outbound_bytes``), never the host's disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ironclawd.domain.messages import MAX_SEQ, QueueLimits
+
+# The bounds a reload applies (config_reload.py): one raised lets a held session's replies be
+# taken without a restart.
+LIVE_KEYS = ("max_rows", "max_ingested_bytes", "max_replies_per_message")
 
 # How SQLite (fileformat2 §1.6) lays out a reply's row in the state DB, whose pages are 4096
 # bytes of which SQLCipher keeps 80 (its IV and HMAC). A row's payload is its body and up to 92
@@ -72,27 +76,43 @@ def answers(in_reply_to: object) -> int:
 def admit(
     usage: ReplyUsage, seq: int, in_reply_to: object, body: int, *, sent: int, limits: QueueLimits
 ) -> tuple[ReplyUsage, str]:
-    """The session's usage once reply ``seq`` is ingested, and "" ; or ``usage`` as it was and
+    """The session's usage once reply ``seq`` is ingested, and ""; or ``usage`` as it was and
     why the reply is not ingested. ``in_reply_to`` is the row's own (a row that names no
     message, a placeholder's say, counts towards the message answered last); ``body`` its
     stored body's bytes; ``sent`` the newest inbound seq, read after the row was."""
     target = answers(in_reply_to) or usage.answered
-    if target == 0:
-        return usage, f"reply {seq} answers no message"
-    if target > sent:
-        return usage, f"reply {seq} answers message {target}, which was never sent"
-    if target < usage.answered:
-        return usage, f"reply {seq} answers message {target} after message {usage.answered}"
     run = usage.run + 1 if target == usage.answered else 1
+    total = usage.bytes + stored_bytes(body)
+    why = _unasked(seq, target, usage.answered, sent) or _over(seq, target, run, total, limits)
+    return (usage, why) if why else (ReplyUsage(total, target, run), "")
+
+
+def _unasked(seq: int, target: int, answered: int, sent: int) -> str:
+    if target == 0:
+        return f"reply {seq} answers no message"
+    if target > sent:
+        return f"reply {seq} answers message {target}, which was never sent"
+    if target < answered:
+        return f"reply {seq} answers message {target} after message {answered}"
+    return ""
+
+
+def _over(seq: int, target: int, run: int, total: int, limits: QueueLimits) -> str:
+    if seq > limits.max_rows:
+        return f"reply {seq} would be over [queues] max_rows ({limits.max_rows})"
     if run > limits.max_replies_per_message:
-        return usage, (
+        return (
             f"reply {seq} would be reply {run} to message {target}, over [queues] "
             f"max_replies_per_message ({limits.max_replies_per_message})"
         )
-    total = usage.bytes + stored_bytes(body)
     if total > limits.max_ingested_bytes:
-        return usage, (
+        return (
             f"reply {seq} would bring the session's replies to {total} bytes, over [queues] "
             f"max_ingested_bytes ({limits.max_ingested_bytes})"
         )
-    return ReplyUsage(total, target, run), ""
+    return ""
+
+
+def with_bounds(limits: QueueLimits, bounds: QueueLimits) -> QueueLimits:
+    """``limits`` with the bounds a reload applies taken from ``bounds``."""
+    return replace(limits, **{key: getattr(bounds, key) for key in LIVE_KEYS})

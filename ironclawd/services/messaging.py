@@ -28,7 +28,7 @@ from ironclawd.domain.messages import (
     check_body,
     check_client_id,
 )
-from ironclawd.domain.reply_bounds import ReplyUsage, admit, answers
+from ironclawd.domain.reply_bounds import ReplyUsage, admit, answers, with_bounds
 from ironclawd.domain.session import State
 from ironclawd.errors import Conflict, DiskFull, IronclawError, NotFound
 from ironclawd.ports import (
@@ -44,6 +44,7 @@ from ironclawd.ports import (
 )
 from ironclawd.services.append_fence import AppendFence
 from ironclawd.services.audit import Throttled
+from ironclawd.services.ingest_holds import IngestHolds
 from ironclawd.services.lanes import Lanes
 from ironclawd.services.reply_tail import ReplyTail
 from ironclawd.services.session_hooks import SessionHooks
@@ -135,6 +136,8 @@ class MessageService:
         self._lanes = Lanes(self._limits.read_timeout_seconds)
         self._clock = clock
         self._refusals = Throttled(audit, clock)
+        self._holds = IngestHolds(self._refusal)  # sessions held at a bound (reply_bounds.py)
+        self._kicks: set[asyncio.Task[None]] = set()  # held sessions tried again after a reload
         control.set_listener(self._on_event)
         hooks.on_sandbox_exit(self.resume_unanswered)
         hooks.on_removing(self.settle_removal)
@@ -347,6 +350,8 @@ class MessageService:
         # A new session given the id must not inherit a spent window of refusal records.
         self._refusals.forget(sid)
         self._refusals.forget(f"{sid}/outbound")
+        self._refusals.forget(f"{sid}/held")
+        self._holds.forget(sid)
         retry = self._retries.pop(sid, None)
         if retry is not None:
             retry.cancel()
@@ -440,7 +445,7 @@ class MessageService:
                     return total
                 total += len(replies)
                 if held:  # the row and those after it stay in the agent's queue
-                    self._refused(sid, held)
+                    self._holds.hold(sid, tail.last + 1, held)
                 # Done at the end of the rows, at a gap or a bound. A read may also end short at its
                 # bytes (store/outbound.BATCH_BYTES): then the next batch is read.
                 if not rows or len(replies) < len(rows):
@@ -449,14 +454,11 @@ class MessageService:
 
     def _next_batch(self, sid: str, life: object, tail: ReplyTail, up_to: int | None) -> int:
         """How many rows to read next; 0 when done: the session was removed (its lane is
-        closed, its data going), ``up_to`` is reached, or its reply quota is."""
+        closed, its data going) or ``up_to`` is reached. At ``max_rows`` one, to see whether
+        the session is held there (``admit`` says so)."""
         if not self._alive(sid, life) or (up_to is not None and up_to <= tail.last):
             return 0
-        room = self._limits.max_rows - tail.last
-        if room <= 0:
-            self._refused(sid, f"reply quota of {self._limits.max_rows} rows reached")
-            return 0
-        return min(room, self._limits.rows_per_read)
+        return max(1, min(self._limits.max_rows - tail.last, self._limits.rows_per_read))
 
     def _accepted(
         self, sid: str, rows: list[RawRow], tail: ReplyTail, sent: int
@@ -501,12 +503,34 @@ class MessageService:
                 self._retry_ingest(sid, exc)
                 return False
         tail.add(replies, usage)
+        self._holds.taken(sid)
         self._touch(sid)
         self._sessions.answered(sid)
         condition = self._condition(sid)
         async with condition:
             condition.notify_all()
         return True
+
+    def held(self, sid: str) -> str:
+        """Why the session's replies are not ingested and what to do, "" if they are (shown as
+        its error: services/ingest_holds.py)."""
+        return self._holds.why(sid)
+
+    def configure(self, limits: QueueLimits) -> None:
+        """A reload's ``limits``: their bounds apply (reply_bounds.LIVE_KEYS), and each held
+        session is tried again under them (its agent announced its rows once)."""
+        self._limits = with_bounds(self._limits, limits)
+        for sid in self._holds.held():
+            task = asyncio.get_running_loop().create_task(self._take_held(sid))
+            self._kicks.add(task)
+            task.add_done_callback(self._kicks.discard)
+
+    async def _take_held(self, sid: str) -> None:
+        try:
+            await self.ingest(sid)
+            await self._offer_pruning(sid)
+        except IronclawError as exc:
+            log.warning("session %s: ingesting under the reloaded bounds: %s", sid, exc)
 
     def _touch(self, sid: str) -> None:
         """Note activity; on a full disk the persisted time waits for the next touch (what was

@@ -32,7 +32,7 @@ min_free_bytes = 1048576
 agent_log_lines = 5
 
 [queues]
-max_rows = 500
+rows_per_read = 500
 
 [mcp]
 tasks_max = 8
@@ -47,6 +47,10 @@ def test_every_change_a_reload_does_not_apply_is_named() -> None:
         "[mcp]",
     ]
     assert config_reload.restart_only(running, running) == []
+    # The bounds of a session's replies are live: a session held at one is tried again.
+    bounds = parse_config("[queues]\nmax_rows = 5\nmax_ingested_bytes = 2097152\n"
+                          "max_replies_per_message = 2\n", "c.toml")  # fmt: skip
+    assert config_reload.restart_only(running, bounds) == []
 
 
 def test_a_reload_warns_and_keeps_naming_what_waits_for_a_restart(
@@ -96,7 +100,7 @@ def test_doctor_compares_the_file_with_what_runs_after_a_reload(
     assert _config_check(d._doctor).fix_hint == "systemctl reload ironclawd"
     d._apply(parse_config(path.read_text(), str(path)))
     assert _config_check(d._doctor).status is Status.PASS  # before: a warning for good
-    path.write_text('[daemon]\nlog_level = "debug"\n[queues]\nmax_rows = 500\n')
+    path.write_text('[daemon]\nlog_level = "debug"\n[queues]\nrows_per_read = 500\n')
     d._apply(parse_config(path.read_text(), str(path)))
     check = _config_check(d._doctor)
     assert check.status is Status.WARN

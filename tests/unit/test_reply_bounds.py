@@ -96,3 +96,10 @@ def test_an_older_daemons_replies_are_counted_once_at_the_upgrade(
         assert store.reply_usage("never0000001") == ReplyUsage()
     finally:
         store.close()
+
+
+def test_a_reply_past_max_rows_is_not_taken() -> None:
+    limits = QueueLimits(max_rows=8)
+    assert admit(ReplyUsage(), 8, 1, 0, sent=1, limits=limits)[1] == ""
+    why = "reply 9 would be over [queues] max_rows (8)"
+    assert admit(ReplyUsage(), 9, 1, 0, sent=1, limits=limits) == (ReplyUsage(), why)
