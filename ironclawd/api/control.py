@@ -724,49 +724,45 @@ def peer_in_unit(sock: socket.socket, unit: str) -> bool:
     if pid <= 0:
         return False
     try:
-        root = systemd_root(Path("/proc/1/cgroup").read_text())
+        pid1 = Path("/proc/1/cgroup").read_text()
         text = Path(f"/proc/{pid}/cgroup").read_text()
+        return in_unit_cgroup(text, pid1, unit)
     except (OSError, HostError) as exc:
         ratelog.warning(log, unit, "peer check failed", "checking a peer of %s (pid %d): %s",
                         unit, pid, exc)  # fmt: skip
         return False
-    return in_unit_cgroup(text, root, unit)
 
 
-def in_unit_cgroup(text: str, root: str, unit: str) -> bool:
-    """Whether a /proc/<pid>/cgroup text puts the process in ``unit``'s own cgroup: in every
-    hierarchy systemd manages, and there is at least one."""
-    placed = systemd_paths(text)
-    return bool(placed) and placed == {unit_cgroup(root, unit)}
-
-
-def systemd_paths(text: str) -> set[str]:
-    """The paths of a /proc/<pid>/cgroup text in the hierarchies systemd manages (the unified
-    one, ``0::``, and v1's ``name=systemd``): where systemd put the process. A controller's
-    own v1 hierarchy (``4:memory:/...``) is left out: systemd is not what places a process
-    there, so its path says nothing of the unit."""
-    found = set()
+def in_unit_cgroup(text: str, pid1_cgroup: str, unit: str) -> bool:
+    """Whether a /proc/<pid>/cgroup text puts the process in ``unit``'s own cgroup, read in
+    the hierarchy systemd tracks units in: the one :func:`systemd_root` takes from PID 1's
+    (v1's ``name=systemd`` on a legacy or hybrid host, ``0::`` on a unified one). A line of
+    any other hierarchy, a v1 controller's (``4:memory:/...``) or an unmanaged ``0::/`` on a
+    legacy host, says nothing of the unit, neither for nor against."""
+    key, pid1_path = _systemd_line(pid1_cgroup)
+    root = posixpath.dirname(pid1_path).rstrip("/")
     for line in text.splitlines():
+        parts = line.split(":", 2)  # a path may hold ":" itself
+        if len(parts) == 3 and f"{parts[0]}:{parts[1]}" == key:
+            return parts[2] == unit_cgroup(root, unit)
+    return False
+
+
+def _systemd_line(cgroup: str) -> tuple[str, str]:
+    """The first line of a /proc/<pid>/cgroup text in a hierarchy systemd manages, as
+    (``id:controllers``, path); HostError if there is none."""
+    for line in cgroup.splitlines():
         hierarchy_id, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if _systemd_hierarchy(hierarchy_id, controllers) and path.startswith("/"):
-            found.add(path)
-    return found
-
-
-def _systemd_hierarchy(hierarchy_id: str, controllers: str) -> bool:
-    return (hierarchy_id == "0" and controllers == "") or controllers == "name=systemd"
+        if (hierarchy_id == "0" and controllers == "") or controllers == "name=systemd":
+            return f"{hierarchy_id}:{controllers}", path
+    raise HostError("reading /proc/1/cgroup: no systemd hierarchy (is PID 1 systemd?)")
 
 
 def systemd_root(pid1_cgroup: str) -> str:
     """The cgroup systemd manages, from PID 1's /proc/1/cgroup: the parent of its init.scope
     ("" on a host; a subtree when systemd runs in a container or the test harness)."""
-    for line in pid1_cgroup.splitlines():
-        hierarchy_id, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if _systemd_hierarchy(hierarchy_id, controllers):
-            return posixpath.dirname(path).rstrip("/")
-    raise HostError("reading /proc/1/cgroup: no systemd hierarchy (is PID 1 systemd?)")
+    return posixpath.dirname(_systemd_line(pid1_cgroup)[1]).rstrip("/")
 
 
 def unit_cgroup(root: str, unit: str) -> str:

@@ -8,6 +8,8 @@ from ironclawd.api.control import in_unit_cgroup, systemd_root
 from ironclawd.errors import HostError
 
 UNIT = "ironclaw-sbx-ab12cd34ef56.service"
+UNIFIED_PID1 = "0::/init.scope\n"
+LEGACY_PID1 = "9:name=systemd:/init.scope\n4:memory:/\n0::/\n"
 HYBRID_PID1 = "12:memory:/init.scope\n1:name=systemd:/init.scope\n0::/init.scope\n"
 
 
@@ -30,9 +32,24 @@ def test_systemd_root_refuses_a_pid1_without_systemd_hierarchy() -> None:
 
 def test_the_units_own_cgroup_matches() -> None:
     text = f"1:name=systemd:/ironclaw.slice/{UNIT}\n0::/ironclaw.slice/{UNIT}\n"
-    assert in_unit_cgroup(text, "", UNIT)
-    assert in_unit_cgroup(f"12:memory:/\n{text}", "", UNIT)
-    assert in_unit_cgroup(f"0::/ironclaw-test-1/ironclaw.slice/{UNIT}\n", "/ironclaw-test-1", UNIT)
+    assert in_unit_cgroup(text, UNIFIED_PID1, UNIT)
+    assert in_unit_cgroup(text, HYBRID_PID1, UNIT)
+    assert in_unit_cgroup(f"12:memory:/\n{text}", HYBRID_PID1, UNIT)
+    assert in_unit_cgroup(
+        f"0::/ironclaw-test-1/ironclaw.slice/{UNIT}\n", "0::/ironclaw-test-1/init.scope\n", UNIT
+    )
+
+
+def test_on_a_legacy_host_the_name_systemd_hierarchy_is_read_not_the_unmanaged_unified_one() -> (
+    None
+):
+    """With systemd on the v1 hierarchy, ``0::/`` is every process's line: the unit is read in
+    ``name=systemd``. (Requiring every systemd-looking line to name the unit refused every
+    sandbox there, and a process the test harness moves into a unit in v1's hierarchy.)"""
+    assert in_unit_cgroup(f"9:name=systemd:/ironclaw.slice/{UNIT}\n4:memory:/\n0::/\n",
+                          LEGACY_PID1, UNIT)  # fmt: skip
+    assert not in_unit_cgroup(f"9:name=systemd:/user.slice\n0::/ironclaw.slice/{UNIT}\n",
+                              LEGACY_PID1, UNIT)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -47,7 +64,9 @@ def test_the_units_own_cgroup_matches() -> None:
     ],
 )
 def test_a_cgroup_that_only_ends_like_the_unit_does_not_match(path: str) -> None:
-    assert not in_unit_cgroup(f"0::{path}\n1:name=systemd:{path}\n", "", UNIT)
+    text = f"0::{path}\n1:name=systemd:{path}\n"
+    assert not in_unit_cgroup(text, UNIFIED_PID1, UNIT)
+    assert not in_unit_cgroup(text, HYBRID_PID1, UNIT)
 
 
 def test_a_controller_hierarchy_alone_does_not_place_a_peer_in_the_unit() -> None:
@@ -56,10 +75,16 @@ def test_a_controller_hierarchy_alone_does_not_place_a_peer_in_the_unit() -> Non
     hierarchies elsewhere, is not the unit."""
     elsewhere = "/user.slice/user-1000.slice/session-1.scope"
     text = f"4:memory:/ironclaw.slice/{UNIT}\n1:name=systemd:{elsewhere}\n0::{elsewhere}\n"
-    assert not in_unit_cgroup(text, "", UNIT)
-    assert not in_unit_cgroup(f"4:memory:/ironclaw.slice/{UNIT}\n", "", UNIT)
+    assert not in_unit_cgroup(text, HYBRID_PID1, UNIT)
+    assert not in_unit_cgroup(f"4:memory:/ironclaw.slice/{UNIT}\n", HYBRID_PID1, UNIT)
+    assert not in_unit_cgroup(f"4:memory:/ironclaw.slice/{UNIT}\n0::/\n", LEGACY_PID1, UNIT)
 
 
-def test_the_unit_in_one_systemd_hierarchy_and_not_the_other_is_not_the_unit() -> None:
-    text = f"1:name=systemd:/ironclaw.slice/{UNIT}\n0::/user.slice/x.scope\n"
-    assert not in_unit_cgroup(text, "", UNIT)
+def test_the_unit_is_read_in_the_hierarchy_systemd_tracks_units_in() -> None:
+    """On a hybrid host systemd's first line is v1's name=systemd, as for the root: a process
+    there in the unit is in it, one only in the unified hierarchy's unit is not."""
+    assert in_unit_cgroup(f"1:name=systemd:/ironclaw.slice/{UNIT}\n0::/user.slice/x.scope\n",
+                          HYBRID_PID1, UNIT)  # fmt: skip
+    assert not in_unit_cgroup(f"1:name=systemd:/user.slice/x.scope\n0::/ironclaw.slice/{UNIT}\n",
+                              HYBRID_PID1, UNIT)  # fmt: skip
+    assert not in_unit_cgroup("", HYBRID_PID1, UNIT)
