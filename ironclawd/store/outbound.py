@@ -455,19 +455,20 @@ def _taken(cursor: sqlcipher3.Cursor, size: tuple[int, int], batch: int) -> list
     room, counted = size
     rows: list[RawRow] = []
     held = new = 0
-    while chunk := cursor.fetchmany(64):
-        for seq, irt, at, body in chunk:
-            length = len(body) if isinstance(body, bytes) else 0
-            held += length
-            new += length if seq > counted else 0
-            if new > room:
-                raise Crafted(
-                    f"refusing {OUTBOUND_FILE}: its rows hold more bytes than the file "
-                    "(rows sharing pages: a crafted file)"
-                )
-            rows.append((int(seq), irt, at, body))
-            if held >= batch:
-                return rows
+    # One row at a time: fetchmany(64) stepped (and decrypted) up to 64 rows past the one
+    # that filled the batch, 64 MiB of 1 MiB bodies read for each batch and thrown away.
+    for seq, irt, at, body in cursor:
+        length = len(body) if isinstance(body, bytes) else 0
+        held += length
+        new += length if seq > counted else 0
+        if new > room:
+            raise Crafted(
+                f"refusing {OUTBOUND_FILE}: its rows hold more bytes than the file "
+                "(rows sharing pages: a crafted file)"
+            )
+        rows.append((int(seq), irt, at, body))
+        if held >= batch:
+            return rows
     return rows
 
 
