@@ -433,6 +433,7 @@ def _select(
                 f"version {OUTBOUND_VERSION} (an agent of another ironclawd version wrote it; "
                 "its replies stay in the file)"
             )
+        up_to = _batch_end(conn, after, up_to, limit=limit, max_body=max_body, batch=batch)
         # SQLite types are advisory: wrong types come back as NULL, and a body is fetched
         # only when it is text within the cap (its length is known without converting it).
         cursor = conn.execute(
@@ -449,6 +450,33 @@ def _select(
             cursor.close()  # ends the statement, and with it the read transaction
     except sqlcipher3.Error as exc:
         raise HostError(f"reading a copy of {OUTBOUND_FILE}: {exc}") from exc
+
+
+def _batch_end(
+    conn: sqlcipher3.Connection, after: int, up_to: int, *, limit: int, max_body: int, batch: int
+) -> int:
+    """The seq of the row whose body fills ``batch`` (``up_to`` if none does), from the
+    rows' lengths, which SQLite reads off their record headers without their bodies. The
+    driver steps one row past the last one taken: without this end, each read also read and
+    decrypted the row after its batch for nothing (a third of a 2 MiB batch of 1 MiB replies).
+    What the lengths say is only where to stop: ``_taken`` counts the bodies themselves."""
+    if batch >= 2**62:
+        return up_to
+    cursor = conn.execute(
+        "SELECT seq, CASE WHEN typeof(body) = 'text' AND octet_length(body) <= ? "
+        "THEN octet_length(body) ELSE 0 END "
+        "FROM messages WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+        (max_body, after, up_to, limit),
+    )
+    try:
+        held = 0
+        for seq, length in cursor:
+            held += length
+            if held >= batch:
+                return int(seq)
+        return up_to
+    finally:
+        cursor.close()
 
 
 def _taken(cursor: sqlcipher3.Cursor, size: tuple[int, int], batch: int) -> list[RawRow]:
