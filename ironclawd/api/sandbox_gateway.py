@@ -76,8 +76,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.GetChangeResponse:
         sid = self._sid()
         # The read waits for the state DB's lock, which a batch of another session's replies
-        # holds while it is written (~150 ms for 8 MiB): not on the event loop, which the read
-        # held meanwhile (found by a review), and one at a time per session.
+        # holds while it is written (~25 ms for 2 MiB, more with a WAL checkpoint): not on the
+        # event loop, which the read held meanwhile (found by a review), and one at a time per
+        # session.
         if sid in self._reading:
             raise RateLimited(f"session:{sid}: one change status at a time; wait for the one "
                               "under way")  # fmt: skip

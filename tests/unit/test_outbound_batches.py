@@ -1,17 +1,20 @@
 """One read of the agent's outbound.db takes the rows of one batch (store/outbound.py
-BATCH_BYTES) and reads little more of the file, and each batch goes to the state DB in one
+BATCH_BYTES) and reads no row past it, and each batch goes to the state DB in one
 transaction, under the lock every write of it takes. Real files, the agent's own queue code."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.queues import Outbound as AgentOutbound
 from ironclawd.store import outbound
 from ironclawd.store.outbound import OutboundReader
+from tests.unit.reply_world import AGENT, world
 
 KEY = bytes(range(32))
 CAP = 1 << 20
@@ -48,3 +51,30 @@ def test_a_read_decrypts_nothing_past_its_batch(
     read = _read_bytes() - before
     # Before: 10 MiB (64 rows a fetch), then 0.5 MiB (the row after the batch too).
     assert read < ROW * 3 // 2, f"{read} bytes of the file read for one row of {ROW}"
+
+
+def test_one_sessions_replies_hold_the_state_db_for_2_mib_at_a_time(tmp_path: Path) -> None:
+    """Each batch is one transaction of the state DB under its one lock, which every other
+    session's writes and reads wait for: ~12 ms a MiB here, so 8 MiB batches held it ~100 ms at
+    a time. 2 MiB ones hold it ~25 ms at the same throughput (store/outbound.py BATCH_BYTES)."""
+    mib = "r" * (1 << 20)
+
+    async def go() -> list[int]:
+        w = world(tmp_path)
+        batches: list[int] = []
+        real = w.store.add_replies
+
+        def add_replies(sid: str, replies: Any, usage: Any = None) -> None:
+            batches.append(sum(len(r.body) for r in replies))
+            real(sid, replies, usage)
+
+        w.store.add_replies = add_replies  # type: ignore[method-assign]
+        await w.sessions.create(AGENT, "b1gb4tch5e55")
+        for n in range(1, 11):
+            await w.messages.send("b1gb4tch5e55", f"message {n}")
+        await w.write("b1gb4tch5e55", [(n, mib) for n in range(1, 11)])
+        await w.sessions.close()
+        w.store.close()
+        return batches
+
+    assert asyncio.run(go()) == [2 << 20] * 5  # before: [8 MiB, 2 MiB]
