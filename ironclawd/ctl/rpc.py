@@ -101,6 +101,9 @@ def unreachable(socket_path: str, transport: bool | None) -> tuple[str, int] | N
                 exitcodes.UNAVAILABLE)  # fmt: skip
     except PermissionError:
         pass  # a directory on the way this user may not search
+    except OSError as exc:  # a name too long, a symlink loop: no socket can be there
+        return (f"cannot use {socket_path}: {exc.strerror or exc} (check --socket and "
+                "IRONCLAW_ADMIN_SOCKET)", exitcodes.UNAVAILABLE)  # fmt: skip
     else:
         if os.access(socket_path, os.R_OK | os.W_OK):
             if not transport:

@@ -137,3 +137,18 @@ def test_a_send_whose_connection_was_closed_says_its_outcome_and_what_to_do(
     assert err.count("\n") == 1, err
     assert "may or may not have been queued to session abcdefgh0001" in err, err
     assert f"no answer from ironclawd on {path}: {HINT}" in err, err
+
+
+@pytest.mark.parametrize("name", ["A" * 300, "loop/admin.sock"])
+def test_a_socket_path_no_socket_can_be_at_is_a_clear_error_not_an_internal_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    """A --socket name longer than the kernel takes (ENAMETOOLONG) or through a symlink loop
+    (ELOOP): looking at the path to say why raised OSError, and ironctl printed "internal
+    error" (the integration tier's hostile arguments found it)."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    path = name if name.startswith("A") else str(tmp_path / name)
+    assert main(["status", "--socket", path, "--timeout", "5"]) == exitcodes.UNAVAILABLE
+    _out, err = capsys.readouterr()
+    assert "internal error" not in err, err
+    assert "check --socket and IRONCLAW_ADMIN_SOCKET" in err, err
