@@ -55,6 +55,9 @@ outbound_files = {QUOTA_FILES}
 max_reply_bytes = {MAX_REPLY}
 rows_per_read = 1000
 read_timeout_seconds = 10
+# These tests act as an agent writing thousands of rows to one message: the bound of replies
+# per message (unit/test_reply_flood.py) would hold them at the 17th.
+max_replies_per_message = 100000
 """
 )
 FIFO = "/run/ingest-test.fifo"
