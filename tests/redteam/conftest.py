@@ -173,9 +173,14 @@ class Sandbox:
         return str(json.loads(proc.stdout)["reply"]["text"])
 
     def state(self) -> str:
+        return str(self.shown()["state"])
+
+    def shown(self) -> dict[str, Any]:
+        """``ironctl session show --json`` of this session."""
         proc = self.sysd.run(["ironctl", "session", "show", self.sid, "--json"])
         assert proc.returncode == 0, out(proc)
-        return str(json.loads(proc.stdout)["state"])
+        shown: dict[str, Any] = json.loads(proc.stdout)
+        return shown
 
 
 @dataclass
