@@ -129,20 +129,27 @@ def inode_fill(opts: Opts) -> object:
 
 
 def log_flood(opts: Opts) -> object:
-    """Control lines the daemon rejects, as fast as it takes them (each was a WARNING line)."""
+    """Control lines the daemon rejects, as fast as it takes them (each was a WARNING line).
+    The daemon reads a session's lines at its call rate and leaves the rest in the socket: a
+    send that waits ``paced_seconds`` for room ends the flood (``paced``), the lines sent
+    before it counted."""
     count = int(opts.get("flood_lines", "20000"))
-    start = time.monotonic()
+    start, sent, paced = time.monotonic(), 0, False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30.0)
+        sock.settimeout(float(opts.get("paced_seconds", "10")))
         sock.connect("/run/ironclaw/control.sock")
         sock.sendall(f"hello {os.getpid()} {os.getuid()}\n".encode())
-        for _ in range(count // 500):
-            sock.sendall(b"bogus 1\n" * 500)
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            for _ in range(count // 500):
+                sock.sendall(b"bogus 1\n" * 500)
+                sent += 500
+        except TimeoutError:
+            paced = True
         with contextlib.suppress(OSError):
-            while sock.recv(65536):
+            sock.shutdown(socket.SHUT_WR)
+            while not paced and sock.recv(65536):
                 pass
-    return {"lines": count, "seconds": round(time.monotonic() - start, 2)}
+    return {"lines": sent, "paced": paced, "seconds": round(time.monotonic() - start, 2)}
 
 
 ATTACKS: dict[str, Attack] = {

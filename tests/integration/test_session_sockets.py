@@ -14,14 +14,16 @@ connection, its model channel and its gateway channel) must still work.
 from __future__ import annotations
 
 import json
+import math
 import secrets
+import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from ironclawd.config import SocketsConfig
-from ironclawd.ratelog import DEFAULT_PER_WINDOW
+from ironclawd.ratelog import DEFAULT_PER_WINDOW, DEFAULT_WINDOW_SECONDS
 from tests.harness.box_scripts import JOIN_UNIT
 from tests.harness.polling import wait_for
 from tests.harness.private_systemd import SystemdHarness
@@ -267,6 +269,7 @@ def test_a_flood_of_bad_requests_costs_the_journal_a_bounded_number_of_lines(
     a, b = two_sessions
     mark = cursor(sysd)
     flood = {"junk": 1500, "bad_lines": 3000, "calls": 1500}
+    started = time.monotonic()
     report = box(sysd, a, mode="flood", **flood)
     assert report["junk"] == flood["junk"], report
     assert report["bad_lines"] == flood["bad_lines"], report
@@ -291,14 +294,19 @@ def test_a_flood_of_bad_requests_costs_the_journal_a_bounded_number_of_lines(
     kinds = Counter(str(e.get("IRONCLAW_LOG_KIND", "-")) for e in entries)
     unthrottled = [str(e.get("MESSAGE")) for e in entries if "IRONCLAW_LOG_KIND" not in e]
     caused = sum(flood.values())
-    assert len(entries) <= 100, (len(entries), kinds, unthrottled)  # for 6000 bad requests
+    # The throttle's bound is per window (ratelog: DEFAULT_PER_WINDOW lines a kind, then one
+    # that counts the rest). Since the sockets pace connections and control lines (stop 51),
+    # the box's flood is taken in at the session's rates: ~2 minutes, several windows.
+    windows = math.ceil((time.monotonic() - started) / DEFAULT_WINDOW_SECONDS) + 1
+    # for 6000 bad requests
+    assert len(entries) <= 100 * windows, (len(entries), windows, kinds, unthrottled)
     for kind, n in kinds.items():
-        assert kind == "-" or n <= DEFAULT_PER_WINDOW + 1, (kind, n, kinds)
+        assert kind == "-" or n <= windows * (DEFAULT_PER_WINDOW + 1), (kind, n, windows, kinds)
     assert len(unthrottled) <= 20, unthrottled  # the sends' own lines, not the flood's
     # The refusals are there, each kind bounded: the operator still sees what happened.
-    assert kinds["control.sock bad line"] == DEFAULT_PER_WINDOW, kinds
+    assert kinds["control.sock bad line"] >= DEFAULT_PER_WINDOW, kinds
     assert kinds["gateway.sock refused call"] >= 1, kinds
-    assert caused >= 50 * len(entries)
+    assert caused >= 50 * len(entries) / windows, (len(entries), windows)
 
 
 def test_a_flood_ends_in_one_line_that_counts_what_was_left_out(

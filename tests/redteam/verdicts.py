@@ -157,13 +157,18 @@ def balloon_bounds(detail: Outcome, balloon_mib: int) -> Bounds:
 def flood_bounds(
     detail: Outcome, *, lines_sent: int, journal: int, refusals: int, journal_max: int
 ) -> Bounds:
-    """Every line was sent and the daemon saw them (it logged a refusal of at least one), and
-    wrote at most ``journal_max`` lines about the session."""
+    """Every line was sent, or the daemon stopped taking them (``paced``: it reads a session's
+    control lines at its call rate, the rest waiting in the socket), and it saw them (it logged
+    a refusal of at least one), and wrote at most ``journal_max`` lines about the session."""
+    paced = detail.get("paced") is True
     why = (
-        f"sent {detail.get('lines')} lines of {lines_sent}; the daemon's journal lines about "
-        f"the session: {journal} (at most {journal_max}), {refusals} of them refusals"
+        f"sent {detail.get('lines')} lines of {lines_sent}"
+        f"{' before the daemon stopped taking them (paced)' if paced else ''}; the daemon's "
+        f"journal lines about the session: {journal} (at most {journal_max}), {refusals} of them "
+        "refusals"
     )
-    return Bounds(detail.get("lines") == lines_sent and refusals > 0, journal <= journal_max, why)
+    taken = detail.get("lines") == lines_sent or paced
+    return Bounds(taken and refusals > 0, journal <= journal_max, why)
 
 
 def setid_verdict(inside: Mapping[str, object], host_stat: str) -> tuple[bool, bool, str]:
