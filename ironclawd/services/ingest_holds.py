@@ -89,6 +89,11 @@ class IngestHolds:
             f"{what_to_do(sid, held.reason)}"
         )
 
+    def at(self, sid: str) -> int | None:
+        """The first row not taken of a held session (None: not held)."""
+        held = self._held.get(sid)
+        return None if held is None else held.seq
+
     def held(self) -> list[str]:
         return list(self._held)
 

@@ -108,3 +108,31 @@ def test_an_agent_that_answers_each_message_once_is_never_held(tmp_path: Path) -
 
     expected = [(n, 0 if n == 7 else n) for n in range(1, 41)]
     assert asyncio.run(go()) == expected
+
+
+def test_a_held_session_rereads_only_its_held_row_at_each_announcement(tmp_path: Path) -> None:
+    """Held at a row, a session's next ingests read that row alone (it decides whether the
+    hold still applies), not a whole batch: a held box announcing without writing had the
+    daemon read and decrypt up to 2 MiB each time (found by a review of this stop's diff)."""
+    asked: list[int] = []
+
+    async def go() -> None:
+        w = world(tmp_path)
+        await w.sessions.create(AGENT, SID)
+        await w.messages.send(SID, "hello")
+        flood = "z" * (16 * KIB)
+        last = await w.write(SID, [(1, "the answer"), *[(7, flood)] * 30])
+        assert [seq for seq, _irt, _body in await w.replies(SID)] == [1]
+        read = w.messages._read_batch
+
+        def counting(sid: str, after: int, batch: int) -> object:
+            asked.append(batch)
+            return read(sid, after, batch)
+
+        w.messages._read_batch = counting  # type: ignore[method-assign, assignment]
+        for _ in range(3):
+            assert await w.messages.ingest(SID, last) == 0
+        await w.sessions.close()
+
+    asyncio.run(go())
+    assert asked == [1, 1, 1], asked
