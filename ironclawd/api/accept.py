@@ -123,7 +123,14 @@ class PacedServer:
                               self._name, exc, EXHAUSTED_PAUSE)  # fmt: skip
                 self._rest(EXHAUSTED_PAUSE)
                 return
-            if not self._admit(conn):
+            try:
+                admitted = self._admit(conn)
+            except Exception as exc:  # a check that failed refuses, and never logs per connect
+                ratelog.error(log, self._sid, f"{self._name} admit",
+                              "session %s: checking a connection on %s: %r", self._sid,
+                              self._name, exc)  # fmt: skip
+                admitted = False
+            if not admitted:
                 conn.close()
                 continue
             self._rate.take()

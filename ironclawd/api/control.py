@@ -727,7 +727,7 @@ def peer_in_unit(sock: socket.socket, unit: str) -> bool:
         pid1 = Path("/proc/1/cgroup").read_text()
         text = Path(f"/proc/{pid}/cgroup").read_text()
         return in_unit_cgroup(text, pid1, unit)
-    except (OSError, HostError) as exc:
+    except (OSError, HostError, ValueError) as exc:  # ValueError: a path not UTF-8
         ratelog.warning(log, unit, "peer check failed", "checking a peer of %s (pid %d): %s",
                         unit, pid, exc)  # fmt: skip
         return False

@@ -184,3 +184,53 @@ def test_a_paced_listener_takes_its_backlog_at_the_rate_and_closes_while_resting
         assert not server.paced()
 
     asyncio.run(_paced(tmp_path, lambda sock: True, body))
+
+
+def test_a_peer_check_that_raises_refuses_the_connection_and_the_listener_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host user can make the peer check raise (a cgroup path that is not UTF-8 under its
+    delegated subtree: /proc/<pid>/cgroup then does not decode): the exception left the
+    listener's callback, asyncio logged a traceback for every connect, unthrottled, and the
+    connection was never closed there (a review of this stop's diff)."""
+    raising = [True]
+
+    def admit(sock: socket.socket) -> bool:
+        if raising[0]:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return True
+
+    async def body(server: PacedServer, path: Path, served: list[socket.socket]) -> None:
+        churn(path, 50)
+        await turns(0.1)
+        assert served == []
+        raising[0] = False
+        churn(path, 1)  # the listener still serves
+        await turns(0.05)
+        assert len(served) == 1
+
+    with caplog.at_level("ERROR"):
+        asyncio.run(_paced(tmp_path, admit, body))
+    traces = [r for r in caplog.records if r.exc_info]
+    assert traces == [], traces
+    checks = [r for r in caplog.records if "checking a connection" in r.getMessage()]
+    assert 1 <= len(checks) <= 11, len(checks)  # ratelog's window, not one a connect
+
+
+def test_a_peer_whose_cgroup_file_does_not_decode_is_refused_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = Path.read_text
+
+    def read_text(self: Path, *args: object, **kwargs: object) -> str:
+        if str(self).endswith("/cgroup") and str(self) != "/proc/1/cgroup":
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    a, b = socket.socketpair()
+    try:
+        assert control.peer_in_unit(a, unit_of(SID)) is False
+    finally:
+        a.close()
+        b.close()
