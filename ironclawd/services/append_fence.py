@@ -7,7 +7,8 @@ the session. So the fence goes up first (an append that meets it is refused, not
 look waits for the appends already under way (counted in the worker threads that make them,
 so a send whose caller went away is still counted), and only then reads the queue. A send that
 reaches its append while the look is under way waits on the loop for the verdict: refused if
-the session goes, let through if it stays, so a kept session refuses nothing."""
+the session goes, let through if it stays, so a kept session refuses nothing; one that passed
+that wait just before the fence went up waits in its worker thread for the same verdict."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class AppendFence:
         self._cond = threading.Condition()
         self._appending: dict[str, int] = {}  # appends under way, per session
         self._up: set[str] = set()  # sessions whose appends are refused
+        self._going: set[str] = set()  # of those, the ones a look found unused (removed)
         self._deciding: dict[str, asyncio.Event] = {}  # looks under way (on the loop)
 
     async def passable(self, sid: str) -> None:
@@ -37,6 +39,9 @@ class AppendFence:
         """In the worker thread, around an append: NotFound while the fence is up, else the
         append is counted as under way until it ends."""
         with self._cond:
+            # A look still deciding: its verdict first (a send that passed ``passable`` just
+            # before the fence went up would otherwise be refused by a session that stays).
+            self._cond.wait_for(lambda: sid not in self._up or sid in self._going)
             if sid in self._up:
                 raise NotFound(f"session {sid} is being removed")
             self._appending[sid] = self._appending.get(sid, 0) + 1
@@ -60,7 +65,11 @@ class AppendFence:
         try:
             unused = await asyncio.to_thread(self._settled_then, sid, last_seq) == 0
         finally:
-            if not unused:
+            if unused:
+                with self._cond:
+                    self._going.add(sid)
+                    self._cond.notify_all()
+            else:
                 self.lift(sid)
             event = self._deciding.pop(sid, None)
             if event is not None:
@@ -76,6 +85,8 @@ class AppendFence:
         """Let ``sid``'s appends through again (its removal is over, or failed)."""
         with self._cond:
             self._up.discard(sid)
+            self._going.discard(sid)
+            self._cond.notify_all()
         event = self._deciding.pop(sid, None)
         if event is not None:
             event.set()

@@ -208,3 +208,44 @@ def test_the_admin_api_passes_only_if_unused_and_a_refusal_is_failed_preconditio
     assert code is grpc.StatusCode.FAILED_PRECONDITION
     assert details == "session unusedapi0001 has had messages queued to it: not removed"
     assert left == ["unusedapi0001"]
+
+
+@pytest.mark.parametrize("used", [True, False])
+def test_an_append_that_meets_the_fence_while_the_look_decides_waits_for_its_verdict(
+    used: bool,
+) -> None:
+    """A send that passed ``passable`` just before a conditional removal put its fence up met
+    the fence in its worker thread and was refused "being removed", though the look then kept
+    the session (a review of this stop's diff). Now it waits for the verdict: let through if
+    the session stays, refused if it goes."""
+    fence = AppendFence()
+    reading, answer = threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    def last_seq() -> int:
+        reading.set()
+        assert answer.wait(5)
+        return 1 if used else 0
+
+    def append() -> None:
+        try:
+            with fence.appending("s1"):
+                outcome.append("appended")
+        except NotFound:
+            outcome.append("refused")
+
+    async def go() -> bool:
+        look = asyncio.ensure_future(fence.unused("s1", last_seq))
+        assert await asyncio.to_thread(reading.wait, 5)  # the fence is up, the look reads
+        worker = threading.Thread(target=append)
+        worker.start()
+        await asyncio.sleep(0.05)
+        assert outcome == []  # neither refused nor appended: waiting for the verdict
+        answer.set()
+        kept = not await look
+        await asyncio.to_thread(worker.join, 5)
+        return kept
+
+    kept = asyncio.run(go())
+    assert kept is used
+    assert outcome == (["appended"] if used else ["refused"])
