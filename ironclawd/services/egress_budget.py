@@ -34,15 +34,12 @@ class EgressBudget:
     def admit_request(self, sid: str) -> None:
         """Count one request of ``sid`` against its rate limit (a sliding minute)."""
         use = self._use.setdefault(sid, _SessionUse())
-        now = self._clock.monotonic()
-        while use.requests and use.requests[0] <= now - 60:
-            use.requests.popleft()
-        if len(use.requests) >= self._limits.requests_per_minute:
+        if not take_in_minute(use.requests, self._clock.monotonic(),
+                              self._limits.requests_per_minute):  # fmt: skip
             raise BudgetExceeded(
                 f"egress: session {sid}: rate limit of {self._limits.requests_per_minute} "
                 "requests per minute reached"
             )
-        use.requests.append(now)
 
     @contextlib.asynccontextmanager
     async def slot(self, sid: str) -> AsyncIterator[None]:
@@ -62,3 +59,14 @@ class EgressBudget:
         finally:
             use.connections -= 1
             self._connections -= 1
+
+
+def take_in_minute(times: collections.deque[float], now: float, per_minute: int) -> bool:
+    """A sliding minute: forget the times older than a minute before ``now``; if fewer than
+    ``per_minute`` are left, add ``now`` and say True, else False (nothing added)."""
+    while times and times[0] <= now - 60:
+        times.popleft()
+    if len(times) >= per_minute:
+        return False
+    times.append(now)
+    return True

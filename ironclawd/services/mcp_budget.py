@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from ironclawd.domain.mcp import McpLimits
 from ironclawd.errors import BudgetExceeded
 from ironclawd.ports import Clock
-
-MINUTE = 60.0
+from ironclawd.services.egress_budget import take_in_minute
 
 
 @dataclass
@@ -68,15 +67,11 @@ class McpBudget:
         """Count one call of ``sid``, or raise BudgetExceeded without counting it if it is over
         its rate."""
         use = self._use.setdefault(sid, _Use())
-        now = self._clock.monotonic()
-        while use.calls and use.calls[0] <= now - MINUTE:
-            use.calls.popleft()
-        if len(use.calls) >= self._limits.calls_per_minute:
+        if not take_in_minute(use.calls, self._clock.monotonic(), self._limits.calls_per_minute):
             raise BudgetExceeded(
                 f"MCP: session {sid}: rate limit of {self._limits.calls_per_minute} calls per "
                 "minute reached"
             )
-        use.calls.append(now)
 
     def stopped(self, sid: str, agent: str, server: str, run: int) -> None:
         """A call of ``sid`` was in flight on ``run`` of ``agent``'s ``server`` when it failed
