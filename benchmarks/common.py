@@ -43,6 +43,13 @@ def env_int(name: str, default: int) -> int:
 
 ROUNDS = env_int("BENCH_ROUNDS", 10)
 
+# A session's meters out of the way, for a benchmark whose client calls back to back: the
+# figures are the path's, not the policy's. A closed loop of calls is paced by the call rate
+# (50 a second) and, when each call takes the loop longer than a tenth of its time between calls
+# (a streamed model answer), by the loop share (the agent waits such refusals out; a benchmark's
+# plain client fails on them). The policies are the tests' to attack.
+SOCKET_METERS_LIFTED = "\n[sockets]\ncalls_per_second = 100000\nloop_share = 1.0\n"
+
 
 def interleave(ways: Mapping[str, Way], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
     """Run every way once per round, the order rotating each round (A B C, B C A, ...), so that

@@ -51,7 +51,7 @@ import mcp_types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from benchmarks.common import DAEMON_CONFIG, daemon_config, write_doc
+from benchmarks.common import DAEMON_CONFIG, SOCKET_METERS_LIFTED, daemon_config, write_doc
 from benchmarks.messages import Replies
 from benchmarks.stats import summary_ms
 from ironclaw.admin.v1 import admin_pb2, admin_pb2_grpc
@@ -284,9 +284,12 @@ def main() -> int:
         raise SystemExit("bench: run inside a systemd with ironclawd installed (make bench)")
     command = [str(mcp_venv() / "bin/mcp-server-time"), "--local-timezone", "UTC"]
     previous = DAEMON_CONFIG.read_text() if DAEMON_CONFIG.exists() else ""
-    # The socket meter lifted as in the model-proxy bench: the mcp.sock client calls back to back
-    # (here faster than the default 50 calls/s, refused "too many calls: slow down").
-    meter = "" if "[sockets]" in previous else "\n[sockets]\ncalls_per_second = 100000\n"
+    # The socket meters lifted as in the model-proxy bench (benchmarks/common.py): the mcp.sock
+    # client calls back to back, faster than 50 calls a second; and MCP's own per-session rate
+    # (60 calls a minute) would refuse the closed loop within its first minute.
+    meter = "" if "[sockets]" in previous else SOCKET_METERS_LIFTED
+    if "[mcp]" not in previous:
+        meter += "\n[mcp]\ncalls_per_minute = 1000000\n"
     with daemon_config(unlimited_agent(AGENT, tools=("list_files",)) + meter):
         _approved("add", "time", "--agent", AGENT, "--command", " ".join(command))
         _approved("grant", "time", TOOL, "--agent", AGENT)

@@ -41,6 +41,7 @@ import grpc
 from benchmarks import bare
 from benchmarks.common import (
     ROUNDS,
+    SOCKET_METERS_LIFTED,
     daemon_config,
     env_int,
     figure,
@@ -61,9 +62,8 @@ LEVELS = [int(n) for n in os.environ.get("BENCH_MSG_SESSIONS", "1 5 20 50").spli
 # Below the admin server's max_concurrent_streams (refused streams come back as UNAVAILABLE).
 WINDOW = 8
 AGENT = "bench"
-# The session's socket meter (50 calls/s by default) out of the way too: the figures are the
-# path's, not the policy's (a closed loop on one session would otherwise be paced).
-AGENT_CONFIG = unlimited_agent(AGENT) + "\n[sockets]\ncalls_per_second = 100000\n"
+# The session's socket meters out of the way too (benchmarks/common.py).
+AGENT_CONFIG = unlimited_agent(AGENT) + SOCKET_METERS_LIFTED
 Done = queue.Queue[tuple[str, int, float]]  # (sid, seq answered, perf_counter seen)
 
 

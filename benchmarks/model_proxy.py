@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import GRPC_ENVIRONMENT as AGENT_GRPC_ENVIRONMENT
-from benchmarks.common import RESULTS, figure, machine
+from benchmarks.common import RESULTS, SOCKET_METERS_LIFTED, figure, machine
 from benchmarks.stats import summary_ms
 from ironclawd.domain.agents import DEFAULT_PERSONA
 from tests.harness.fake_providers import FakeProvider
@@ -139,8 +139,8 @@ def main() -> int:
             f'base_url = "{fake.base_url}"\ncredential = "{credential}"\n'
             "requests_per_minute = 100000\nsession_requests_per_minute = 100000\n"
             "tokens_per_day = 10000000000\nsession_tokens_per_day = 10000000000\n"
-            # The session's socket meter (50 calls/s by default) would pace a closed loop.
-             + ("" if "[sockets]" in old_config else "\n[sockets]\ncalls_per_second = 100000\n")
+            # The session's socket meters would pace a closed loop (benchmarks/common.py).
+             + ("" if "[sockets]" in old_config else SOCKET_METERS_LIFTED)
         )
         _sh("systemctl", "restart", "ironclawd")
         sid = json.loads(_sh("ironctl", "session", "create", "--agent", agent, "--json").stdout)[

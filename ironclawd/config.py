@@ -100,6 +100,12 @@ class SocketsConfig:
     max_message_bytes: int = 4 * 1024 * 1024
     connections_per_second: float = 20.0
     calls_per_second: float = 50.0
+    # Each session's share of the event loop (api/limits.py Share): seconds of the loop thread's
+    # CPU a second its calls may take, and how much of it may be saved up. A box looping on
+    # 4 MiB requests held the loop for most of every second (found by a review), where an
+    # ordinary model call takes well under a millisecond of it.
+    loop_share: float = 0.1
+    loop_share_burst_seconds: float = 0.25
     handshake_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 300.0
     keepalive_seconds: float = 60.0
@@ -238,6 +244,14 @@ SCHEMA: Mapping[str, tuple[type, Mapping[str, _Key]]] = {
             "max_message_bytes": _Key(_int(1024, 64 * 1024 * 1024), "Largest gRPC message."),
             "connections_per_second": _Key(_float(0.1, 10_000.0), "New connections per socket."),
             "calls_per_second": _Key(_float(0.1, 100_000.0), "Calls per session, all sockets."),
+            "loop_share": _Key(
+                _float(0.001, 1.0),
+                "Seconds of the daemon's event loop a second one session's calls may take on "
+                "average; past it its calls are refused with a retry-after (1.0: no bound).",
+            ),
+            "loop_share_burst_seconds": _Key(
+                _float(0.0, 60.0), "How much of loop_share a session may save up for a burst."
+            ),
             "handshake_timeout_seconds": _Key(
                 _float(0.1, 600.0), "Time to send the HTTP/2 preface (control.sock: hello)."
             ),

@@ -8,8 +8,9 @@ dropped, preferring one with no call in flight. The agent's channel reconnects o
 a hoarder's connections are the ones that go. New connections and calls are also metered per
 session (token buckets), so a looping box cannot keep the daemon's one event loop busy and slow
 every other session. Calls are not alike (one may carry 4 MiB to parse and check), so each
-session also has a share of the loop's time (:class:`Share`): what its calls' own steps on the
-loop took is charged to it (:class:`Charged`), and while that is overdrawn its next calls wait.
+session also has a share of the loop's time (:class:`Share`, ``[sockets] loop_share``): what
+its calls' own steps on the loop took is charged to it (:class:`Charged`), and while that is
+overdrawn its next calls wait.
 """
 
 from __future__ import annotations
@@ -20,13 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-
-# Each session's share of the event loop, in seconds of the loop thread's CPU a second, and how
-# much of it may be saved up. Calls whose steps took more wait for it (api/sandbox_calls.py): a box
-# looping on 4 MiB requests held the loop for most of every second (found by a review), where
-# an ordinary model call takes well under a millisecond of it.
-LOOP_SHARE = 0.1
-LOOP_SHARE_BURST_SECONDS = 0.25
 
 # The HTTP/2 client connection preface (RFC 9113 §3.4): every gRPC connection starts with it.
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

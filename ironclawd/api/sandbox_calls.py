@@ -4,7 +4,7 @@ The interceptor says which session and socket a call came in on (from the abstra
 splice connected from, api/sandbox_sockets.py), serves each service only on its own socket,
 refuses methods no sandbox socket has (audited at a bounded rate), meters each session's calls
 and bounds how long one may run. Metering has two parts: a call rate (``[sockets]
-calls_per_second``), and a share of the event loop's time (api/limits.py ``LOOP_SHARE``). Calls
+calls_per_second``), and a share of the event loop's time (``loop_share``). Calls
 are not alike: one request may carry 4 MiB to parse and check, and a box looping on such calls
 held the daemon's one loop for most of every second. So grpc hands the handlers a request's
 bytes, which are parsed and checked only once the call is let in, and each step the call takes
@@ -28,7 +28,7 @@ import grpc
 
 from ironclawd import ratelog
 from ironclawd.api.boundary import admit_request, lenient, refuse
-from ironclawd.api.limits import LOOP_SHARE, LOOP_SHARE_BURST_SECONDS, Charged, Share, TokenBucket
+from ironclawd.api.limits import Charged, Share, TokenBucket
 from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer
 from ironclawd.config import SocketsConfig
 from ironclawd.ports import AuditSink, Clock
@@ -91,13 +91,11 @@ class PeerInterceptor(_Interceptor):
         refused: RefusalAudit,
         limits: SocketsConfig,
         *,
-        loop_share: tuple[float, float] = (LOOP_SHARE, LOOP_SHARE_BURST_SECONDS),
         cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         self._peers = peers
         self._refused = refused
         self._limits = limits
-        self._loop_share = loop_share
         self._cpu = cpu
         # Per session; SandboxApi.open/close keep them (``meter``/``forget``).
         self.rates: dict[str, TokenBucket] = {}
@@ -106,7 +104,7 @@ class PeerInterceptor(_Interceptor):
     def meter(self, sid: str) -> None:
         rate = self._limits.calls_per_second
         self.rates[sid] = TokenBucket(rate, 2 * rate)
-        self.shares[sid] = Share(*self._loop_share)
+        self.shares[sid] = Share(self._limits.loop_share, self._limits.loop_share_burst_seconds)
 
     def forget(self, sid: str) -> None:
         self.rates.pop(sid, None)
@@ -134,7 +132,7 @@ class PeerInterceptor(_Interceptor):
             ratelog.warning(log, peer.sid, "calls over loop share",
                             "session %s: call on %s.sock refused: its calls took over %g s of "
                             "the event loop a second", peer.sid, peer.socket,
-                            self._loop_share[0])  # fmt: skip
+                            self._limits.loop_share)  # fmt: skip
             wait = share.wait_seconds()
         if wait:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down",

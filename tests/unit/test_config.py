@@ -41,6 +41,8 @@ def test_values_are_applied() -> None:
     assert config.admin.max_message_bytes == 2048
     assert config.admin.group == "ops"
     assert config.sandbox.platform == "ptrace"
+    share = parse_config("[sockets]\nloop_share = 1.0\nloop_share_burst_seconds = 2\n", "t")
+    assert (share.sockets.loop_share, share.sockets.loop_share_burst_seconds) == (1.0, 2.0)
     assert Config().gateway.mount_allowlist == ()  # nothing can be granted by default
     grants = parse_config("[gateway]\nmount_allowlist = ['/srv/share', '/srv/share/']\n", "t")
     assert grants.gateway.mount_allowlist == ("/srv/share",)
@@ -58,6 +60,7 @@ def test_values_are_applied() -> None:
         ("[admin]\nsocket = 'relative.sock'\n", ["admin.socket", "absolute path"]),
         ("[admin]\nsocket = '/run/../etc/x'\n", ["admin.socket", ".."]),
         ("[daemon]\nlog_level = 'loud'\n", ["daemon.log_level", "'debug'"]),
+        ("[sockets]\nloop_share = 2\n", ["sockets.loop_share", "0.001 to 1"]),
         ("admin = 3\n", ["'admin' must be a table"]),
         ("[admin\n", ["not valid TOML"]),
         ("[gateway]\nmount_allowlist = '/srv'\n", ["gateway.mount_allowlist", "a list"]),

@@ -22,7 +22,7 @@ import pytest
 
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd.api import control
-from ironclawd.api.limits import LOOP_SHARE, LOOP_SHARE_BURST_SECONDS, Charged, Share
+from ironclawd.api.limits import Charged, Share
 from ironclawd.api.sandbox import ModelServicer
 from ironclawd.api.sandbox_calls import RETRY_AFTER_KEY, PeerInterceptor, RefusalAudit
 from ironclawd.api.sandbox_sockets import SandboxPeer, SessionSockets
@@ -141,7 +141,8 @@ def test_calls_that_overdraw_their_sessions_share_hold_up_its_next_calls_only(
 ) -> None:
     monkeypatch.setattr(control, "peer_in_unit", lambda sock, unit: True)
     monkeypatch.setattr(os, "chown", lambda *args, **kwargs: None)
-    assert (LOOP_SHARE, LOOP_SHARE_BURST_SECONDS) == (0.1, 0.25)
+    defaults = SocketsConfig()
+    assert (defaults.loop_share, defaults.loop_share_burst_seconds) == (0.1, 0.25)
     request = model_pb2.CompleteRequest(
         messages=[model_pb2.Message(role=model_pb2.ROLE_USER, text="hi")]
     ).SerializeToString()
@@ -171,7 +172,8 @@ def test_calls_that_overdraw_their_sessions_share_hold_up_its_next_calls_only(
 
 def test_the_retry_after_trailer_is_what_the_agent_waits_for(tmp_path: Path) -> None:
     interceptor = PeerInterceptor({}, RefusalAudit(RecordingAudit(), FakeClock()),
-                                  SocketsConfig(), loop_share=(0.5, 0.0))  # fmt: skip
+                                  SocketsConfig(loop_share=0.5,
+                                                loop_share_burst_seconds=0.0))  # fmt: skip
     interceptor.meter("s1")
     interceptor.shares["s1"].spend(2.0)
     aborted: list[Any] = []
