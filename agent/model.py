@@ -39,6 +39,17 @@ def warm_grpc() -> None:
     grpc.insecure_channel(f"unix:{MODEL_SOCKET}").close()
 
 
+def kept_history(messages: list[model_pb2.Message]) -> list[model_pb2.Message]:
+    """What of a finished turn's ``messages`` the next turn starts from: the last
+    HISTORY_MESSAGES at most, from a user's message on. Cut anywhere else, it could start with a
+    tool's result whose call was cut off, or with the model's own message, which the providers
+    refuse (HTTP 400): every later turn of the session failed on it. None if no user's message
+    is among them (one turn of that many tool calls)."""
+    kept = messages[-HISTORY_MESSAGES:]
+    start = next((i for i, m in enumerate(kept) if m.role == model_pb2.ROLE_USER), len(kept))
+    return kept[start:]
+
+
 class ModelResponder:
     def __init__(self, socket_path: str = MODEL_SOCKET) -> None:
         self._target = f"unix:{socket_path}"
@@ -153,7 +164,7 @@ class ModelResponder:
                 model_pb2.Message(role=model_pb2.ROLE_ASSISTANT, text=answer, tool_calls=calls)
             )
             if not calls:
-                self._history = messages[-HISTORY_MESSAGES:]
+                self._history = kept_history(messages)
                 return answer or "[the model gave no answer]"
             for call in calls:
                 result = run_tool(call.name, call.arguments_json)
