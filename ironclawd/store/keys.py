@@ -102,18 +102,24 @@ def load_master_key(fallback: Path) -> MasterKey:
 
 
 def _read_key(path: Path, *, check_owner: bool) -> bytes:
+    """The key file's bytes. Only a regular file, not through a symlink: O_NONBLOCK so that a
+    FIFO put there is refused, not read (nor waited on: its open blocked the start)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise HostError(f"reading master key {path}: {exc.strerror}") from exc
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HostError(f"refusing master key {path}: not a regular file")
         if check_owner and (st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077):
             raise HostError(
                 f"refusing master key {path}: must be owned by root with mode 0600 "
                 f"(is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
             )
         data = os.read(fd, KEY_BYTES + 1)
+    except OSError as exc:
+        raise HostError(f"reading master key {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
     return data

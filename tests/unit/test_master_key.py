@@ -1,0 +1,70 @@
+"""The master key's custody (store/keys.py): where it is read from and what is refused there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ironclawd.errors import HostError
+from ironclawd.store.keys import CREDENTIAL_NAME, MasterKey, load_master_key
+
+KEY = bytes(range(32))
+
+
+@pytest.fixture
+def credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A systemd credentials directory the daemon is told of (its files are taken as they are:
+    systemd made them)."""
+    directory = tmp_path / "credentials"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(directory))
+    return directory
+
+
+@pytest.fixture
+def fifo_with_a_key(credentials: Path) -> Iterator[Path]:
+    """A FIFO where the key should be, with 32 bytes waiting in it and a writer holding it open
+    (so that a reader that opens it blocking does not hang here, it reads those bytes)."""
+    path = credentials / CREDENTIAL_NAME
+    os.mkfifo(path, 0o600)
+    writer = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    os.write(writer, KEY)
+    try:
+        yield path
+    finally:
+        os.close(writer)
+
+
+def test_the_systemd_credential_is_read_when_the_unit_passes_one(credentials: Path) -> None:
+    (credentials / CREDENTIAL_NAME).write_bytes(KEY)
+    master = load_master_key(credentials / "elsewhere" / "master.key")
+    assert master.source == f"credential {CREDENTIAL_NAME}"
+    assert master.derive("x") == MasterKey(KEY, "test").derive("x")
+
+
+def test_a_fifo_in_the_keys_place_is_refused_not_read(fifo_with_a_key: Path) -> None:
+    """Before, the key was whatever a FIFO there gave (and with no writer, the daemon's start
+    hung in open() until systemd killed it)."""
+    with pytest.raises(HostError, match="not a regular file"):
+        load_master_key(fifo_with_a_key.parent / "elsewhere" / "master.key")
+
+
+def test_a_directory_in_the_keys_place_is_refused_as_such(credentials: Path) -> None:
+    """Before, os.read's IsADirectoryError left the store untranslated (a traceback)."""
+    (credentials / CREDENTIAL_NAME).mkdir()
+    with pytest.raises(HostError, match="not a regular file"):
+        load_master_key(credentials / "elsewhere" / "master.key")
+
+
+def test_a_symlinked_key_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    real = tmp_path / "real.key"
+    real.write_bytes(KEY)
+    link = tmp_path / "credentials" / "master.key"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    with pytest.raises(HostError, match="reading master key"):
+        load_master_key(link)
