@@ -100,7 +100,9 @@ def wire(config: Config, netns: NetnsAdapter) -> Wired:
     clock = SystemClock()
     state_dir = config.daemon.state_dir
     ensure_private_dir(state_dir, 0o700)
-    master = load_master_key(config.daemon.master_key_file)
+    master = load_master_key(
+        config.daemon.master_key_file, protects=(state_dir / "state.db", state_dir / "audit.log")
+    )
     log.info("master key from %s (fingerprint %s)", master.source, master.fingerprint())
     store = StateStore(state_dir / "state.db", master.derive("ironclaw state db v1"))
     audit = Audit(AuditLog(state_dir / "audit.log", master.derive("ironclaw audit v1")), store)

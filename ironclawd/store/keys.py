@@ -17,6 +17,7 @@ import hmac
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -91,13 +92,27 @@ def _zero(buf: bytearray) -> None:
         ctypes.memset((ctypes.c_char * len(buf)).from_buffer(buf), 0, len(buf))
 
 
-def load_master_key(fallback: Path) -> MasterKey:
-    """From the systemd credential if the unit passed one, else the fallback file (created)."""
+def load_master_key(fallback: Path, protects: Sequence[Path] = ()) -> MasterKey:
+    """From the systemd credential if the unit passed one, else the fallback file, made if
+    missing, but only while none of ``protects`` (the files encrypted or keyed under it: the
+    state DB, the audit log) exists: a new key would open none of them."""
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
     if creds:
         path = Path(creds) / CREDENTIAL_NAME
         if path.exists():
             return MasterKey(_read_key(path, check_owner=False), f"credential {CREDENTIAL_NAME}")
+    if not os.path.lexists(fallback):
+        made = next((p for p in protects if os.path.lexists(p)), None)
+        if made is not None:
+            passed = f"no credential {CREDENTIAL_NAME} is passed" + (
+                f" (none in {creds})" if creds else "")  # fmt: skip
+            raise HostError(
+                f"master key {fallback} is missing, but {made} was made with it and {passed}: "
+                "refusing to make a new key, which would open none of it. Put the key back "
+                f"there or pass it as the systemd credential {CREDENTIAL_NAME} "
+                "(docs/operations.md, Keys); to start afresh, move the state directory's "
+                "files away first"
+            )
     return MasterKey(_read_or_create(fallback), str(fallback))
 
 

@@ -1,4 +1,6 @@
-"""The master key's custody (store/keys.py): where it is read from and what is refused there."""
+"""The master key's custody (store/keys.py): where it is read from, what is refused there, and
+that a key missing while data made under it remains is never replaced by another one in
+silence."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ironclawd.errors import HostError
+from ironclawd.store import keys
 from ironclawd.store.keys import CREDENTIAL_NAME, MasterKey, load_master_key
 
 KEY = bytes(range(32))
@@ -68,3 +71,40 @@ def test_a_symlinked_key_file_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     link.symlink_to(real)
     with pytest.raises(HostError, match="reading master key"):
         load_master_key(link)
+
+
+@pytest.mark.parametrize("made", ["state.db", "audit.log"])
+def test_a_missing_key_is_not_made_anew_over_data_made_with_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str
+) -> None:
+    """A key gone (its credential no longer passed after the plain file was shredded, as
+    docs/operations.md has operators do; a restore that left it out) while the state DB or the
+    audit log it keys is there: a new key opens none of it. Before, one was made in silence, a
+    fresh plaintext key on disk, and the start failed later on "file is not a database"."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / made).write_bytes(b"made under the old key")
+    fallback = tmp_path / "credentials" / "master.key"
+    with pytest.raises(HostError, match=f"missing, but {state / made} was made with it"):
+        load_master_key(fallback, protects=(state / "state.db", state / "audit.log"))
+    assert not fallback.exists()
+
+
+def test_a_missing_key_is_made_when_nothing_was_made_with_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start: the key is made (0600, random); the owner check that follows is
+    root's, so a test run as another user sees that refusal, after the file was made."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    fallback = tmp_path / "credentials" / "master.key"
+    protects = (tmp_path / "state.db", tmp_path / "audit.log")
+    if os.geteuid() == 0:
+        assert load_master_key(fallback, protects).source == str(fallback)
+    else:
+        with pytest.raises(HostError, match="must be owned by root"):
+            load_master_key(fallback, protects)
+    data = fallback.read_bytes()
+    assert len(data) == keys.KEY_BYTES
+    assert data != bytes(keys.KEY_BYTES)
+    assert fallback.stat().st_mode & 0o777 == 0o600
