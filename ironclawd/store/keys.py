@@ -41,12 +41,13 @@ class MasterKey:
         if len(key) != KEY_BYTES:
             raise HostError(f"master key from {source}: expected {KEY_BYTES} bytes, got {len(key)}")
         self._key = bytearray(key)
+        self._zeroed = False
         self.source = source
 
     def derive(self, purpose: str) -> bytes:
         """A key for one purpose (e.g. the state DB), independent of every other purpose."""
         hkdf = HKDF(algorithm=SHA256(), length=KEY_BYTES, salt=None, info=purpose.encode())
-        return hkdf.derive(bytes(self._key))
+        return hkdf.derive(self._material())
 
     def wrap(self, sid: str, session_key: bytes) -> bytes:
         nonce = secrets.token_bytes(NONCE_BYTES)
@@ -73,12 +74,21 @@ class MasterKey:
 
     def fingerprint(self) -> str:
         """A short non-secret id of the key (for logs and doctor)."""
-        return hmac.new(bytes(self._key), b"ironclaw fingerprint", hashlib.sha256).hexdigest()[:16]
+        return hmac.new(self._material(), b"ironclaw fingerprint", hashlib.sha256).hexdigest()[:16]
 
     def _wrapping_key(self) -> bytes:
         return self.derive("ironclaw session-key wrapping v1")
 
+    def _material(self) -> bytearray:
+        """The key itself, never an immutable copy of it (``bytes()`` made one per derive, which
+        ``zero`` cannot reach); refused once zeroed: what is left then is 32 zero bytes, and a
+        session key wrapped under those would open with a key anyone knows."""
+        if self._zeroed:
+            raise HostError(f"master key was zeroed (from {self.source}): the daemon is stopping")
+        return self._key
+
     def zero(self) -> None:
+        self._zeroed = True
         _zero(self._key)
 
 

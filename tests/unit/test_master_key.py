@@ -1,6 +1,6 @@
 """The master key's custody (store/keys.py): where it is read from, what is refused there, and
-that a key missing while data made under it remains is never replaced by another one in
-silence."""
+that a key already gone (zeroed at stop) or missing while data made under it remains is never
+replaced by another one in silence."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ironclawd.store import keys
 from ironclawd.store.keys import CREDENTIAL_NAME, MasterKey, load_master_key
 
 KEY = bytes(range(32))
+SID = "abcdefgh1234"
 
 
 @pytest.fixture
@@ -108,3 +109,17 @@ def test_a_missing_key_is_made_when_nothing_was_made_with_one(
     assert len(data) == keys.KEY_BYTES
     assert data != bytes(keys.KEY_BYTES)
     assert fallback.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_zeroed_master_key_is_never_used_as_a_key_of_zeros() -> None:
+    """zero() at stop overwrites the key in place; a derive, wrap or unwrap after it used to
+    run on 32 zero bytes: a session key wrapped so would open with a key anyone knows."""
+    master = MasterKey(KEY, "test")
+    wrapped = master.wrap(SID, bytes(32))
+    master.zero()
+    for call in (lambda: master.derive("ironclaw state db v1"),
+                 lambda: master.wrap(SID, bytes(32)),
+                 lambda: master.unwrap(SID, wrapped),
+                 master.fingerprint):  # fmt: skip
+        with pytest.raises(HostError, match="master key was zeroed"):
+            call()
