@@ -145,12 +145,16 @@ class ControlServer:
         self._claims: dict[str, _Claim] = {}
         self._claim_lost: list[Callable[[str], None]] = []
         self._listener: ControlListener | None = None
+        self._unsettled: Callable[[str], bool] = lambda sid: False  # set_unsettled
         self._restored: dict[str, Restored] = {}
         # Each session's lines, all its connections together (``_paced``).
         self._lines: dict[str, TokenBucket] = {}
 
     def set_listener(self, listener: ControlListener) -> None:
         self._listener = listener
+
+    def set_unsettled(self, check: Callable[[str], bool]) -> None:
+        self._unsettled = check
 
     async def send(self, sid: str, event: str, value: int) -> bool:
         channel = self._channels.get(sid)
@@ -378,7 +382,9 @@ class ControlServer:
             if open_channel is None or hello is None or writer.is_closing():
                 continue  # it ended during those turns (its task let go of it): nothing to keep
             acting, readers = open_channel.acting, open_channel.readers
-            resync = writer in acting or _buffered(readers.get(writer))
+            # Or replies it announced were not all taken (a hold, a retried ingest): the
+            # next daemon would otherwise take them only at the agent's next announcement.
+            resync = writer in acting or _buffered(readers.get(writer)) or self._unsettled(sid)
             sock: socket.socket = writer.get_extra_info("socket")
             entry = _Kept(sock, hello, resync)
             handed.append((entry.name(sid), [sock.fileno()]))

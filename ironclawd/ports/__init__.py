@@ -388,6 +388,13 @@ class ControlPlane(Protocol):
 
     def list_dirs(self) -> list[str]: ...
     def set_listener(self, listener: ControlListener) -> None: ...
+    def set_unsettled(self, check: Callable[[str], bool]) -> None:
+        """``check(sid)``: whether the session's agent announced replies that were not all
+        taken (held at a bound, or a failed ingest being retried). At a clean stop such a
+        session's connection is handed over marked, and the next daemon reads its outbound
+        queue in full (RESYNC): the agent announces each reply once."""
+        ...
+
     async def send(self, sid: str, event: str, value: int) -> bool:
         """Tell the agent something ("inbound", seq); False if it is not connected."""
         ...

@@ -139,6 +139,7 @@ class MessageService:
         self._holds = IngestHolds(self._refusal)  # sessions held at a bound (reply_bounds.py)
         self._kicks: set[asyncio.Task[None]] = set()  # held sessions tried again after a reload
         control.set_listener(self._on_event)
+        control.set_unsettled(self.unsettled)
         hooks.on_sandbox_exit(self.resume_unanswered)
         hooks.on_removing(self.settle_removal)
         hooks.on_fence(self.fence_unused, self._fence.lift)
@@ -515,6 +516,11 @@ class MessageService:
         async with condition:
             condition.notify_all()
         return True
+
+    def unsettled(self, sid: str) -> bool:
+        """Whether replies ``sid``'s agent announced are not all taken: held at a bound, or
+        an ingest that failed being retried (the next daemon reads its queue in full)."""
+        return sid in self._untaken or self._holds.at(sid) is not None
 
     def held(self, sid: str) -> str:
         """Why the session's replies are not ingested and what to do, "" if they are (shown as

@@ -134,6 +134,7 @@ class FakeControl(_Recording):
         self._closed: dict[str, asyncio.Event] = {}
         self._claim_closed: dict[str, asyncio.Event] = {}
         self.listener: ControlListener | None = None
+        self.unsettled: Callable[[str], bool] | None = None  # what a clean stop would ask
         self.hello_gate: asyncio.Event | None = None
 
     async def open_claim(self, sid: str) -> Path:
@@ -239,6 +240,9 @@ class FakeControl(_Recording):
 
     def set_listener(self, listener: ControlListener) -> None:
         self.listener = listener
+
+    def set_unsettled(self, check: Callable[[str], bool]) -> None:
+        self.unsettled = check
 
     async def send(self, sid: str, event: str, value: int) -> bool:
         self.sent.append((sid, event, value))

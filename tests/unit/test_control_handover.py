@@ -161,6 +161,36 @@ def test_a_line_read_but_not_acted_on_at_the_stop_makes_the_next_daemon_read_aga
     run(body, tmp_path)
 
 
+def test_a_session_whose_replies_are_not_all_taken_is_read_in_full_by_the_next_daemon(
+    tmp_path: Path,
+) -> None:
+    """A session held at a reply bound (or whose replies a full state DB did not take) has
+    replies its agent announced once: the next daemon reads its queue in full, so a bound raised
+    across a restart takes them, and the hold is known again, without waiting for another."""
+
+    async def body(root: Path) -> None:
+        old = ControlServer(root)
+        old.set_listener(Events())
+        old.set_unsettled(lambda sid: sid == SID)
+        path = await old.open(SID) / control.CONTROL_SOCKET
+        agent = await agent_connect(path, b"hello 7 10000 5\n")
+        await old.wait_hello(SID)
+        handed = await old.hand_over()
+        assert f"control.{SID}.7.10000.resync" in [name for name, _ in handed]
+        taken = store_copy(handed)
+        await old.close_all_listeners()
+
+        new, events = ControlServer(root), Events()
+        new.set_listener(events)
+        assert new.restore(taken) == 1
+        await new.open(SID)
+        await events.wait_for((SID, RESYNC, 0))
+        agent.close()
+        await new.close_all_listeners()
+
+    run(body, tmp_path)
+
+
 def test_what_is_not_ours_is_closed_and_never_used(tmp_path: Path) -> None:
     async def body(root: Path) -> None:
         (root / SID).mkdir()

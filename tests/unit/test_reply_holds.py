@@ -19,6 +19,7 @@ from ironclawd import daemon
 from ironclawd.api.admin import AdminServicer
 from ironclawd.config import parse_config
 from ironclawd.domain.messages import QueueLimits
+from ironclawd.ports import RESYNC
 from tests.unit.reply_world import AGENT, World, world
 
 SID, OTHER = "h3ld5e55i0n1", "0th3r5e55i0n"
@@ -109,6 +110,40 @@ def test_a_reload_that_raises_the_bound_takes_the_held_replies(
         assert len(await w.replies(SID)) == 20
         assert w.messages.held(SID) == ""
         assert len(held_records(w)) == 1
+        await w.sessions.close()
+        w.store.close()
+
+    asyncio.run(go())
+
+
+def test_a_bound_raised_across_a_restart_takes_the_held_replies_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """The agent announced its held replies once. A clean restart hands its connection over
+    marked to be read in full (api/control.py), so the next daemon, with the bound raised in
+    its configuration, takes them at once, not at the session's next message."""
+    running = parse_config("[queues]\nmax_ingested_bytes = 1048576\n", "a.toml")
+    raised = parse_config("[queues]\nmax_ingested_bytes = 67108864\n", "b.toml")
+
+    async def go() -> None:
+        w = world(tmp_path, running.queues)
+        await w.sessions.create(AGENT, SID)
+        await w.sessions.create(AGENT, OTHER)
+        for n in range(1, 21):
+            await w.messages.send(SID, f"message {n}")
+        await w.messages.send(OTHER, "hello")
+        await w.write(SID, [(n, "z" * (100 * KIB)) for n in range(1, 21)])
+        await w.write(OTHER, [(1, "yes")])
+        assert len(await w.replies(SID)) < 20
+        # What the daemon's control sockets ask at a clean stop (ControlServer.hand_over).
+        assert w.control.unsettled is not None
+        assert (w.control.unsettled(SID), w.control.unsettled(OTHER)) == (True, False)
+        after = world(tmp_path, raised.queues, store=w.store)  # the next daemon
+        assert after.control.listener is not None
+        await after.control.listener(SID, RESYNC, 0)  # its restored connection, marked
+        assert len(await after.replies(SID)) == 20
+        assert after.control.unsettled is not None
+        assert not after.control.unsettled(SID)
         await w.sessions.close()
         w.store.close()
 
