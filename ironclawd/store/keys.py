@@ -11,6 +11,7 @@ written only to a tmpfs file that is mounted read-only into that session's sandb
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import hmac
@@ -167,7 +168,7 @@ def write_tmpfs_key(path: Path, key: bytes, uid: int, gid: int) -> None:
     on a tmpfs (never a disk), owned by the sandbox's uid (gVisor checks host files against the
     agent's uid, ironclawd/bundle/spec.py)."""
     directory = path.parent
-    directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+    _key_dir(directory)
     if not _on_tmpfs(directory):
         raise HostError(f"refusing to write a session key to {directory}: not a tmpfs")
     atomic_write(path, key.hex().encode(), mode=0o400, owner=(uid, gid), durable=False)
@@ -200,10 +201,34 @@ def write_tmpfs_key_in_place(path: Path, key: bytes, uid: int, gid: int) -> None
 def write_tmpfs_placeholder(path: Path, uid: int, gid: int) -> None:
     """An empty key file, the mount source of a pooled sandbox before any session owns it."""
     directory = path.parent
-    directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+    _key_dir(directory)
     if not _on_tmpfs(directory):
         raise HostError(f"refusing to make a key file in {directory}: not a tmpfs")
     atomic_write(path, b"", mode=0o400, owner=(uid, gid), durable=False)
+
+
+def _key_dir(directory: Path) -> None:
+    """The keys directory as the daemon's own, 0700: made so, or an existing one narrowed to it.
+    Each key file is the agent's uid's (0400), so this directory alone keeps a host account
+    that has that uid from every session's key; tmpfiles.d makes it 0700 at boot only, and
+    the daemon made it 0711 itself. A symlink or a directory of another owner is refused."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HostError(f"refusing to keep session keys in {directory}: not a directory of "
+                        f"its own ({exc.strerror})") from exc  # fmt: skip
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise HostError(f"refusing to keep session keys in {directory}: owned by uid "
+                            f"{st.st_uid}, not this daemon's ({os.geteuid()})")  # fmt: skip
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def remove_tmpfs_key(path: Path) -> None:
