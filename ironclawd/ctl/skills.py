@@ -185,7 +185,12 @@ def cmd_sign(args: argparse.Namespace, _stub: Stub) -> int:
         name, files, _ = _folder(args.path, fd)
         try:
             key = minisign.parse_secret_key(read_file(args.key, SMALL_FILE_BYTES).decode())
-        except (IronclawError, OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            # Where, never which byte: the file may be a secret of another kind given by mistake.
+            raise CtlError("INVALID_ARGUMENT", exitcodes.INVALID,
+                           f"--key {args.key}: not UTF-8 text (at byte {exc.start}); expected "
+                           "a minisign secret key file") from None  # fmt: skip
+        except (IronclawError, OSError) as exc:
             raise CtlError("INVALID_ARGUMENT", exitcodes.INVALID,
                            f"--key {args.key}: {exc}") from None  # fmt: skip
         comment = args.comment or f"timestamp:{int(time.time())}\tfile:{name}\thashed"

@@ -53,6 +53,23 @@ def test_sign_then_verify_then_tamper(
     assert "changed after signing" in str(doc["error"])
 
 
+def test_a_key_file_that_is_not_text_is_refused_without_showing_its_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--key`` given a binary secret (the daemon's master key, a raw seed) by mistake: the
+    error said "can't decode byte 0xa7 in position 1", a byte of the secret on the terminal."""
+    folder = s.write_folder(tmp_path, signature=None)
+    secret = bytes([0x41, 0xA7]) + bytes(range(0x80, 0x9E))
+    key = tmp_path / "master.key"
+    key.write_bytes(secret)
+    code, doc = run(capsys, "skill", "sign", str(folder), "--key", str(key))
+    assert code == exitcodes.INVALID
+    message = str(doc["error"])
+    assert "not UTF-8 text (at byte 1)" in message
+    assert "0xa7" not in message.lower()
+    assert not (folder / "SKILL.minisig").exists()
+
+
 def test_manifest_is_what_the_signature_covers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
