@@ -13,6 +13,7 @@ import pytest
 from ironclawd.errors import HostError
 from ironclawd.store import keys
 from ironclawd.store.keys import CREDENTIAL_NAME, MasterKey, load_master_key
+from ironclawd.store.state import StateStore
 
 KEY = bytes(range(32))
 SID = "abcdefgh1234"
@@ -123,3 +124,31 @@ def test_a_zeroed_master_key_is_never_used_as_a_key_of_zeros() -> None:
                  master.fingerprint):  # fmt: skip
         with pytest.raises(HostError, match="master key was zeroed"):
             call()
+
+
+def test_a_wrapped_key_opens_only_for_its_own_session_and_whole(tmp_path: Path) -> None:
+    """Someone who can write the state DB's rows but not read the master key (docs/
+    threat-model.md §1): a wrapped key moved to another session's row, or any byte of it
+    changed, does not open. Each wrap has a fresh nonce: two of one key differ."""
+    master = MasterKey(KEY, "test")
+    first, second = "aaaaaaaa1111", "bbbbbbbb2222"
+    store = StateStore(tmp_path / "state.db", master.derive("ironclaw state db v1"))
+    try:
+        store.put_wrapped_key(first, master.wrap(first, bytes(range(32, 64))))
+        store.put_wrapped_key(second, master.wrap(second, bytes(range(64, 96))))
+        moved = store.wrapped_key(first)
+        assert moved is not None
+        store.put_wrapped_key(second, moved)  # the first session's key in the second's row
+        with pytest.raises(HostError, match=f"session {second}: wrapped key does not open"):
+            master.unwrap(second, moved)
+    finally:
+        store.close()
+    assert master.unwrap(first, moved) == bytes(range(32, 64))
+    for index in range(1, len(moved)):  # nonce, ciphertext and tag; the version byte below
+        changed = bytearray(moved)
+        changed[index] ^= 0x01
+        with pytest.raises(HostError, match="does not open"):
+            master.unwrap(first, bytes(changed))
+    with pytest.raises(HostError, match="wrapped key of format version 2"):
+        master.unwrap(first, b"\x02" + moved[1:])
+    assert master.wrap(first, bytes(32)) != master.wrap(first, bytes(32))
