@@ -2,7 +2,8 @@
 
 Read on every check, so that adding or removing a key file takes effect at once (removing a key
 also stops the approval of a pending skill it signed). Only regular files are read, without
-following symlinks, each at most 4 KiB (a minisign public key file is two short lines).
+following symlinks, each at most 4 KiB (a minisign public key file is two short lines), and only
+root's (or the reader's) that nobody else may write.
 """
 
 from __future__ import annotations
@@ -38,14 +39,18 @@ class TrustedKeyDir:
 
 def _read_key(path: str) -> bytes | None:
     """The file's bytes if it is a regular file (not through a symlink) of at most
-    MAX_KEY_FILE bytes; else None: not a key the operator placed here."""
+    MAX_KEY_FILE bytes, owned by root (or this process's user) and writable by nobody else,
+    as the daemon's config file must be; else None: not a key the operator placed here."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None  # a symlink (ELOOP), or gone
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return None  # a directory or a FIFO named *.pub
+        if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            return None  # someone else could have put his own key here
         data = os.read(fd, MAX_KEY_FILE + 1)
     except OSError:
         return None

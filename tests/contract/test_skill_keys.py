@@ -66,3 +66,15 @@ def test_the_real_directory_reads_only_regular_pub_files(tmp_path: Path) -> None
     outside.write_text(STRANGER.public_key().to_file())
     (tmp_path / "link.pub").symlink_to(outside)
     assert list(TrustedKeyDir(tmp_path).read()) == ["ok.pub"]
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+def test_a_key_file_others_may_write_is_not_trusted(tmp_path: Path, mode: int) -> None:
+    """As the daemon's config file (config.py): a key file someone besides its owner may write
+    could be swapped for his own key, and skills he signs would pass as trusted. Before, any
+    mode was read."""
+    (tmp_path / "ok.pub").write_text(KEY.public_key().to_file())
+    loose = tmp_path / "loose.pub"
+    loose.write_text(STRANGER.public_key().to_file())
+    loose.chmod(mode)
+    assert list(TrustedKeyDir(tmp_path).read()) == ["ok.pub"]
