@@ -92,7 +92,7 @@ class AuditLog:
         them a forgery to the version that wrote it, and its torn tail is left for it to cut."""
         seq, prev, line_no = 0, GENESIS, 0
         last: dict[str, Any] = {}
-        for last, _torn in self._lines():
+        for last, _torn, _line in self._lines():
             line_no += 1
             if audit_format.known(last):
                 seq, prev = int(last.get("seq", 0)), str(last.get("mac", GENESIS))
@@ -117,17 +117,17 @@ class AuditLog:
                 start, last = 0, f.read().rfind(b"\n")
         return start + last + 1
 
-    def _lines(self) -> Iterator[tuple[dict[str, Any], bool]]:
-        """(record, torn) per whole line. ``torn``: the line is a whole record behind the bytes
-        of an earlier write torn by a full disk (written by a version without cut-back)."""
+    def _lines(self) -> Iterator[tuple[dict[str, Any], bool, bytes]]:
+        """(record, torn, line) per whole line. ``torn``: the line is a whole record behind the
+        bytes of an earlier write torn by a full disk (written by a version without cut-back)."""
         with open(self._path, "rb") as f:
             for line in f:
                 if not line.endswith(b"\n"):
                     return  # a torn tail: not a record (cut at the next start)
-                yield _parse(line)
+                yield (*_parse(line), line)
 
     def _records(self) -> Iterator[dict[str, Any]]:
-        for record, _torn in self._lines():
+        for record, _torn, _line in self._lines():
             yield record
 
     @property
@@ -259,17 +259,12 @@ class AuditLog:
         crash or a full disk (``audit.repaired``) and torn bytes before a whole record are not
         tampering: they are counted and named in ``problem`` of an ok result."""
         prev, count, repairs, torn_at = GENESIS, 0, 0, []
-        for line_no, (record, torn) in enumerate(self._lines(), start=1):
+        for line_no, (record, torn, line) in enumerate(self._lines(), start=1):
             if not audit_format.known(record):
                 return self._unknown_format(record, count, line_no)
-            if record.get("seq") != line_no:
-                found = record.get("seq")
-                problem = f"expected seq {line_no}, found {found!r} (deleted, reordered, inserted)"
+            problem = self._problem(record, line_no, prev, line, torn=torn)
+            if problem is not None:
                 return VerifyResult(False, count, line_no, problem)
-            if not _same_mac(record.get("mac"), self._mac(record)):
-                return VerifyResult(False, count, line_no, "record altered (MAC mismatch)")
-            if record.get("prev") != prev:
-                return VerifyResult(False, count, line_no, "chain broken (prev does not match)")
             prev = str(record["mac"])
             count += 1
             if torn:
@@ -286,6 +281,25 @@ class AuditLog:
             notes.append(f"torn bytes before record(s) {', '.join(map(str, torn_at[:10]))} "
                          "(a full disk before cut-back existed)")  # fmt: skip
         return VerifyResult(True, count, 0, "; ".join(notes), repairs + len(torn_at))
+
+    def _problem(
+        self, record: dict[str, Any], line_no: int, prev: str, line: bytes, *, torn: bool
+    ) -> str | None:
+        """What is wrong with one record of a known format, or None."""
+        if record.get("seq") != line_no:
+            found = record.get("seq")
+            return f"expected seq {line_no}, found {found!r} (deleted, reordered, inserted)"
+        if not _same_mac(record.get("mac"), self._mac(record)):
+            return "record altered (MAC mismatch)"
+        # The MAC covers the parsed record: other bytes that parse to it (a key given twice,
+        # the last kept here, the first read by grep or another parser) verified. Every
+        # version wrote canonical(record); torn bytes of an old full disk may precede it.
+        written = canonical(record) + b"\n"
+        if line != written and not (torn and line.endswith(written)):
+            return "record altered (not as written: other bytes parse to its fields)"
+        if record.get("prev") != prev:
+            return "chain broken (prev does not match)"
+        return None
 
     def _unknown_format(self, record: dict[str, Any], count: int, line_no: int) -> VerifyResult:
         """Verify stops at a record of a format this version does not know: the records after

@@ -87,6 +87,36 @@ def test_an_edit_is_named(written: tuple[AuditLog, tuple[int, str]]) -> None:
     assert result.records == 2  # the records before it are still good
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # A key given twice: the parser keeps the last, the real one (the MAC matched), but a
+        # reader of the file, grep or a parser that keeps the first, saw the one put before it.
+        (b'{"actor":', b'{"actor":"uid:0(root)","actor":'),
+        (
+            b'"event":"change.submitted"',
+            b'"event":"change.rejected","event":"change.submitted"',
+        ),
+        # Anything else written otherwise than the daemon writes it: same record, other bytes.
+        (b'","event":', b'", "event":'),
+        (b"uid:3", b"\\u0075id:3"),
+    ],
+)
+def test_a_record_not_in_the_bytes_the_daemon_wrote_is_named(
+    written: tuple[AuditLog, tuple[int, str]], old: bytes, new: bytes
+) -> None:
+    """The MAC covers the parsed record, so before, an edit that parses to the same record
+    verified: a key added twice changed what the line says to anyone but the verifier."""
+    log, head = written
+    changed = lines(log)
+    assert old in changed[2]
+    changed[2] = changed[2].replace(old, new, 1)
+    rewrite(log, changed)
+    result = log.verify(head)
+    assert (result.ok, result.first_bad, result.records) == (False, 3, 2)
+    assert "not as written" in result.problem
+
+
 def test_a_truncated_tail_is_named_using_the_remembered_head(
     written: tuple[AuditLog, tuple[int, str]],
 ) -> None:
