@@ -74,7 +74,14 @@ class PolicyDenied(IronclawError):
 
 
 class BudgetExceeded(PolicyDenied):
-    """A rate limit, budget or cap is exhausted: try again later (gRPC RESOURCE_EXHAUSTED)."""
+    """A rate limit, budget or cap is exhausted: try again later (gRPC RESOURCE_EXHAUSTED).
+    ``retry_after``: seconds until a call would be taken again, where that is known and soon (a
+    per-minute rate); a sandbox's agent waits that long and calls again (the retry-after
+    trailer, api/status.py) rather than failing its user's turn."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RateLimited(BudgetExceeded):

@@ -23,7 +23,7 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from ironclawd.api.status import code_for
+from ironclawd.api.status import code_for, trailer_for
 from ironclawd.errors import InvalidArgument, IronclawError
 
 log = logging.getLogger("ironclawd.api")
@@ -239,7 +239,8 @@ async def refuse(exc: BaseException, method: str, context: Context) -> NoReturn:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
     if isinstance(exc, IronclawError):
-        await context.abort(code_for(exc), clip(str(exc), DETAILS_CHARS))
+        await context.abort(code_for(exc), clip(str(exc), DETAILS_CHARS),
+                            trailing_metadata=trailer_for(exc))  # fmt: skip
     error_id = secrets.token_hex(6)
     log.error(
         "%s failed unexpectedly (error id %s)",

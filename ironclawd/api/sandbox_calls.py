@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from math import ceil
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -30,6 +29,7 @@ from ironclawd import ratelog
 from ironclawd.api.boundary import admit_request, lenient, refuse
 from ironclawd.api.limits import Charged, Share, TokenBucket
 from ironclawd.api.sandbox_sockets import PREFIX, SandboxPeer
+from ironclawd.api.status import ANSWERED, RETRY_AFTER_KEY, millis
 from ironclawd.config import SocketsConfig
 from ironclawd.ports import AuditSink, Clock
 from ironclawd.services.audit import Throttled
@@ -43,14 +43,6 @@ SERVICE_SOCKET = {
     "ironclaw.gateway.v1.GatewayService": "gateway",
     "ironclaw.mcp.v1.McpService": "mcp",
 }
-# A call refused for the rate alone says in this trailer when the next would be taken: the agent
-# waits that long and calls again (agent/metered.py) rather than telling its user to slow down.
-RETRY_AFTER_KEY = "ironclaw-retry-after-ms"
-# Every call the host answers carries this trailer. A call that fails without it never got an
-# answer from the host (its connection ended: a daemon restart, or a connection closed while
-# idle), and the agent makes it again on a new connection (agent/metered.py).
-ANSWERED_KEY = "ironclaw-answered"
-ANSWERED = ((ANSWERED_KEY, "1"),)
 # The session and socket of the call being served (set when it is let in).
 CURRENT_PEER: contextvars.ContextVar[SandboxPeer] = contextvars.ContextVar("ironclaw_sandbox_peer")
 T = TypeVar("T")
@@ -136,7 +128,7 @@ class PeerInterceptor(_Interceptor):
             wait = share.wait_seconds()
         if wait:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls: slow down",
-                                trailing_metadata=((RETRY_AFTER_KEY, _millis(wait)),))  # fmt: skip
+                                trailing_metadata=((RETRY_AFTER_KEY, millis(wait)),))  # fmt: skip
 
     def _charged(self, peer: SandboxPeer, awaitable: Awaitable[T]) -> Charged[T]:
         """``awaitable``, its steps on the event loop charged to ``peer``'s session."""
@@ -262,11 +254,6 @@ class _Call:
 def _done(peer: SandboxPeer) -> None:
     if peer.conn is not None:
         peer.conn.call_ended()
-
-
-def _millis(seconds: float) -> str:
-    """A retry-after trailer's value: whole milliseconds, at least 1."""
-    return f"{max(1, ceil(seconds * 1000))}"
 
 
 def _raw(data: bytes) -> bytes:

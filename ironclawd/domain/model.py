@@ -230,9 +230,13 @@ class Budget:
         while self._tokens and self._tokens[0][0] <= now - 86400:
             self._used -= self._tokens.popleft()[1]
         if len(self._requests) >= self.requests_per_minute:
+            # The wait until enough of the minute's requests age out; the agent waits it out
+            # rather than failing its user's turn (a tool-heavy turn makes several calls).
+            wait = self._requests[-self.requests_per_minute] + 60 - now
             raise BudgetExceeded(
                 f"{what}: rate limit of {self.requests_per_minute} model requests per minute "
-                "reached; try again in a minute"
+                f"reached; the next is taken in {wait:.1f} s",
+                retry_after=wait,
             )
         # A lone call is admitted while the day is under budget, even if its own reservation
         # would take it over: a call's max_tokens is a ceiling, not what it will use.

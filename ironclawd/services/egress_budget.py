@@ -36,9 +36,12 @@ class EgressBudget:
         use = self._use.setdefault(sid, _SessionUse())
         if not take_in_minute(use.requests, self._clock.monotonic(),
                               self._limits.requests_per_minute):  # fmt: skip
+            wait = minute_wait(use.requests, self._clock.monotonic(),
+                               self._limits.requests_per_minute)  # fmt: skip
             raise BudgetExceeded(
                 f"egress: session {sid}: rate limit of {self._limits.requests_per_minute} "
-                "requests per minute reached"
+                f"requests per minute reached; the next is taken in {wait:.1f} s",
+                retry_after=wait,
             )
 
     @contextlib.asynccontextmanager
@@ -70,3 +73,10 @@ def take_in_minute(times: collections.deque[float], now: float, per_minute: int)
         return False
     times.append(now)
     return True
+
+
+def minute_wait(times: collections.deque[float], now: float, per_minute: int) -> float:
+    """Seconds from ``now`` until :func:`take_in_minute` would take one more (0: it would now):
+    when enough of the minute's times have aged out."""
+    over = len(times) - per_minute
+    return 0.0 if over < 0 else max(0.0, times[over] + 60 - now)

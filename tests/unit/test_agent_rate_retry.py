@@ -18,7 +18,7 @@ import pytest
 from agent import metered
 from agent.model import ModelResponder
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd.api import sandbox_calls
+from ironclawd.api import sandbox_calls, status
 from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sandbox_sockets import SandboxPeer
 from ironclawd.config import SocketsConfig
@@ -176,7 +176,7 @@ class _Context:
 
 
 def test_the_host_says_when_the_next_call_would_be_taken() -> None:
-    assert sandbox_calls.RETRY_AFTER_KEY == metered.RETRY_AFTER_KEY
+    assert status.RETRY_AFTER_KEY == metered.RETRY_AFTER_KEY
     clock = FakeClock(monotonic=10.0)
     limits = SocketsConfig(calls_per_second=50.0)
     audit = sandbox_calls.RefusalAudit(RecordingAudit(), clock)
@@ -186,7 +186,7 @@ def test_the_host_says_when_the_next_call_would_be_taken() -> None:
     peer = SandboxPeer("s1", "model")
     asyncio.run(interceptor._meter(peer, context))  # type: ignore[arg-type]
     assert context.aborted is None
-    assert context.trailer == ((sandbox_calls.ANSWERED_KEY, "1"),)  # see test_agent_reconnect.py
+    assert context.trailer == ((status.ANSWERED_KEY, "1"),)  # see test_agent_reconnect.py
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(interceptor._meter(peer, context))  # type: ignore[arg-type]
     assert context.aborted is not None

@@ -22,7 +22,7 @@ import pytest
 from agent import metered, model
 from agent.model import ModelResponder
 from ironclaw.model.v1 import model_pb2, model_pb2_grpc
-from ironclawd.api import sandbox_calls
+from ironclawd.api import status
 
 ANSWERED = ((metered.ANSWERED_KEY, "1"),)
 
@@ -72,8 +72,8 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, _Model, list[grpc.Server]]]:
 
 
 def test_the_host_and_the_agent_agree_on_the_trailer() -> None:
-    assert sandbox_calls.ANSWERED_KEY == metered.ANSWERED_KEY
-    assert sandbox_calls.ANSWERED == ANSWERED
+    assert status.ANSWERED_KEY == metered.ANSWERED_KEY
+    assert status.ANSWERED == ANSWERED
 
 
 def test_a_failure_the_host_answered_is_reported_and_not_made_again(

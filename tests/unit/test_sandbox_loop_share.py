@@ -24,8 +24,9 @@ from ironclaw.model.v1 import model_pb2, model_pb2_grpc
 from ironclawd.api import control
 from ironclawd.api.limits import Charged, Share
 from ironclawd.api.sandbox import ModelServicer
-from ironclawd.api.sandbox_calls import RETRY_AFTER_KEY, PeerInterceptor, RefusalAudit
+from ironclawd.api.sandbox_calls import PeerInterceptor, RefusalAudit
 from ironclawd.api.sandbox_sockets import SandboxPeer, SessionSockets
+from ironclawd.api.status import RETRY_AFTER_KEY
 from ironclawd.config import SocketsConfig
 from ironclawd.domain.model import Chunk, Message, ToolDef
 from tests.fakes import FakeClock, RecordingAudit
