@@ -16,7 +16,7 @@ import dataclasses
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ironclawd import lazy_re
 from ironclawd.domain.addresses import IPAddress, IPNetwork, canonical_ipv4, is_numeric_host
@@ -341,7 +341,8 @@ def check_method(method: str) -> str:
 
 @dataclass(frozen=True)
 class PreparedHeaders:
-    headers: tuple[tuple[str, str], ...]
+    # repr=False: they hold the credential a rule injects (a repr reaches logs and messages).
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
     stripped: tuple[str, ...]  # names of agent-supplied headers that were dropped
 
 

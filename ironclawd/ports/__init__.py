@@ -466,7 +466,8 @@ class UpstreamRequest:
     port: int
     method: str
     target: str  # path and query
-    headers: tuple[tuple[str, str], ...]  # sent exactly as given (Host included)
+    # Sent exactly as given (Host included); repr=False: an injected credential is one of them.
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
     body: bytes
     connect_timeout: float
 
