@@ -21,7 +21,15 @@ OUTBOUND_SCHEMA = (
 )
 QUEUE_VERSION = 1
 INCREMENTAL = 2  # PRAGMA auto_vacuum
-VACUUM_PAGES = 256  # pages given back per transaction when pruning (1 MiB)
+# Pruning runs in transactions this small, so that each one's journal fits in HEADROOM: rows
+# deleted (a single DELETE of 40,000 rows of 300 bytes journaled 13 MiB) and pages given back
+# (256 pages of 1 MB replies journaled 2 MiB, 64 pages at most ~0.5 MiB).
+PRUNE_ROWS = 64
+VACUUM_PAGES = 64
+# What the file leaves free of its tmpfs (at most a quarter of it) for the journals of its
+# commits: once it has grown to the rest, a reply is refused as a full disk while a prune,
+# which is what makes room again, still has space to journal in.
+HEADROOM = 2 * 1024 * 1024
 READ_ATTEMPTS = 200
 READ_BACKOFF = 0.002
 
@@ -163,6 +171,18 @@ class Outbound:
                 "COMMIT;"
             )
         self._gives_back = self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL
+        self._leave_headroom(path.parent)
+
+    def _leave_headroom(self, directory: Path) -> None:
+        """Let the file grow to its file system's size less HEADROOM, no further (SQLite then
+        refuses an append as "database or disk is full"). Without it the tmpfs filled up to
+        its last page, and the prune that would make room had no space for its own journal."""
+        st = os.statvfs(directory)
+        size = st.f_blocks * st.f_frsize
+        page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        if size and page:
+            pages = (size - min(HEADROOM, size // 4)) // page
+            self._db.execute(f"PRAGMA max_page_count = {pages}").fetchone()
 
     def last_seq(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()[0])
@@ -176,13 +196,16 @@ class Outbound:
         """Drop the rows the host says it has ingested (seq <= ``up_to``), all but the newest:
         its seq and ``in_reply_to`` are where the next reply's seq and a restarted agent's
         resumption come from. The file lives on the session's tmpfs, of a fixed size, and the
-        host copies all of it at each ingest, so it must not grow with the session's age."""
-        self._db.execute(
-            "DELETE FROM messages WHERE seq <= ? AND seq < (SELECT MAX(seq) FROM messages)",
-            (up_to,),
-        )
-        # A few pages per transaction, so that no journal is large: the tmpfs may be nearly
-        # full, which is when pruning matters most.
+        host copies all of it at each ingest, so it must not grow with the session's age.
+        A few rows and pages per transaction, so that no journal is large: the tmpfs may be
+        full, which is when pruning matters most (HEADROOM)."""
+        last = min(up_to, self.last_seq() - 1)
+        while self._db.execute(
+            "DELETE FROM messages WHERE seq IN "
+            "(SELECT seq FROM messages WHERE seq <= ? ORDER BY seq LIMIT ?)",
+            (last, PRUNE_ROWS),
+        ).rowcount:
+            pass
         while self._gives_back and self._db.execute("PRAGMA freelist_count").fetchone()[0]:
             self._db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
 
