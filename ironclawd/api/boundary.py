@@ -239,8 +239,10 @@ async def refuse(exc: BaseException, method: str, context: Context) -> NoReturn:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
     if isinstance(exc, IronclawError):
-        await context.abort(code_for(exc), clip(str(exc), DETAILS_CHARS),
-                            trailing_metadata=trailer_for(exc))  # fmt: skip
+        trailer = trailer_for(exc)  # (none: the trailer set when the call was let in stays)
+        if trailer:
+            await context.abort(code_for(exc), clip(str(exc), DETAILS_CHARS), trailer)
+        await context.abort(code_for(exc), clip(str(exc), DETAILS_CHARS))
     error_id = secrets.token_hex(6)
     log.error(
         "%s failed unexpectedly (error id %s)",

@@ -125,4 +125,4 @@ def test_a_refusal_that_names_its_wait_carries_it_to_the_agent_which_waits_it_ou
 
 def test_other_refusals_keep_the_trailer_set_when_the_call_was_let_in() -> None:
     for exc in (BudgetExceeded("daily budget used up"), NotFound("no such session")):
-        assert _refused(exc)[2] == {}  # an empty trailer: grpc keeps the one set before
+        assert _refused(exc)[2] == {}  # none given: grpc keeps the one set before
