@@ -9,6 +9,11 @@ After ``IDLE_SECONDS`` without a message, the responder rests (closes its gRPC c
 threads would otherwise keep waking an idle sandbox) until the next message. A restart resumes
 after the newest inbound seq already answered (recorded in outbound.db in the same transaction
 as the reply), so no message is answered twice or skipped.
+A reply that cannot be stored (outbound.db full: the host holds the session's replies at a
+bound, say) is kept in hand, and nothing after it is answered meanwhile: it is stored again at
+once after each prune, else after a back-off (STORE_RETRY_FIRST doubling to STORE_RETRY_MAX).
+Each failed try announces the newest stored seq again: an announcement of nothing new asks the
+host what may be pruned (ironclawd/services/messaging.py ``_offer_pruning``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +50,10 @@ INGESTED = b"ingested"
 # refuses an agent of a version it does not speak. Named in the hello from version 2 on: a
 # version-1 hello is the one agents said before versions were announced, which every daemon reads.
 PROTOCOL_VERSION = 1
+# A reply kept in hand is stored again after this long, doubled after each failure up to the
+# most (the host's "ingested" line, which makes room, is acted on at once).
+STORE_RETRY_FIRST = 1.0
+STORE_RETRY_MAX = 60.0
 
 Responder = Callable[[str], str]
 
@@ -69,20 +79,48 @@ class Agent:
         self._respond = respond or default_responder()
         self._awake = False
         self._pruned = 0
+        self._unsaved: tuple[int, str] | None = None  # (inbound seq, reply) not stored yet
+        self._retry = 0.0  # the back-off before storing it again; 0: no reply in hand
+        self._retry_at = 0.0  # time.monotonic() of the next try
 
     def hello(self) -> bytes:
         return hello_line(os.getpid(), os.getuid(), self.outbound.last_seq())
 
     def catch_up(self, sock: socket.socket, up_to: int | None) -> None:
-        """Answer every message after the last answered one (up to ``up_to`` if given)."""
+        """Answer every message after the last answered one (up to ``up_to`` if given), once
+        the reply in hand, if there is one, is stored; stop at a reply that cannot be."""
+        if not self._store(sock):
+            return
         for seq, body in self.inbound.read_after(self.answered, up_to):
-            reply = self._respond(body)
+            self._unsaved = (seq, self._respond(body))
+            self.answered = seq  # the model is not asked again for what it answered
+            if not self._store(sock):
+                return
+
+    def _store(self, sock: socket.socket) -> bool:
+        """Store and announce the reply in hand; False if it stays in hand (the queue is full:
+        the host is asked what may be pruned, and the next try is set for after the back-off)."""
+        if self._unsaved is None:
+            return True
+        seq, reply = self._unsaved
+        try:
             out = self.outbound.append(seq, reply)
-            self.answered = seq
-            sock.sendall(f"outbound {out}\n".encode("ascii"))
-            if not self._awake:  # the responder rests after IDLE_SECONDS without a message
-                _receive_timeout(sock, IDLE_SECONDS)
-                self._awake = True
+        except sqlcipher3.OperationalError as exc:  # "database or disk is full"
+            if not self._retry:
+                print(f"agent: keeping the reply to message {seq} until outbound.db has room: "
+                      f"{exc}", file=sys.stderr, flush=True)  # fmt: skip
+            self.rest(sock)  # nothing is asked of the model until it is stored
+            self._retry = min(max(self._retry * 2, STORE_RETRY_FIRST), STORE_RETRY_MAX)
+            self._retry_at = time.monotonic() + self._retry  # host lines may keep coming
+            _receive_timeout(sock, self._retry)
+            sock.sendall(f"outbound {self.outbound.last_seq()}\n".encode("ascii"))
+            return False
+        self._unsaved, self._retry = None, 0.0
+        sock.sendall(f"outbound {out}\n".encode("ascii"))
+        if not self._awake:  # the responder rests after IDLE_SECONDS without a message
+            _receive_timeout(sock, IDLE_SECONDS)
+            self._awake = True
+        return True
 
     def rest(self, sock: socket.socket) -> None:
         """Nothing came for IDLE_SECONDS: let the responder close what it keeps open, and wait
@@ -118,39 +156,52 @@ class Agent:
             try:
                 chunk = sock.recv(65536)
             except BlockingIOError:  # SO_RCVTIMEO ran out: IDLE_SECONDS without a message
-                self.rest(sock)
+                if self._unsaved is not None:  # or the back-off of the reply in hand
+                    self.catch_up(sock, None)
+                else:
+                    self.rest(sock)
                 continue
             if not chunk:
                 return
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            announced = ingested = 0
-            restarted = False
-            for line in lines:
-                words = line.split()
-                if len(words) != 2 or not words[1].isdigit():
-                    continue
-                if words[0] == b"inbound":
-                    announced = max(announced, int(words[1]))
-                elif words[0] == INGESTED:
-                    ingested = max(ingested, int(words[1]))
-                elif words[0] == RESTARTED:
-                    # A new daemon took this connection back from systemd's fd store; the
-                    # connections under the responder's channels (model, tools) ended.
-                    self.rest(sock)
-                    restarted = True
-            if restarted:
-                # A message sent to the new daemon before it took this connection back was
-                # queued with no one to tell ("waits in its queue"): read the queue now.
-                self.catch_up(sock, None)
-            if announced > self.answered:
-                self.catch_up(sock, announced)
-            if ingested > self._pruned:  # after answering: the messages come first
-                self.prune(ingested)
+            self._act(sock, lines)
+
+    def _act(self, sock: socket.socket, lines: list[bytes]) -> None:
+        """What the host's ``lines`` ask for, each kind at most once."""
+        announced = ingested = 0
+        restarted = False
+        for line in lines:
+            words = line.split()
+            if len(words) != 2 or not words[1].isdigit():
+                continue
+            if words[0] == b"inbound":
+                announced = max(announced, int(words[1]))
+            elif words[0] == INGESTED:
+                ingested = max(ingested, int(words[1]))
+            elif words[0] == RESTARTED:
+                # A new daemon took this connection back from systemd's fd store; the
+                # connections under the responder's channels (model, tools) ended.
+                self.rest(sock)
+                restarted = True
+        held = self._unsaved is not None
+        if held:
+            if ingested > self._pruned:
+                self.prune(ingested)  # room for the reply in hand first
+            if not (ingested or restarted or time.monotonic() >= self._retry_at):
+                return  # nothing made room: the reply in hand is tried again at its time
+        if restarted or held:
+            # A message sent to the new daemon before it took this connection back was queued
+            # with no one to tell ("waits in its queue"): read the queue now.
+            self.catch_up(sock, None)
+        if announced > self.answered and self._unsaved is None:
+            self.catch_up(sock, announced)
+        if ingested > self._pruned:  # after answering: the messages come first
+            self.prune(ingested)
 
     def prune(self, up_to: int) -> None:
-        """Drop the replies the host holds. A failure (the tmpfs full, say) costs nothing but
-        space: the rows stay, and the host's next announcement tries again."""
+        """Drop the replies the host holds. A failure costs nothing but space: the rows stay,
+        and the host's next "ingested" line tries again (a reply kept in hand asks for one)."""
         try:
             self.outbound.prune(up_to)
         except sqlcipher3.Error as exc:
