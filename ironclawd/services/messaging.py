@@ -378,16 +378,21 @@ class MessageService:
 
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
-            await self.ingest(sid, value)
-            await self._offer_pruning(sid)
-        elif event == RESYNC:
+            taken = await self.ingest(sid, value)
+            # Nothing taken (a hello, an agent whose queue is full asking again, or a held
+            # session): the agent may need room, and may have missed the line that said so.
+            await self._offer_pruning(sid, asked=not taken)
+        elif event == RESYNC:  # a held or untaken session, after a restart
             await self.ingest(sid)
+            await self._offer_pruning(sid, asked=True)
 
-    async def _offer_pruning(self, sid: str) -> None:
+    async def _offer_pruning(self, sid: str, *, asked: bool = False) -> None:
         """Every ``prune_after_rows`` ingested replies, tell the agent "ingested <seq>": it may
         drop its rows up to seq. Its outbound.db lives on a tmpfs of fixed size and is copied
         whole at each ingest, so it must not grow with the session's age. The seq is recorded
-        first: ``verify`` takes a row missing at or below it for pruned, not deleted."""
+        first: ``verify`` takes a row missing at or below it for pruned, not deleted. ``asked``:
+        the agent's queue may be full (agent/loop.py), so everything taken is offered now, and
+        said again if it was said before (a line sent while the agent was away is lost)."""
         every = self._limits.prune_after_rows
         life = self._life(sid)
         if every <= 0 or life is None:
@@ -398,8 +403,10 @@ class MessageService:
         told = self._pruned.get(sid)
         if told is None:
             told = await asyncio.to_thread(self.store.pruned, sid)
-        if last - told < every:
+        if last - told < every and not (asked and last > told):
             self._pruned[sid] = told
+            if asked and told:
+                await self._control.send(sid, "ingested", told)
             return
         try:
             await asyncio.to_thread(self.store.set_pruned, sid, last)
@@ -539,7 +546,7 @@ class MessageService:
     async def _take_held(self, sid: str) -> None:
         try:
             await self.ingest(sid)
-            await self._offer_pruning(sid)
+            await self._offer_pruning(sid, asked=True)  # its queue may have filled meanwhile
         except IronclawError as exc:
             log.warning("session %s: ingesting under the reloaded bounds: %s", sid, exc)
 
