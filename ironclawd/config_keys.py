@@ -355,9 +355,11 @@ MCP_KEYS: dict[str, _Key] = {
     ),
     "stops_per_session": _Key(
         _int(1, 1000),
-        "A session with a call in flight at this many failures of its agent's servers (each "
-        "stops the server for all its sessions) within stops_window_seconds is refused MCP "
-        "calls until the oldest is that old.",
+        "A session that this many stops of its agent's servers count against within "
+        "stops_window_seconds is refused MCP calls until the oldest is that old. A stop counts "
+        "against the session whose call caused it where that is known (it timed out while the "
+        "server answered a ping, or its answer went over max_message_bytes with its id read), "
+        "else against each session with a call in flight.",
     ),
     "stops_window_seconds": _Key(_float(1.0, 86400.0), "The window of stops_per_session."),
 }

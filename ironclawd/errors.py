@@ -154,11 +154,13 @@ class McpServerFailed(IronclawError):
     """An MCP server could not be started, crashed, is backing off, timed out or broke the
     protocol (gRPC UNAVAILABLE); the message names the server and what happened. ``run``: when
     the request was in flight on a running server that failed and was stopped, that run's number
-    (each start of a server is a new run); 0 when it never reached one."""
+    (each start of a server is a new run); 0 when it never reached one. ``bystander``: that
+    failure is known to be another call's doing (services/mcp_calls.py)."""
 
-    def __init__(self, message: str, *, run: int = 0) -> None:
+    def __init__(self, message: str, *, run: int = 0, bystander: bool = False) -> None:
         super().__init__(message)
         self.run = run
+        self.bystander = bystander
 
 
 class ChannelFailed(IronclawError):

@@ -100,7 +100,8 @@ class McpLimits:
     tasks_max: int = 64
     cpu_quota_percent: int = 50
     # Each session's own bounds (services/mcp_budget.py): its calls in a sliding minute, and
-    # the stops of its agent's servers with a call of its in flight that refuse its calls.
+    # the stops of its agent's servers counted against it (services/mcp_calls.py) that refuse
+    # its calls.
     calls_per_minute: int = 60
     stops_per_session: int = 3
     stops_window_seconds: float = 600.0

@@ -71,6 +71,15 @@ _PLAIN_VALUE = lazy_re.compile(r"[\x20-\x7e]{1,8192}")
 # everything read-only and ProtectHome=yes hides /home, /root and /run/user).
 HIDDEN: Final = paths.PRIVATE_DIRS
 _ADDRESS_RE = lazy_re.compile(r"^nameserver\s+(\S+)", re.M)
+# The start of an answer: {"jsonrpc": "2.0", "id": ID, "result" (or "error"), the first member
+# optional and either of the first two (the order the Python SDK writes). Every member before the
+# id is a plain string, so the id found is the object's own, never one inside the result.
+_W = r"[ \t\r]*"
+_VERSION = rf'(?:{_W}"jsonrpc"{_W}:{_W}"2\.0"{_W},)?'
+_ANSWER_ID = lazy_re.compile(
+    rf'{_W}\{{{_VERSION}{_W}"id"{_W}:{_W}(-?[0-9]{{1,20}}|"[^"\\]{{0,128}}"){_W},{_VERSION}'
+    rf'{_W}"(?:result|error)"{_W}:'
+)
 
 
 def unit_name(agent: str, server: str) -> str:
@@ -166,9 +175,13 @@ class StdioTransport(McpTransport):
     stderr_tail: bytearray = field(default_factory=bytearray)
     reason: str = ""
     done: bool = False
+    cut_id: str | None = None  # the id of the answer cut at the cap, if it came before the cap
 
     def ended(self) -> bool:
         return self.done
+
+    def over_cap(self) -> str | None:
+        return self.cut_id
 
     def why(self) -> str:
         tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
@@ -280,7 +293,16 @@ async def _read_lines(
                     f"the server sent a message over {max_message_bytes} bytes "
                     "([mcp] max_message_bytes)"
                 )
+                transport.cut_id = answer_id(bytes(buffer[:512]))
                 return
+
+
+def answer_id(start: bytes) -> str | None:
+    """The id of the answer ``start`` begins, as text ("7", or a string id without its quotes),
+    if it comes before the result (the Python SDK's order; the TypeScript SDK writes it after,
+    past a cap, where it is never read); None if ``start`` is not the start of an answer."""
+    found = _ANSWER_ID.match(start.decode("latin-1"))
+    return found.group(1).strip('"') if found else None
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:

@@ -5,6 +5,7 @@ start (issue 17)."""
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -60,6 +61,9 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         self._max_bytes = max_bytes
         self._audit = audit
         self.reason = ""  # why the last response was cut, for the supervisor's message
+        # The JSON-RPC id of the first request whose response was cut at the cap (a POST's
+        # response answers that request only), for the supervisor to know whose call it was.
+        self.cut_id: str | None = None
         self._inner = httpx2.AsyncHTTPTransport(
             verify=context, trust_env=False, http1=True, http2=False, retries=0,
             limits=httpx2.Limits(max_connections=4, max_keepalive_connections=2),
@@ -102,12 +106,24 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
 
         def cut(why: str) -> None:
             self.reason = why
+            if self.cut_id is None:
+                self.cut_id = _request_id(request)
 
         response.stream = _CappedStream(response.stream, self._max_bytes, done, cut)
         return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _request_id(request: httpx2.Request) -> str | None:
+    """The id of the JSON-RPC request the SDK posted in ``request`` (its own JSON), as text."""
+    try:
+        message = json.loads(request.content)
+    except (httpx2.RequestNotRead, ValueError):  # a GET has no body; a body is always JSON
+        return None
+    rid = message.get("id") if isinstance(message, dict) else None
+    return str(rid) if isinstance(rid, int | str) and not isinstance(rid, bool) else None
 
 
 def pinned_client(

@@ -70,6 +70,9 @@ class RemoteTransport(McpTransport):
     def why(self) -> str:
         return self.pinned.reason if self.pinned is not None else ""
 
+    def over_cap(self) -> str | None:
+        return self.pinned.cut_id if self.pinned is not None else None
+
 
 class RemoteMcpLauncher:
     """``ports.McpLauncher`` for ``url`` servers (nothing to start or stop host-side)."""

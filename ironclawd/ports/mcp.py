@@ -66,6 +66,11 @@ class McpTransport:
         """Whether the server's output has ended (it exited, or its transport was cut)."""
         return False
 
+    def over_cap(self) -> str | None:
+        """The JSON-RPC id (as text) of the request whose answer went over
+        ``max_message_bytes`` and ended the transport, if the launcher could tell; else None."""
+        return None
+
 
 class McpLauncher(Protocol):
     """Starts one server of one agent where it runs (real: ``host/mcp.py``, a hardened

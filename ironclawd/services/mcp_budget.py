@@ -5,11 +5,13 @@ log through them.
 An agent's MCP server is one per (agent, server), shared by all the agent's sessions, and a
 call the server cannot finish (it runs past ``call_timeout_seconds``, answers over
 ``max_message_bytes``, crashes) stops it for all of them, its restart held off 1-60 s: one
-session could do it again and again (found by a review). So each stop counts against every
-session that had a call in flight on that run of the server when it failed (the session whose
-call caused it always had; another only if its call happened to be running too), and a session
-with ``stops_per_session`` such stops within ``stops_window_seconds`` is refused MCP calls until
-the oldest of them is that old. Its calls only: the agent's other sessions call on.
+session could do it again and again (found by a review). So each stop counts against the session
+whose call caused it where that is known, else against every session that had a call in flight
+on that run of the server when it failed (services/mcp_calls.py says which is known: counting
+every session in flight let a session's own time-outs take MCP from a bystander, found by a
+review), and a session with ``stops_per_session`` such stops within ``stops_window_seconds`` is
+refused MCP calls until the oldest of them is that old. Its calls only: the agent's other
+sessions call on.
 
 And every call counts against the session's ``calls_per_minute`` (a sliding minute), a refused
 one too, as egress requests do: each call costs the shared server a listing and a call, and an
@@ -32,7 +34,8 @@ from ironclawd.services.egress_budget import take_in_minute
 class _Use:
     calls: collections.deque[float] = field(default_factory=collections.deque)
     # (agent, server, run) -> when that run of the server failed with a call of the session's
-    # in flight: one entry per stop, however many of its calls were in flight.
+    # in flight (not known to be another call's doing): one entry per stop, however many of its
+    # calls were in flight.
     stops: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
 
@@ -58,9 +61,9 @@ class McpBudget:
             wait = min(use.stops.values()) + window - now
             raise BudgetExceeded(
                 f"MCP: session {sid}: {len(use.stops)} of its agent's MCP server runs failed "
-                f"with a call of this session in flight in the last {window:g} s (each stopped "
-                f"the server for every session of the agent); its MCP calls are refused for "
-                f"another {wait:.0f} s"
+                f"with a call of this session in flight, of its doing or of no known cause, in "
+                f"the last {window:g} s (each stopped the server for every session of the "
+                f"agent); its MCP calls are refused for another {wait:.0f} s"
             )
 
     def count_call(self, sid: str) -> None:
@@ -75,6 +78,6 @@ class McpBudget:
 
     def stopped(self, sid: str, agent: str, server: str, run: int) -> None:
         """A call of ``sid`` was in flight on ``run`` of ``agent``'s ``server`` when it failed
-        and was stopped."""
+        and was stopped, and the failure is not known to be another call's doing."""
         use = self._use.setdefault(sid, _Use())
         use.stops.setdefault((agent, server, run), self._clock.monotonic())

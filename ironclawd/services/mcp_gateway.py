@@ -9,8 +9,8 @@ changed a granted tool's description or schema is refused until a human approves
 the call runs with a time-out; the result is size-capped, host secrets are masked in it (and a
 result carrying one in an encoded form is withheld), and it goes back as data, never read here.
 Before all that, the session's own bounds (services/mcp_budget.py): its calls a minute, and the
-stops of its agent's servers its calls were in flight at. Every call is audited with its sizes,
-never its content; refusals at a bounded rate.
+stops of its agent's servers counted against it (services/mcp_calls.py). Every call is audited
+with its sizes, never its content; refusals at a bounded rate.
 """
 
 from __future__ import annotations
@@ -237,9 +237,11 @@ class McpGateway:
         except McpServerFailed as exc:
             if exc.run and calling:  # in flight when its server failed and was stopped
                 call.outcome = "server-stopped"
-                self._budget.stopped(call.sid, agent, server.name, exc.run)
+                if not exc.bystander:  # (the stop is known to be another call's doing)
+                    self._budget.stopped(call.sid, agent, server.name, exc.run)
             # The adapter's message may quote what the server printed (its stderr's last lines).
-            raise McpServerFailed(self._error_text(spec, name, str(exc)), run=exc.run) from None
+            raise McpServerFailed(self._error_text(spec, name, str(exc)), run=exc.run,
+                                  bystander=exc.bystander) from None  # fmt: skip
         except InvalidArgument as exc:
             raise type(exc)(self._error_text(spec, name, str(exc))) from None
 

@@ -28,6 +28,7 @@ from ironclawd.domain.mcp import McpLimits, McpServer, McpToolDef
 from ironclawd.domain.message_ids import MessageId, message_id
 from ironclawd.errors import InvalidArgument, McpServerFailed
 from ironclawd.ports import Credentials
+from ironclawd.services.mcp_calls import CALLER, PING_SECONDS, Caller, RunCalls
 
 if TYPE_CHECKING:
     import mcp_types as types
@@ -56,6 +57,8 @@ class _Live:
     error: str = ""
     deadline: float = 0.0  # the loop's time by which it must have initialized
     run: int = 0  # which start of a server this is (McpServerFailed.run)
+    calls: RunCalls = field(default_factory=RunCalls)  # whose requests (services/mcp_calls.py)
+    failing: str = ""  # why it is about to be stopped (a call timed out): no new caller gets it
 
     def why(self) -> str:
         told = self.transport.why() if self.transport is not None else ""
@@ -148,7 +151,7 @@ class McpSupervisor:
         try:
             result = await self._request(
                 key, session, f"calling {tool}", self._limits.call_timeout_seconds,
-                session.call_tool(tool, arguments),
+                session.call_tool(tool, arguments), caller=Caller(),
             )  # fmt: skip
         except _Answered as exc:
             # The server is fine and said no (unknown tool, bad arguments): the caller's error.
@@ -231,6 +234,9 @@ class McpSupervisor:
     async def _session(self, key: _Key, server: McpServer) -> ClientSession:
         async with self._lock(key):
             live = self._live.get(key)
+            if live is not None and live.failing:  # a request timed out: it is being stopped
+                raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: "
+                                      f"{live.failing}; it is being stopped")  # fmt: skip
             if live is not None and (live.server != server or _dead(live)):
                 # Re-registered (another command or environment), or it went away.
                 await self._drop(key)
@@ -286,7 +292,8 @@ class McpSupervisor:
         try:
             async with self._launcher.open(agent, live.server) as transport:
                 live.transport = transport
-                async with _session_type()(transport.read, transport.write) as session:
+                writes = live.calls.writes(transport.write)
+                async with _session_type()(transport.read, writes) as session:
                     await session.initialize()
                     live.session = session
                     live.ready.set()
@@ -304,31 +311,55 @@ class McpSupervisor:
             live.ready.set()
 
     async def _request(
-        self, key: _Key, session: ClientSession, what: str, seconds: float, request: Any
-    ) -> Any:
+        self, key: _Key, session: ClientSession, what: str, seconds: float, request: Any, *,
+        caller: Caller | None = None,
+    ) -> Any:  # fmt: skip
+        """``request`` under a time-out; ``caller``: the tool call it is (None: a listing)."""
         import mcp_types as types  # noqa: PLC0415 (see the module's imports)
         from mcp.shared.exceptions import MCPError  # noqa: PLC0415
 
-        live = self._live.get(key)
-        run = live.run if live is not None and live.session is session else 0
+        ran = self._live.get(key)
+        ran = ran if ran is not None and ran.session is session else None
+        timed_out = stopped = False
+        noted = CALLER.set(caller)  # the request the SDK writes is noted as the caller's
         try:
             return await asyncio.wait_for(request, seconds)
         except TimeoutError:
-            why = f"it did not answer {what} within {seconds:g}s"
+            why, timed_out = f"it did not answer {what} within {seconds:g}s", True
+            if ran is not None:
+                ran.failing = ran.failing or why  # no new caller gets it until it is stopped
         except MCPError as exc:
             live = self._live.get(key)
             if exc.code != types.CONNECTION_CLOSED and live is not None and not _dead(live):
                 raise _Answered(str(exc)) from None
-            why = live.why() if live is not None else str(exc)
-        await self._fail(key, session, why)  # ``run``: the gateway counts stops per session
-        raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: {why}", run=run)
+            why, stopped = (live.why() if live is not None else str(exc)), True
+        finally:
+            CALLER.reset(noted)
+            if ran is not None and caller is not None and not (stopped or timed_out):
+                ran.calls.done(caller)
+        # In a task of its own: a caller cancelled meanwhile leaves no server half stopped.
+        await asyncio.shield(self._fail(key, session, why, caller if timed_out else None))
+        # The gateway counts the stop against the call's session (``run``) unless it is known
+        # to be another call's doing (``bystander``).
+        known = ran is not None and not timed_out and ran.calls.bystander(caller, ran.transport)
+        raise McpServerFailed(f"MCP server {key[1]} of agent {key[0]} failed: {why}",
+                              run=ran.run if ran is not None else 0, bystander=known)  # fmt: skip
 
-    async def _fail(self, key: _Key, session: ClientSession, why: str) -> None:
+    async def _fail(
+        self, key: _Key, session: ClientSession, why: str, timed_out: Caller | None = None
+    ) -> None:
         """Hold off the server's restart, then stop it, unless another caller already replaced
-        it (the hold-off is set first, under no lock, so no caller starts it meanwhile)."""
+        it (the hold-off is set first, under no lock, so no caller starts it meanwhile).
+        ``timed_out``: the call that ran past its time-out, the failure's cause if the server
+        still answers a ping (services/mcp_calls.py), asked before the stop cuts the others."""
         live = self._live.get(key)
         if live is None or live.session is not session:
             return  # someone else saw it fail first and dealt with it
+        if timed_out is not None:
+            ping = min(self._limits.list_timeout_seconds, PING_SECONDS)
+            await live.calls.timed_out(timed_out, session, ping)
+            if self._live.get(key) is not live:
+                return  # another caller stopped it meanwhile (one failure, one hold-off)
         self._hold_off(key, why)
         async with self._lock(key):
             if self._live.get(key) is live:
