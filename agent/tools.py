@@ -20,6 +20,10 @@ from ironclaw.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 WORKSPACE = Path("/workspace")
 SKILLS = Path("/skills")  # the agent's skill set, bound read-only (and noexec) by the host
 MAX_FILE_BYTES = 1024 * 1024
+# What the model gets back of a file, cut and marked as http_fetch's answer is: the model proxy
+# refuses a message over 256 Ki characters (ironclawd/domain/model.py MAX_TEXT), and reading a
+# larger file failed the whole turn.
+MAX_RESULT_CHARS = egress.MAX_RESULT_CHARS
 GATEWAY_SOCKET = Path("/run/ironclaw/gateway.sock")
 EGRESS_SOCKET = Path("/run/ironclaw/egress.sock")
 MCP_SOCKET = Path("/run/ironclaw/mcp.sock")
@@ -75,7 +79,10 @@ def read_file(args: dict[str, object], root: Path = WORKSPACE, skills: Path = SK
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise ToolError(f"{args.get('path')}: larger than {MAX_FILE_BYTES} bytes")
-    return data.decode("utf-8", "replace")
+    text = data.decode("utf-8", "replace")
+    if len(text) > MAX_RESULT_CHARS:
+        text = text[:MAX_RESULT_CHARS] + f"\n[... {len(text) - MAX_RESULT_CHARS} more characters]"
+    return text
 
 
 def write_file(args: dict[str, object], root: Path = WORKSPACE) -> str:
