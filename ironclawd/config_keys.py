@@ -351,7 +351,10 @@ MCP_KEYS: dict[str, _Key] = {
     "tasks_max": _Key(_int(4, 65536), "Each server unit's tasks (processes and threads)."),
     "cpu_quota_percent": _Key(_int(1, 100 * 1024), "Each server unit's CPU (100 = one core)."),
     "calls_per_minute": _Key(
-        _int(1, 1_000_000), "Each session's MCP calls a minute, refused ones too; more are refused."
+        _int(1, 1_000_000),
+        "Each session's MCP calls in a sliding minute; more are refused. A call refused by a "
+        "later check (grant, arguments, pin, stops_per_session) counts; one refused for this "
+        "rate does not, so a session calling faster still gets this many a minute.",
     ),
     "stops_per_session": _Key(
         _int(1, 1000),

@@ -13,10 +13,12 @@ review), and a session with ``stops_per_session`` such stops within ``stops_wind
 refused MCP calls until the oldest of them is that old. Its calls only: the agent's other
 sessions call on.
 
-And every call counts against the session's ``calls_per_minute`` (a sliding minute), a refused
-one too, as egress requests do: each call costs the shared server a listing and a call, and an
-audit record. Refusals for either bound are audited as other refusals, at most 20 a minute per
-session, the next record counting those left out.
+And every call counts against the session's ``calls_per_minute`` (a sliding minute), one refused
+by a later check too, as egress requests do: each call costs the shared server a listing and a
+call, and an audit record. One refused for this rate is not counted: a session calling faster
+still gets its rate, and one that slows down is let in as the minute slides. Refusals for either
+bound are audited as other refusals, at most 20 a minute per session, the next record counting
+those left out.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ class McpGateway:
             spec = self._agent(sid)
             call.agent = spec.name
             call.outcome = "over-rate"
-            self._budget.count_call(sid)  # every call counts, a refused one too
+            self._budget.count_call(sid)  # counted, unless refused here: a later refusal counts
             call.outcome = "over-stops"
             self._budget.check_stops(sid)
             call.outcome = "refused"

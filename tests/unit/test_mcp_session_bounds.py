@@ -157,6 +157,36 @@ def test_refused_calls_count_against_the_rate_too() -> None:
     assert world.mcp.called == []
 
 
+def test_a_call_refused_for_the_rate_is_not_counted_so_a_looping_session_gets_the_rate() -> None:
+    """Calls refused by a later check count (above); one refused for this rate does not. A
+    session looping at a call a second past a burst still gets 10 calls in every minute, and is
+    let in again as soon as its oldest counted call is a minute old. (Counted, its refusals kept
+    the minute full, and it was refused for as long as it called at least 10 a minute.)"""
+    world = World()
+    clock = FakeClock()
+    world.gateway = McpGateway(
+        sessions=StaticSessions(sess0001="a"), agents=world.agents, clients=world.mcp,
+        credentials=FakeCredentials(), audit=world.audit, clock=clock,
+        session_limits=McpLimits(calls_per_minute=10),
+    )  # fmt: skip
+
+    def call() -> bool:
+        try:
+            asyncio.run(world.gateway.call("sess0001", NAME, "{}"))
+        except BudgetExceeded:
+            return False
+        return True
+
+    assert [call() for _ in range(10)] == [True] * 10  # a burst at 0 s
+    let_in = []
+    for second in range(1, 180):
+        clock.advance(1)
+        if call():
+            let_in.append(second)
+    assert let_in == [*range(60, 70), *range(120, 130)]
+    assert len(world.mcp.called) == 30
+
+
 def test_a_stop_counts_once_for_each_session_with_a_call_in_flight_however_many() -> None:
     clock = FakeClock()
     budget = McpBudget(McpLimits(stops_per_session=2, stops_window_seconds=100), clock)
