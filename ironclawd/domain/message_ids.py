@@ -40,6 +40,7 @@ class MessageId(enum.Enum):
     ADMIN_CALL_REFUSED = "a1da42e59e334a52b54089f2127fda16"
     MCP_SERVER_FAILED = "9c8a9dab1299457185fb55c668ee0a4d"
     REPLIES_HELD = "e0d1630d73b241cb975107678b71fb2e"
+    REPLIES_NEAR_BOUND = "8b39f2c25e3b4e4ea014356aa0f38a0a"
 
 
 def message_id(event: MessageId, **fields: object) -> dict[str, object]:

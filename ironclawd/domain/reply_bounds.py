@@ -22,6 +22,10 @@ from ironclawd.domain.messages import MAX_SEQ, QueueLimits
 # The bounds a reload applies (config_reload.py): one raised lets a held session's replies be
 # taken without a restart.
 LIVE_KEYS = ("max_rows", "max_ingested_bytes", "max_replies_per_message")
+# max_rows and max_ingested_bytes count over a session's whole life, so an honest long-lived
+# session reaches them too (256 MiB is ~64,000 answers of 2-3 KB: ~130 days of 500 a day). The
+# operator is told when a session's replies pass this share of one, before ingestion holds.
+NEAR_SHARE = 0.8
 
 # How SQLite (fileformat2 §1.6) lays out a reply's row in the state DB, whose pages are 4096
 # bytes of which SQLCipher keeps 80 (its IV and HMAC). A row's payload is its body and up to 92
@@ -116,3 +120,18 @@ def _over(seq: int, target: int, run: int, total: int, limits: QueueLimits) -> s
 def with_bounds(limits: QueueLimits, bounds: QueueLimits) -> QueueLimits:
     """``limits`` with the bounds a reload applies taken from ``bounds``."""
     return replace(limits, **{key: getattr(bounds, key) for key in LIVE_KEYS})
+
+
+def nearing(
+    before: ReplyUsage, after: ReplyUsage, last: tuple[int, int], limits: QueueLimits
+) -> str:
+    """What replies just taken brought past ``NEAR_SHARE`` of a lifetime bound, said once per
+    crossing ("" if they crossed none): ``before`` and ``after`` the session's usage, ``last``
+    its last reply's seq before and after."""
+    for key, was, now, bound in (
+        ("max_ingested_bytes", before.bytes, after.bytes, limits.max_ingested_bytes),
+        ("max_rows", last[0], last[1], limits.max_rows),
+    ):
+        if was < bound * NEAR_SHARE <= now:
+            return f"its replies have reached {now} of [queues] {key} ({bound})"
+    return ""

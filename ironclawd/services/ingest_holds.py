@@ -73,6 +73,20 @@ class IngestHolds:
         self._record(f"{sid}/held", "outbound.held", f"session:{sid}", sid=sid, reply_seq=seq,
                      reason=reason[:300])  # fmt: skip
 
+    def near(self, sid: str, what: str) -> None:
+        """``what`` (domain/reply_bounds.py ``nearing``; "" for nothing): the session's replies
+        near a lifetime bound, at which ingestion will hold. Logged once per crossing, with its
+        own message id, and audited."""
+        if not what:
+            return
+        log.warning(
+            "session %s: %s; ingestion holds at the bound (nothing is lost): before then, %s",
+            sid, what, what_to_do(sid, what),
+            extra=message_id(MessageId.REPLIES_NEAR_BOUND, IRONCLAW_SID=sid),
+        )  # fmt: skip
+        self._record(f"{sid}/near", "outbound.near_bound", f"session:{sid}", sid=sid,
+                     reason=what[:300])  # fmt: skip
+
     def taken(self, sid: str) -> None:
         """Replies of ``sid`` were ingested: a hold it was in is over."""
         held = self._held.pop(sid, None)

@@ -28,7 +28,7 @@ from ironclawd.domain.messages import (
     check_body,
     check_client_id,
 )
-from ironclawd.domain.reply_bounds import ReplyUsage, admit, answers, with_bounds
+from ironclawd.domain.reply_bounds import ReplyUsage, admit, answers, nearing, with_bounds
 from ironclawd.domain.session import State
 from ironclawd.errors import Conflict, DiskFull, IronclawError, NotFound
 from ironclawd.ports import (
@@ -515,7 +515,9 @@ class MessageService:
             except IronclawError as exc:
                 self._retry_ingest(sid, exc)
                 return False
+        before, last = tail.usage, tail.last
         tail.add(replies, usage)
+        self._holds.near(sid, nearing(before, usage, (last, tail.last), self._limits))
         self._holds.taken(sid)
         self._touch(sid)
         self._sessions.answered(sid)

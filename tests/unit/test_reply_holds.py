@@ -18,7 +18,9 @@ from ironclaw.admin.v1 import admin_pb2
 from ironclawd import daemon
 from ironclawd.api.admin import AdminServicer
 from ironclawd.config import parse_config
+from ironclawd.domain.message_ids import MessageId
 from ironclawd.domain.messages import QueueLimits
+from ironclawd.domain.reply_bounds import ReplyUsage, nearing
 from ironclawd.ports import RESYNC
 from tests.unit.reply_world import AGENT, World, world
 
@@ -176,3 +178,50 @@ def test_a_session_with_max_rows_replies_is_held_only_when_it_writes_another(
         w.store.close()
 
     asyncio.run(go())
+
+
+def near_records(w: World) -> list[dict[str, object]]:
+    return [fields for event, _actor, fields in w.audit.records if event == "outbound.near_bound"]
+
+
+def test_a_session_nearing_a_lifetime_bound_is_said_once_before_it_is_held(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_rows and max_ingested_bytes count over a session's whole life, so an honest
+    long-lived session reaches them too (found by a review): the operator hears of it at 80%,
+    once, with its own message id, while its replies are still taken."""
+    caplog.set_level(logging.INFO, logger="ironclawd.messages")
+
+    async def go() -> None:
+        w = world(tmp_path, QueueLimits(max_rows=10))
+        await w.sessions.create(AGENT, SID)
+        for n in range(1, 12):
+            await w.messages.send(SID, f"q{n}")
+            await w.write(SID, [(n, f"a{n}")])
+        assert [seq for seq, *_ in await w.replies(SID)] == list(range(1, 11))  # then held
+        reason = "its replies have reached 8 of [queues] max_rows (10)"
+        assert near_records(w) == [{"sid": SID, "reason": reason}]
+        near = [r for r in caplog.records
+                if getattr(r, "MESSAGE_ID", "") == MessageId.REPLIES_NEAR_BOUND.value]  # fmt: skip
+        assert [r.getMessage() for r in near] == [
+            f"session {SID}: {reason}; ingestion holds at the bound (nothing is lost): before "
+            f"then, raise [queues] max_rows and run systemctl reload ironclawd, or remove the "
+            f"session (ironctl session rm --force {SID})"
+        ]
+        assert held_records(w)  # and at the bound, held as before
+        await w.sessions.close()
+        w.store.close()
+
+    asyncio.run(go())
+
+
+def test_nearing_says_which_bound_once_per_crossing() -> None:
+    limits = QueueLimits(max_rows=100, max_ingested_bytes=1000)
+    assert nearing(ReplyUsage(700), ReplyUsage(800), (1, 2), limits) == (
+        "its replies have reached 800 of [queues] max_ingested_bytes (1000)"
+    )
+    assert nearing(ReplyUsage(800), ReplyUsage(900), (2, 3), limits) == ""  # said already
+    assert nearing(ReplyUsage(0), ReplyUsage(1), (79, 80), limits) == (
+        "its replies have reached 80 of [queues] max_rows (100)"
+    )
+    assert nearing(ReplyUsage(0), ReplyUsage(1), (80, 81), limits) == ""
