@@ -3,7 +3,7 @@
 The host meters every session's calls (``[sockets] calls_per_second``, a token bucket over all
 its sockets, and a share of its event loop). A call it refuses for now ends RESOURCE_EXHAUSTED
 with the trailer ``ironclaw-retry-after-ms``: how long until it would take a call again. So do
-the per-minute rates of the model and of egress (the minute's oldest request ages out then).
+the per-minute rates of the model, egress and MCP (the minute's oldest call ages out then).
 Such a refusal is the host pacing a busy agent (a backlog answered faster than the rate, a
 tool-heavy turn), not an answer: the call is made again after that wait, with growing back-off,
 for at most ``deadline`` seconds. Any other refusal, a daily token budget spent included, is

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ironclawd.domain.mcp import McpLimits
 from ironclawd.errors import BudgetExceeded
 from ironclawd.ports import Clock
-from ironclawd.services.egress_budget import take_in_minute
+from ironclawd.services.egress_budget import minute_wait, take_in_minute
 
 
 @dataclass
@@ -72,10 +72,13 @@ class McpBudget:
         """Count one call of ``sid``, or raise BudgetExceeded without counting it if it is over
         its rate."""
         use = self._use.setdefault(sid, _Use())
-        if not take_in_minute(use.calls, self._clock.monotonic(), self._limits.calls_per_minute):
+        now, rate = self._clock.monotonic(), self._limits.calls_per_minute
+        if not take_in_minute(use.calls, now, rate):
+            wait = minute_wait(use.calls, now, rate)  # the agent waits it out (api/status.py)
             raise BudgetExceeded(
-                f"MCP: session {sid}: rate limit of {self._limits.calls_per_minute} calls per "
-                "minute reached"
+                f"MCP: session {sid}: rate limit of {rate} calls per minute reached; the next "
+                f"is taken in {wait:.1f} s",
+                retry_after=wait,
             )
 
     def stopped(self, sid: str, agent: str, server: str, run: int) -> None:

@@ -128,8 +128,12 @@ def test_a_session_is_refused_past_its_calls_a_minute_and_the_audit_keeps_count(
             asyncio.run(world.gateway.call("sess0001", NAME, "{}"))
             outcomes.append("ok")
         except BudgetExceeded as exc:
-            outcomes.append(str(exc))
-    refusal = "MCP: session sess0001: rate limit of 10 calls per minute reached"
+            outcomes.append(f"{exc} (retry after {exc.retry_after})")
+    # The fake clock stands still: all ten age out a minute on, and the agent waits that out.
+    refusal = (
+        "MCP: session sess0001: rate limit of 10 calls per minute reached; the next is taken in "
+        "60.0 s (retry after 60.0)"
+    )
     assert outcomes == ["ok"] * 10 + [refusal] * 30  # was 40 calls, 40 records
     assert len(world.mcp.called) == 10
     records = world.records()
