@@ -186,9 +186,11 @@ class Agent:
                 restarted = True
         held = self._unsaved is not None
         if held:
-            if ingested > self._pruned:
-                self.prune(ingested)  # room for the reply in hand first
-            if not (ingested or restarted or time.monotonic() >= self._retry_at):
+            # Room for the reply in hand first. Only a prune makes room: a held session's host
+            # answers each ask with the offer it made before, which must not hold off the
+            # back-off (a try at every such line was thousands of asks a second).
+            room = ingested > self._pruned and self.prune(ingested)
+            if not (room or restarted or time.monotonic() >= self._retry_at):
                 return  # nothing made room: the reply in hand is tried again at its time
         if restarted or held:
             # A message sent to the new daemon before it took this connection back was queued
@@ -199,15 +201,17 @@ class Agent:
         if ingested > self._pruned:  # after answering: the messages come first
             self.prune(ingested)
 
-    def prune(self, up_to: int) -> None:
-        """Drop the replies the host holds. A failure costs nothing but space: the rows stay,
-        and the host's next "ingested" line tries again (a reply kept in hand asks for one)."""
+    def prune(self, up_to: int) -> bool:
+        """Drop the replies the host holds; False if that failed. A failure costs nothing but
+        space: the rows stay, and the host's next "ingested" line tries again (a reply kept in
+        hand asks for one)."""
         try:
             self.outbound.prune(up_to)
         except sqlcipher3.Error as exc:
             print(f"agent: pruning outbound.db up to {up_to}: {exc}", file=sys.stderr, flush=True)
-            return
+            return False
         self._pruned = up_to
+        return True
 
 
 def hello_line(pid: int, uid: int, seq: int, protocol: int = PROTOCOL_VERSION) -> bytes:

@@ -155,11 +155,11 @@ def test_a_held_session_whose_queue_fills_loses_no_reply_and_asks_the_model_once
         # a held session's announcement: one "still held" line each (none counted away here).
         held_line = f"session {sid}: replies still held in its outbound queue"
         asks = sum(held_line in line for line in messages(daemon, window, DAEMON_UNIT))
-        # Printed, not asserted: backing off from 1 s, doubling, the agent would ask at most 3
-        # times in the window; but a held session's host answers each ask with the "ingested"
-        # line it sent before, and the agent tries again at once on any "ingested" line, even
-        # one naming rows it has pruned already, so it asks at the control line rate instead.
+        # Backing off from 1 s, doubling, the agent asks at most 3 times in the window; the
+        # host's repeated "ingested" line (it took nothing new) makes no room and must not make
+        # it ask at once (it did: at the control line rate).
         print(f"held and full: the agent asked the host {asks} times in {HOLD_SECONDS:g} s")
+        assert asks <= 4, asks
 
         # 3. The bound raised and reloaded: every message answered once, in order.
         daemon.run(["tee", CONFIG], input=config(RAISED).encode(), check=True)

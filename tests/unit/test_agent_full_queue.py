@@ -185,3 +185,27 @@ def test_a_restarted_agent_over_a_full_queue_waits_for_room(
         ours.sendall(f"ingested {full - 1}\n".encode())
         assert [line(ours) for _ in range(2)] == [("outbound", full), ("outbound", full + 1)]
         assert responder.asked == [f"m{full}", f"m{full + 1}"]
+
+
+def test_a_held_session_repeating_what_was_pruned_does_not_hold_off_the_back_off(
+    host: sqlcipher3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held session's host answers each ask with the "ingested" line it sent before (it took
+    nothing new): that makes no room, so the agent keeps to its back-off instead of trying again
+    at once (6,878 asks in 2 s before; found by the review that wrote test_full_queue.py)."""
+    monkeypatch.setattr(loop, "STORE_RETRY_FIRST", 0.05)
+    monkeypatch.setattr(loop, "STORE_RETRY_MAX", 0.2)
+    responder = Responder()
+    send(host, 40)
+    with serving(responder) as (ours, _thread):
+        ours.sendall(b"inbound 40\n")
+        stored = until_full(ours)[-1]
+        ours.sendall(f"ingested {stored}\n".encode())  # room: it stores on and fills again
+        full = until_full(ours)[-1]
+        assert full > stored
+        started, asks = time.monotonic(), 0
+        while time.monotonic() - started < 1.0:
+            ours.sendall(f"ingested {stored}\n".encode())  # held: the same offer again
+            assert line(ours) == ("outbound", full)
+            asks += 1
+        assert asks <= 8  # 0.05, 0.1, then every 0.2 s: not one per line
