@@ -379,9 +379,16 @@ class MessageService:
     async def _on_event(self, sid: str, event: str, value: int) -> None:
         if event == "outbound":
             taken = await self.ingest(sid, value)
-            # Nothing taken (a hello, an agent whose queue is full asking again, or a held
-            # session): the agent may need room, and may have missed the line that said so.
-            await self._offer_pruning(sid, asked=not taken)
+            # Nothing taken, and the agent names the newest reply the host holds (a hello, an
+            # agent whose queue is full asking again, agent/loop.py), or its session is held
+            # (its queue fills with what is not taken): it may need room, and may have missed
+            # the line that said so. Any other announcement that brings nothing (a box
+            # announcing rows it never wrote) is not answered: a box that never reads would
+            # fill its own socket with the answers, and its connection would be dropped.
+            tail = self._tails.get(sid)
+            newest = tail is not None and value == tail.last
+            held = self._holds.at(sid) is not None
+            await self._offer_pruning(sid, asked=not taken and (newest or held))
         elif event == RESYNC:  # a held or untaken session, after a restart
             await self.ingest(sid)
             await self._offer_pruning(sid, asked=True)

@@ -393,18 +393,30 @@ def test_the_agent_drops_ingested_replies_and_verify_still_catches_a_deletion(
     proc = daemon.run(["ironctl", "session", "verify", box.sid])
     assert proc.returncode == 0, out(proc)
 
-    # The agent deletes a row it was never told it may drop: named, as before.
+    # The restarted agent's hello names the newest reply, which the host holds: it is told it
+    # may drop them all (it keeps the newest), as an agent whose queue is full asks to be.
+    deadline = time.monotonic() + 30
+    while agent_rows() != [total] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert agent_rows() == [total]
+
+    # The agent deletes a row it was never told it may drop: named, as before. (A reply after
+    # the offer: one more than the host said.)
+    more = box.send("one more")
+    assert [r.text for r in box.wait_replies(1, after=more.replies_before, timeout=60)] == [
+        "mock: one more"
+    ]
     key = box.key()  # the key file goes with the sandbox
     box.stub.StopSession(admin_pb2.StopSessionRequest(sid=box.sid), timeout=RPC_TIMEOUT)
     with (
         host_copy(box.outbound_db, tmp_path, write_back=True) as copy,
         contextlib.closing(open_db(copy, key, read_only=False)) as conn,
     ):
-        conn.execute("DELETE FROM messages WHERE seq = ?", (total - 1,))
+        conn.execute("DELETE FROM messages WHERE seq = ?", (total + 1,))
     proc = daemon.run(["ironctl", "session", "verify", box.sid, "--json"])
     assert proc.returncode == 1, out(proc)
     report = json.loads(proc.stdout)
-    assert (report["first_bad_seq"], report["problem"]) == (total - 1, "row deleted by the agent")
+    assert (report["first_bad_seq"], report["problem"]) == (total + 1, "row deleted by the agent")
 
 
 def test_outbound_quota_setid_and_rm(daemon: SystemdHarness, boxes: Boxes) -> None:
