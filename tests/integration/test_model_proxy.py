@@ -324,8 +324,11 @@ class Env:
         self.made.append(doc["sid"])
         return str(doc["sid"])
 
-    def send(self, sid: str, text: str) -> str:
-        proc = self.sysd.run(["ironctl", "send", sid, "-", "--json"], input=text.encode())
+    def send(self, sid: str, text: str, timeout: float = 60) -> str:
+        proc = self.sysd.run(
+            ["ironctl", "send", sid, "-", "--json", "--timeout", f"{timeout:g}"],
+            input=text.encode(), timeout=timeout + 30,
+        )  # fmt: skip
         assert proc.returncode == 0, out(proc)
         return str(json.loads(proc.stdout)["reply"]["text"])
 
@@ -638,7 +641,7 @@ def test_budgets_are_per_session_and_per_agent_and_a_minutes_rate_is_waited_out(
     # A third call of the first session is over both. The host refuses it saying when the next
     # is taken (the minute's oldest call ages out), and the agent waits that out: its user gets
     # the answer a minute late, not "I cannot answer now" with the turn's work lost.
-    assert env.send(first, "three") == "mock: three"
+    assert env.send(first, "three", timeout=180) == "mock: three"
     assert time.monotonic() - began > 50
     # Refused, audited (at a bounded rate), then taken: wait until journald has the last one.
     records = wait_for(
