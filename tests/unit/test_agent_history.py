@@ -16,39 +16,9 @@ import grpc
 from agent import metered
 from agent.model import HISTORY_MESSAGES, ModelResponder, kept_history
 from ironclaw.model.v1 import model_pb2
+from tests.fakes.rpc import FailedCall
 
 TOOL_ROUNDS = 3  # tool rounds in each turn below, one call each: 8 messages a turn
-
-
-class _Refused(grpc.RpcError, grpc.Call):
-    """What the proxy answers when the provider refuses the request (a ProviderError)."""
-
-    def __init__(self, details: str) -> None:
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self) -> Any:
-        return ((metered.ANSWERED_KEY, "1"),)
-
-    def initial_metadata(self) -> Any:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float:
-        return 0.0
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback: Any) -> bool:
-        return False
 
 
 def _malformed(messages: list[model_pb2.Message]) -> str:
@@ -78,7 +48,9 @@ class _Model:
         self.requests.append(messages)
         why = _malformed(messages)
         if why:
-            raise _Refused(f"anthropic: HTTP 400: {why}")
+            # What the proxy answers when the provider refuses the request (a ProviderError).
+            raise FailedCall(grpc.StatusCode.UNAVAILABLE, f"anthropic: HTTP 400: {why}",
+                             ((metered.ANSWERED_KEY, "1"),))  # fmt: skip
         last_user = max(i for i, m in enumerate(messages) if m.role == model_pb2.ROLE_USER)
         rounds = sum(m.role == model_pb2.ROLE_TOOL for m in messages[last_user:])
         if rounds < TOOL_ROUNDS:

@@ -23,6 +23,7 @@ from ironclawd.api.limits import TokenBucket
 from ironclawd.api.sandbox_sockets import SandboxPeer
 from ironclawd.config import SocketsConfig
 from tests.fakes import FakeClock, RecordingAudit
+from tests.fakes.rpc import FailedCall
 
 
 class _Model(model_pb2_grpc.ModelServiceServicer):
@@ -92,35 +93,6 @@ def test_a_spent_budget_still_reaches_the_user(model_socket: tuple[str, _Model])
     assert responder("budget gone") == "[I cannot answer now: rate limit of 2 model requests]"
 
 
-class _Refused(grpc.RpcError, grpc.Call):
-    def __init__(self, code: grpc.StatusCode, trailer: tuple[tuple[str, str], ...]) -> None:
-        self._code, self._trailer = code, trailer
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return "x"
-
-    def trailing_metadata(self) -> Any:
-        return self._trailer
-
-    def initial_metadata(self) -> Any:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float:
-        return 0.0
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback: Any) -> bool:
-        return False
-
-
 def test_pacing_backs_off_and_gives_up_at_its_deadline() -> None:
     now = [0.0]
     slept: list[float] = []
@@ -130,9 +102,11 @@ def test_pacing_backs_off_and_gives_up_at_its_deadline() -> None:
         now[0] += seconds
 
     def refused() -> None:
-        raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, ((metered.RETRY_AFTER_KEY, "2"),))
+        raise FailedCall(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, trailer=((metered.RETRY_AFTER_KEY, "2"),)
+        )
 
-    with pytest.raises(_Refused):
+    with pytest.raises(FailedCall):
         metered.call_metered(refused, deadline=3.0, sleep=sleep, monotonic=lambda: now[0])
     # The host's hint, then doubling back-off from 5 ms, capped at 1 s; never past the deadline.
     assert slept[:4] == [0.005, 0.01, 0.02, 0.04]
@@ -155,9 +129,9 @@ def test_other_refusals_are_not_retried(
 
     def refused() -> None:
         calls.append(1)
-        raise _Refused(code, trailer)
+        raise FailedCall(code, trailer=trailer)
 
-    with pytest.raises(_Refused):
+    with pytest.raises(FailedCall):
         metered.call_metered(refused, sleep=lambda s: None)
     assert calls == [1]
 

@@ -21,6 +21,7 @@ from ironclawd.domain.model import Budget
 from ironclawd.errors import BudgetExceeded, NotFound
 from ironclawd.services.egress_budget import EgressBudget, minute_wait, take_in_minute
 from tests.fakes import FakeClock
+from tests.fakes.rpc import FailedCall
 
 
 def test_a_model_rate_says_when_its_oldest_request_of_the_minute_ages_out() -> None:
@@ -86,25 +87,12 @@ def _refused(exc: BaseException) -> tuple[grpc.StatusCode, str, dict[str, str]]:
     return aborted
 
 
-class _Refusal(grpc.RpcError, grpc.Call):  # type: ignore[misc]
-    """What the agent's client sees of such a call."""
-
-    def __init__(self, trailer: dict[str, str]) -> None:
-        self._trailer = tuple(trailer.items())
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def trailing_metadata(self) -> Any:
-        return self._trailer
-
-
 def test_a_refusal_that_names_its_wait_carries_it_to_the_agent_which_waits_it_out() -> None:
     code, details, trailer = _refused(BudgetExceeded("rate reached", retry_after=2.5))
     assert (code, details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "rate reached")
     # The abort's trailer replaces the one set when the call was let in: it says "answered" too.
     assert trailer == {ANSWERED_KEY: "1", RETRY_AFTER_KEY: "2500"}
-    refusal = _Refusal(trailer)
+    refusal = FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, trailer=tuple(trailer.items()))
     assert metered.answered_by_host(refusal)
     # The agent's side: each wait at most a second, so it calls again until the rate takes it.
     assert metered.retry_after(refusal) == 1.0
